@@ -1,0 +1,263 @@
+"""OpenAI-style errors and the FastAPI handlers that render them.
+
+Contract:
+
+* Every error that leaves the HTTP layer has the OpenAI shape
+  ``{"error": {"message": str, "type": str, "param": str | None, "code": str | None}}``.
+* ``OpenAIError`` carries the HTTP status next to that body; raise it anywhere
+  below a route and :func:`install_error_handlers` turns it into a response.
+* Request validation failures (including malformed JSON) become 400
+  ``invalid_request_error`` with ``code="invalid_request"`` and ``param`` set to
+  the path of the first offending field (``messages[0].content[1].input_audio.data``).
+* Starlette ``HTTPException`` keeps its status (and headers, e.g. ``Allow`` on 405).
+* Anything else becomes a 500 ``internal_error``; it is logged with
+  ``logging.exception`` and the exception text is never sent to the client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "OpenAIError",
+    "bad_request",
+    "not_found",
+    "service_unavailable",
+    "internal_error",
+    "from_validation_errors",
+    "install_error_handlers",
+]
+
+
+class OpenAIError(Exception):
+    """An error with an HTTP status and an OpenAI-compatible JSON body."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int = 400,
+        type: str = "invalid_request_error",  # noqa: A002 - mirrors the OpenAI field name
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI error body: ``{"error": {message, type, param, code}}``."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"OpenAIError(status_code={self.status_code}, type={self.type!r}, "
+            f"param={self.param!r}, message={self.message!r})"
+        )
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
+    """400 ``invalid_request_error``."""
+    return OpenAIError(message, status_code=400, type="invalid_request_error", param=param, code=code)
+
+
+def not_found(message: str) -> OpenAIError:
+    """404 ``not_found_error``."""
+    return OpenAIError(message, status_code=404, type="not_found_error")
+
+
+def service_unavailable(message: str) -> OpenAIError:
+    """503 ``service_unavailable``."""
+    return OpenAIError(message, status_code=503, type="service_unavailable")
+
+
+def internal_error(message: str) -> OpenAIError:
+    """500 ``internal_error``."""
+    return OpenAIError(message, status_code=500, type="internal_error")
+
+
+# --------------------------------------------------------------------------- validation
+
+_LOC_ROOTS = {"body", "query", "path", "header", "cookie"}
+# Labels pydantic inserts into ``loc`` for union members; they are not field names.
+_TYPE_LABELS = {"str", "int", "float", "bool", "bytes", "dict", "list", "none"}
+_MAX_LISTED_ERRORS = 3
+
+
+def _field_path(loc: Sequence[Any]) -> str | None:
+    """``("body", "messages", 0, "content")`` -> ``"messages[0].content"``."""
+    parts = list(loc)
+    if parts and parts[0] in _LOC_ROOTS:
+        parts = parts[1:]
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+            continue
+        text = str(part)
+        if "[" in text or text in _TYPE_LABELS:
+            continue
+        out = f"{out}.{text}" if out else text
+    return out or None
+
+
+def from_validation_errors(errors: Sequence[dict[str, Any]]) -> OpenAIError:
+    """Turn pydantic/FastAPI validation error dicts into one 400 ``OpenAIError``.
+
+    ``param`` is the path of the first error; the message lists up to three errors.
+    A JSON decode error yields ``"Invalid JSON body: <reason> (at position N)"``.
+    """
+    errors = list(errors)
+    if not errors:
+        return bad_request("Invalid request", code="invalid_request")
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        reason = (first.get("ctx") or {}).get("error") or first.get("msg") or "could not parse"
+        loc = first.get("loc") or ()
+        where = f" (at position {loc[-1]})" if loc and isinstance(loc[-1], int) else ""
+        return bad_request(f"Invalid JSON body: {reason}{where}", code="invalid_request")
+    if tuple(first.get("loc") or ()) == ("body",):
+        if first.get("type") == "missing":
+            return bad_request("Request body is required (a JSON object)", code="invalid_request")
+        if isinstance(first.get("input"), (bytes, bytearray)):
+            # FastAPI hands over raw bytes when the Content-Type is not JSON.
+            return bad_request(
+                "Invalid JSON body: send a JSON object with Content-Type: application/json",
+                code="invalid_request",
+            )
+        return bad_request("Request body must be a JSON object", code="invalid_request")
+
+    lines = []
+    for err in errors[:_MAX_LISTED_ERRORS]:
+        where = _field_path(err.get("loc") or ()) or "body"
+        lines.append(f"{where}: {err.get('msg', 'invalid value')}")
+    message = "Invalid request: " + "; ".join(lines)
+    if len(errors) > _MAX_LISTED_ERRORS:
+        message += f" (and {len(errors) - _MAX_LISTED_ERRORS} more errors)"
+    return bad_request(message, param=_field_path(first.get("loc") or ()), code="invalid_request")
+
+
+# --------------------------------------------------------------------------- handlers
+
+_HTTP_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
+
+
+def _http_error_type(status: int) -> str:
+    if status in _HTTP_TYPES:
+        return _HTTP_TYPES[status]
+    return "internal_error" if status >= 500 else "invalid_request_error"
+
+
+def _http_error_message(request: Request, exc: StarletteHTTPException) -> str:
+    detail = exc.detail
+    if exc.status_code == 404 and detail == "Not Found":
+        return f"Unknown route: {request.method} {request.url.path}"
+    if exc.status_code == 405 and detail == "Method Not Allowed":
+        return f"Method {request.method} is not allowed for {request.url.path}"
+    if isinstance(detail, str):
+        return detail
+    return json.dumps(detail, default=str)
+
+
+def _unexpected_error_response(exc: BaseException) -> JSONResponse:
+    err = internal_error(f"Internal server error ({type(exc).__name__})")
+    return JSONResponse(err.body(), status_code=err.status_code)
+
+
+async def _openai_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, OpenAIError)
+    if exc.status_code >= 500:
+        logger.error("%s %s -> %s", request.method, request.url.path, exc)
+    return JSONResponse(exc.body(), status_code=exc.status_code)
+
+
+async def _validation_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    err = from_validation_errors(exc.errors())
+    return JSONResponse(err.body(), status_code=err.status_code)
+
+
+async def _http_exception_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    err = OpenAIError(
+        _http_error_message(request, exc),
+        status_code=exc.status_code,
+        type=_http_error_type(exc.status_code),
+    )
+    return JSONResponse(err.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+async def _unhandled_exception_handler(request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("Unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return _unexpected_error_response(exc)
+
+
+class _CatchAllMiddleware:
+    """Return the 500 body for unexpected errors instead of re-raising them.
+
+    Starlette's own ``Exception`` handler runs in ``ServerErrorMiddleware``, which
+    re-raises after responding (so servers log twice and ``TestClient`` raises).
+    This middleware sits inside it and swallows the error once the 500 is sent.
+    If the response had already started (e.g. mid-stream) it re-raises.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            if started:
+                raise
+            logger.exception(
+                "Unhandled error on %s %s", scope.get("method"), scope.get("path"), exc_info=exc
+            )
+            await _unexpected_error_response(exc)(scope, receive, send)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the OpenAI-shaped error handlers on ``app`` (call before it starts)."""
+    app.add_exception_handler(OpenAIError, _openai_error_handler)
+    app.add_exception_handler(RequestValidationError, _validation_error_handler)
+    app.add_exception_handler(StarletteHTTPException, _http_exception_handler)
+    app.add_exception_handler(Exception, _unhandled_exception_handler)
+    app.add_middleware(_CatchAllMiddleware)

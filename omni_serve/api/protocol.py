@@ -1,0 +1,339 @@
+"""OpenAI chat-completions protocol models (pydantic v2).
+
+Contract:
+
+* Request models accept exactly what the official ``openai`` Python client sends
+  for chat completions with text, ``input_audio`` and ``image_url`` content parts;
+  unknown fields are accepted and ignored.
+* Invalid requests raise ``pydantic.ValidationError`` (FastAPI turns it into
+  ``RequestValidationError``, rendered as a 400 by ``omni_serve.api.errors``).
+  Cross-field rules report the offending field as ``loc``: ``modalities``,
+  ``audio`` (audio output requested without audio options) and ``n`` (only 1).
+* Response models use ``None`` for absent optional fields, so serialize them
+  with ``model_dump(exclude_none=True)`` / ``model_dump_json(exclude_none=True)``.
+* Media payloads stay base64 strings here; decoding lives in ``omni_serve.api.media``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
+
+__all__ = [
+    "TextPart",
+    "InputAudio",
+    "InputAudioPart",
+    "ImageURL",
+    "ImageURLPart",
+    "ContentPart",
+    "ChatMessage",
+    "AudioOutputOptions",
+    "StreamOptions",
+    "ChatCompletionRequest",
+    "UsageInfo",
+    "ChatCompletionAudio",
+    "ChatCompletionMessage",
+    "ChatCompletionChoice",
+    "ChatCompletionResponse",
+    "DeltaAudio",
+    "ChatCompletionDelta",
+    "ChatCompletionChunkChoice",
+    "ChatCompletionChunk",
+    "ModelCard",
+    "ModelList",
+]
+
+
+class _Lenient(BaseModel):
+    """Request-side base: extra fields sent by clients are accepted and dropped."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+# --------------------------------------------------------------------------- content parts
+
+
+class TextPart(_Lenient):
+    type: Literal["text"] = Field(description="Content part kind: plain text.")
+    text: str = Field(description="The text of this part.")
+
+
+class InputAudio(_Lenient):
+    data: str = Field(description="Base64-encoded audio bytes (a data: URL prefix is tolerated).")
+    format: Literal["wav", "mp3", "flac", "ogg", "pcm16"] = Field(
+        default="wav",
+        description="Container/codec of `data`; 'pcm16' is raw little-endian int16 mono at 24 kHz.",
+    )
+
+
+class InputAudioPart(_Lenient):
+    type: Literal["input_audio"] = Field(description="Content part kind: audio input.")
+    input_audio: InputAudio = Field(description="The audio payload.")
+
+
+class ImageURL(_Lenient):
+    url: str = Field(description="Image as a data:image/...;base64 URL (remote URLs are rejected).")
+    detail: str | None = Field(default=None, description="OpenAI detail hint; accepted and ignored.")
+
+
+class ImageURLPart(_Lenient):
+    type: Literal["image_url"] = Field(description="Content part kind: image input.")
+    image_url: ImageURL = Field(description="The image reference.")
+
+
+def _part_tag(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return f"part[{kind}]" if kind in ("text", "input_audio", "image_url") else None
+
+
+# Tags contain "[" so the error renderer leaves them out of ``param`` paths.
+ContentPart = Annotated[
+    Union[
+        Annotated[TextPart, Tag("part[text]")],
+        Annotated[InputAudioPart, Tag("part[input_audio]")],
+        Annotated[ImageURLPart, Tag("part[image_url]")],
+    ],
+    Discriminator(
+        _part_tag,
+        custom_error_type="invalid_content_part",
+        custom_error_message="content part 'type' must be 'text', 'input_audio' or 'image_url'",
+    ),
+]
+
+
+def _content_tag(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "content[str]"
+    if isinstance(value, (list, tuple)):
+        return "content[parts]"
+    return None
+
+
+MessageContent = Annotated[
+    Union[
+        Annotated[str, Tag("content[str]")],
+        Annotated[list[ContentPart], Tag("content[parts]")],
+    ],
+    Discriminator(
+        _content_tag,
+        custom_error_type="invalid_content",
+        custom_error_message="content must be a string, a list of content parts, or null",
+    ),
+]
+
+
+StopSequences = Annotated[
+    Union[
+        Annotated[str, Tag("stop[str]")],
+        Annotated[list[str], Field(max_length=4), Tag("stop[list]")],
+    ],
+    Discriminator(
+        lambda v: "stop[str]" if isinstance(v, str) else "stop[list]" if isinstance(v, (list, tuple)) else None,
+        custom_error_type="invalid_stop",
+        custom_error_message="stop must be a string or a list of up to 4 strings",
+    ),
+]
+
+
+class ChatMessage(_Lenient):
+    role: Literal["system", "user", "assistant", "developer"] = Field(
+        description="Author of the message."
+    )
+    content: MessageContent | None = Field(
+        default=None, description="A string, a list of content parts, or null."
+    )
+    name: str | None = Field(default=None, description="Optional participant name.")
+
+
+# --------------------------------------------------------------------------- request
+
+
+class AudioOutputOptions(_Lenient):
+    voice: str = Field(description="Speaker/voice name for generated audio (e.g. 'Chelsie').")
+    format: Literal["wav", "pcm16"] = Field(
+        default="wav", description="Encoding of returned audio: a WAV file or raw int16 PCM."
+    )
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = Field(
+        default=False, description="Send a final chunk with usage and no choices."
+    )
+
+
+class ChatCompletionRequest(_Lenient):
+    model: str = Field(description="Served model name.")
+    messages: list[ChatMessage] = Field(min_length=1, description="Conversation so far (>= 1).")
+    modalities: list[Literal["text", "audio"]] | None = Field(
+        default=None,
+        description="Output modalities; must include 'text'. None means ['text'].",
+    )
+    audio: AudioOutputOptions | None = Field(
+        default=None,
+        validate_default=True,
+        description="Audio output options; required when 'audio' is in modalities.",
+    )
+    max_tokens: int | None = Field(default=None, ge=1, description="Legacy cap on generated tokens.")
+    max_completion_tokens: int | None = Field(
+        default=None, ge=1, description="Cap on generated tokens (preferred over max_tokens)."
+    )
+    temperature: float | None = Field(default=None, ge=0, le=2, description="Sampling temperature.")
+    top_p: float | None = Field(default=None, gt=0, le=1, description="Nucleus sampling mass.")
+    seed: int | None = Field(default=None, description="Sampling seed for reproducibility.")
+    stop: StopSequences | None = Field(
+        default=None, description="Up to 4 stop sequences."
+    )
+    stream: bool = Field(default=False, description="Stream chunks as server-sent events.")
+    stream_options: StreamOptions | None = Field(
+        default=None, description="Streaming options (only used when stream=true)."
+    )
+    n: int = Field(default=1, description="Number of choices; only 1 is supported.")
+    user: str | None = Field(default=None, description="End-user identifier; accepted and ignored.")
+
+    @field_validator("modalities")
+    @classmethod
+    def _check_modalities(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return value
+        if not value:
+            raise PydanticCustomError("invalid_modalities", "modalities must not be empty")
+        if len(set(value)) != len(value):
+            raise PydanticCustomError("invalid_modalities", "modalities must not contain duplicates")
+        if "text" not in value:
+            raise PydanticCustomError(
+                "invalid_modalities", "modalities must include 'text' (audio-only output is not supported)"
+            )
+        return value
+
+    @field_validator("audio")
+    @classmethod
+    def _check_audio(
+        cls, value: AudioOutputOptions | None, info: ValidationInfo
+    ) -> AudioOutputOptions | None:
+        modalities = info.data.get("modalities") or []
+        if value is None and "audio" in modalities:
+            raise PydanticCustomError(
+                "missing_audio_options",
+                "'audio' (with a 'voice') is required when modalities include 'audio'",
+            )
+        return value
+
+    @field_validator("n")
+    @classmethod
+    def _check_n(cls, value: int) -> int:
+        if value != 1:
+            raise PydanticCustomError("unsupported_n", "only n=1 is supported")
+        return value
+
+    def output_modalities(self) -> list[str]:
+        """Requested output modalities; ``["text"]`` when not given."""
+        return list(self.modalities) if self.modalities else ["text"]
+
+    def wants_audio(self) -> bool:
+        """Whether spoken audio output was requested."""
+        return "audio" in self.output_modalities()
+
+    def max_new_tokens(self, default: int) -> int:
+        """``max_completion_tokens``, else ``max_tokens``, else ``default``."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return default
+
+
+# --------------------------------------------------------------------------- responses
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+def _completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = Field(default=0, description="Tokens in the prompt.")
+    completion_tokens: int = Field(default=0, description="Tokens generated.")
+    total_tokens: int = Field(default=0, description="prompt_tokens + completion_tokens.")
+
+
+class ChatCompletionAudio(BaseModel):
+    id: str = Field(description="Identifier of the generated audio.")
+    data: str = Field(description="Base64-encoded audio in the requested format.")
+    transcript: str = Field(description="Text spoken in the audio.")
+    expires_at: int = Field(description="Unix time after which the id is no longer usable.")
+
+
+class ChatCompletionMessage(BaseModel):
+    role: Literal["assistant"] = Field(default="assistant", description="Always 'assistant'.")
+    content: str | None = Field(default=None, description="Generated text, if any.")
+    audio: ChatCompletionAudio | None = Field(default=None, description="Generated audio, if requested.")
+
+
+class ChatCompletionChoice(BaseModel):
+    index: int = Field(default=0, description="Choice index (always 0; n=1).")
+    message: ChatCompletionMessage = Field(description="The generated message.")
+    finish_reason: Literal["stop", "length", "abort"] | None = Field(
+        default=None, description="Why generation ended."
+    )
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str = Field(default_factory=_completion_id, description="Completion id ('chatcmpl-...').")
+    object: Literal["chat.completion"] = Field(default="chat.completion", description="Object type.")
+    created: int = Field(default_factory=_now, description="Unix creation time (seconds).")
+    model: str = Field(description="Model that produced the completion.")
+    choices: list[ChatCompletionChoice] = Field(description="Generated choices.")
+    usage: UsageInfo | None = Field(default=None, description="Token accounting.")
+
+
+class DeltaAudio(BaseModel):
+    id: str | None = Field(default=None, description="Audio id (sent with the first audio delta).")
+    data: str | None = Field(default=None, description="Base64 audio bytes of this chunk.")
+    transcript: str | None = Field(default=None, description="Transcript text of this chunk.")
+    expires_at: int | None = Field(default=None, description="Unix expiry time of the audio id.")
+
+
+class ChatCompletionDelta(BaseModel):
+    role: str | None = Field(default=None, description="'assistant' on the first chunk only.")
+    content: str | None = Field(default=None, description="Incremental text.")
+    audio: DeltaAudio | None = Field(default=None, description="Incremental audio.")
+
+
+class ChatCompletionChunkChoice(BaseModel):
+    index: int = Field(default=0, description="Choice index (always 0; n=1).")
+    delta: ChatCompletionDelta = Field(description="What this chunk adds.")
+    finish_reason: Literal["stop", "length", "abort"] | None = Field(
+        default=None, description="Set on the last chunk of the choice."
+    )
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str = Field(default_factory=_completion_id, description="Completion id, same for all chunks.")
+    object: Literal["chat.completion.chunk"] = Field(
+        default="chat.completion.chunk", description="Object type."
+    )
+    created: int = Field(default_factory=_now, description="Unix creation time (seconds).")
+    model: str = Field(description="Model that produced the chunk.")
+    choices: list[ChatCompletionChunkChoice] = Field(
+        default_factory=list, description="Chunk choices; empty on the final usage chunk."
+    )
+    usage: UsageInfo | None = Field(default=None, description="Usage (final chunk only, if asked).")
+
+
+class ModelCard(BaseModel):
+    id: str = Field(description="Model name as used in requests.")
+    object: Literal["model"] = Field(default="model", description="Object type.")
+    created: int = Field(default_factory=_now, description="Unix time the model was registered.")
+    owned_by: str = Field(default="omni_serve", description="Owner label.")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = Field(default="list", description="Object type.")
+    data: list[ModelCard] = Field(default_factory=list, description="Served models.")

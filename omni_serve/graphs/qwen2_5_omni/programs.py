@@ -1,0 +1,300 @@
+"""Per-request state machines of the Qwen2.5-Omni stages (run by ``omni_serve.engines.stepper``).
+
+Data each program exchanges (dicts; tensors travel through the connector, never handle arguments):
+
+- encoder -> thinker, one payload: ``{"audio": [n_a, H], "image": [n_i, H]}`` (keys present per media).
+- thinker -> talker, a chunk stream: the first chunk adds ``prompt`` ([L, H]: thinker input embeddings with
+  media positions zeroed plus last hidden states), ``bos``/``eos``/``pad`` ([H]: thinker embeddings of the
+  voice's text-bos, tts end and tts pad tokens) and ``first_token``; every chunk has ``states`` ([k, H]:
+  hidden + embedding of each generated token the thinker fed back) and the last ``end: True``.
+- talker -> code2wav, a chunk stream: ``{"codes": [int], "end": bool}``.
+
+This is exactly the hand-off that transformers' ``Qwen2_5OmniForConditionalGeneration.generate`` builds in
+one process, cut so the talker can start on the thinker's first chunk.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from omni_serve.engines.base import StageProgram
+from omni_serve.engines.sampling import Sampler, SamplingParams
+from omni_serve.models.qwen2_5_omni import OmniCode2Wav, OmniEncoder, OmniTalker, OmniThinker
+
+
+class EncoderProgram(StageProgram):
+    """One shot: audio features and image patches in, embeddings out."""
+
+    def __init__(self, model: OmniEncoder):
+        self.model = model
+        self.inputs: dict | None = None
+        self.done = False
+
+    def feed(self, item: dict) -> None:
+        self.inputs = item
+
+    def ready(self) -> bool:
+        return self.inputs is not None and not self.done
+
+    def step(self) -> list[dict]:
+        x, out = self.inputs, {}
+        if x.get("input_features") is not None:
+            out["audio"] = self.model.encode_audio(x["input_features"], x["feature_attention_mask"])
+        if x.get("pixel_values") is not None:
+            out["image"] = self.model.encode_image(x["pixel_values"], x["image_grid_thw"])
+        self.done = True
+        return [{"downstream": out}]
+
+
+@dataclass
+class ThinkerRequest:
+    input_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams
+    stop_token_ids: tuple[int, ...]
+    stop: tuple[str, ...] = ()
+    image_grid_thw: list[list[int]] | None = None
+    audio_seqlens: list[int] | None = None
+    expects_media: bool = False
+    talker_voice_token: int | None = None  # set when a talker consumes this request's states
+    talker_tokens: tuple[int, int] = (0, 0)  # (tts end, tts pad) thinker token ids
+    chunk_size: int = 8
+    first_chunk_size: int = 1
+    media_token_ids: tuple[int, ...] = ()
+
+
+class ThinkerProgram(StageProgram):
+    def __init__(self, model: OmniThinker, tokenizer, req: ThinkerRequest):
+        self.model, self.tok, self.req = model, tokenizer, req
+        self.sampler = Sampler(req.sampling)
+        self.cache = model.new_cache()
+        self.media: dict | None = None if req.expects_media else {}
+        self.generated: list[int] = []
+        self.text = ""
+        self.sent = 0
+        self.delta = 0
+        self.past = 0
+        self.pending_states: list[torch.Tensor] = []
+        self.first_sent = False
+        self.first_extra: dict = {}
+        self.done = False
+        self.finish_reason: str | None = None
+        self.max_stop = max((len(s) for s in req.stop), default=0)
+
+    def feed(self, item: dict) -> None:
+        self.media = item
+
+    def ready(self) -> bool:
+        return not self.done and self.media is not None
+
+    def release(self) -> None:
+        self.cache = None
+        self.pending_states = []
+
+    def _prefill(self) -> torch.Tensor:
+        m, req = self.model, self.req
+        ids = torch.tensor([req.input_ids])
+        embeds = m.embed(ids)
+        for key, token in (("audio", m.config.audio_token_index), ("image", m.config.image_token_index)):
+            feats = self.media.get(key)
+            if feats is not None:
+                mask = (ids == token).unsqueeze(-1).to(embeds.device)
+                if int(mask.sum()) != feats.shape[0]:
+                    raise ValueError(f"{key}: {int(mask.sum())} placeholder tokens for {feats.shape[0]} embeddings")
+                embeds = embeds.masked_scatter(mask, feats.to(embeds.dtype))
+        grid = torch.tensor(req.image_grid_thw) if req.image_grid_thw else None
+        seqlens = torch.tensor(req.audio_seqlens) if req.audio_seqlens else None
+        positions, self.delta = m.prompt_positions(ids, grid, seqlens)
+        hidden, logits = m.forward(embeds, positions, self.cache)
+        self.past = ids.shape[1]
+        if req.talker_voice_token is not None:
+            media_mask = torch.isin(ids, torch.tensor(req.media_token_ids)).view(-1, 1)
+            prompt = hidden[0] + embeds[0].masked_fill(media_mask.to(embeds.device), 0.0)
+            special = m.embed(torch.tensor([[req.talker_voice_token, *req.talker_tokens]]))[0]
+            self.first_extra = {"prompt": prompt, "bos": special[0], "eos": special[1], "pad": special[2]}
+        return logits
+
+    def _feed_back(self, token: int) -> torch.Tensor:
+        m = self.model
+        embed = m.embed(torch.tensor([[token]]))
+        hidden, logits = m.forward(embed, m.step_positions(self.past, self.delta), self.cache)
+        self.past += 1
+        if self.req.talker_voice_token is not None:
+            self.pending_states.append(hidden[0, -1] + embed[0, -1])
+        return logits
+
+    def step(self) -> list[dict]:
+        logits = self._prefill() if not self.generated and self.past == 0 else self._feed_back(self.generated[-1])
+        token = self.sampler.select(logits, self.generated)
+        self.generated.append(token)
+        out: dict = {"token_ids": [token]}
+        if token in self.req.stop_token_ids:
+            self.finish_reason = "stop"
+        elif len(self.generated) >= self.req.max_new_tokens:
+            self.finish_reason = "length"
+        out["text"] = self._text_delta(token)
+        if self.finish_reason:
+            self.done = True
+            out["finish_reason"] = self.finish_reason
+        downstream = self._talker_chunk()
+        if downstream is not None:
+            out["downstream"] = downstream
+        return [out]
+
+    def _text_delta(self, token: int) -> str:
+        ids = [t for t in self.generated if t not in self.req.stop_token_ids]
+        text = self.tok.decode(ids, skip_special_tokens=True)
+        if self.req.stop:
+            hits = [text.find(s) for s in self.req.stop if s in text]
+            if hits:
+                text = text[: min(hits)]
+                self.finish_reason = "stop"
+        self.text = text
+        if self.finish_reason:
+            limit = len(text)
+        else:
+            limit = len(text) - max(self.max_stop - 1, 0)
+            while limit > self.sent and text[limit - 1] == "\ufffd":  # incomplete UTF-8 sequence
+                limit -= 1
+        if limit <= self.sent:
+            return ""
+        delta, self.sent = text[self.sent:limit], limit
+        return delta
+
+    def _talker_chunk(self) -> dict | None:
+        if self.req.talker_voice_token is None:
+            return None
+        size = self.req.chunk_size if self.first_sent else self.req.first_chunk_size
+        if not self.done and len(self.pending_states) < size:
+            return None
+        states = torch.stack(self.pending_states) if self.pending_states else None
+        self.pending_states = []
+        chunk = {"states": states, "end": self.done}
+        if not self.first_sent:
+            chunk.update(self.first_extra, first_token=self.generated[0])
+            self.first_sent = True
+        return chunk
+
+
+@dataclass
+class TalkerRequest:
+    max_new_tokens: int
+    sampling: SamplingParams
+    chunk_size: int = 16
+    first_chunk_size: int = 4
+
+
+class TalkerProgram(StageProgram):
+    """Codec tokens from the thinker's states; decode step j consumes reply state j (see module doc)."""
+
+    def __init__(self, model: OmniTalker, req: TalkerRequest):
+        self.model, self.req = model, req
+        self.sampler = Sampler(req.sampling)
+        self.cache = model.new_cache()
+        self.head: dict | None = None
+        self.states: list[torch.Tensor] = []
+        self.upstream_done = False
+        self.history: list[int] = []
+        self.codes: list[int] = []
+        self.unsent: list[int] = []
+        self.sent_any = False
+        self.steps = 0
+        self.done = False
+
+    def feed(self, item: dict) -> None:
+        if "prompt" in item:
+            self.head = item
+        if item.get("states") is not None:
+            self.states.extend(item["states"].unbind(0))
+        if item.get("end"):
+            self.upstream_done = True
+
+    def close_input(self) -> None:
+        self.upstream_done = True
+
+    def release(self) -> None:
+        self.cache = None
+        self.states = []
+
+    def _reply(self, j: int) -> torch.Tensor | None:
+        """Reply state j: thinker state j+1, then the tts end embedding, then pad forever."""
+        if j + 1 < len(self.states):
+            return self.states[j + 1]
+        if not self.upstream_done:
+            return None
+        return self.head["eos"] if j + 1 == len(self.states) else self.head["pad"]
+
+    def ready(self) -> bool:
+        if self.done:
+            return False
+        if self.steps == 0:
+            return self.head is not None and (len(self.states) > 0 or self.upstream_done)
+        return self._reply(self.steps - 1) is not None
+
+    def step(self) -> list[dict]:
+        m = self.model
+        if self.steps == 0:
+            if not self.states:
+                raise ValueError("the thinker produced a single token; speech needs at least two")
+            h = self.head
+            embeds = torch.cat([h["prompt"], h["bos"].view(1, -1), self.states[0].view(1, -1)]).unsqueeze(0)
+            self.history = m.prompt_codec_ids(h["prompt"].shape[0])
+            logits = m.forward_prompt(embeds, self.cache)
+        else:
+            logits = m.forward_step(self.history[-1], self._reply(self.steps - 1), self.cache)
+        self.steps += 1
+        code = self.sampler.select(logits, self.history)
+        self.history.append(code)
+        stop = code in m.stop_ids
+        if not stop:
+            self.codes.append(code)
+            self.unsent.append(code)
+        self.done = stop or self.steps >= self.req.max_new_tokens
+        size = self.req.chunk_size if self.sent_any else self.req.first_chunk_size
+        if not self.done and len(self.unsent) < size:
+            return []
+        chunk = {"codes": self.unsent, "end": self.done}
+        self.unsent, self.sent_any = [], True
+        return [{"codes": chunk["codes"], "downstream": chunk}]
+
+
+@dataclass
+class Code2WavRequest:
+    voice: str
+    seed: int
+    num_steps: int = 10
+    guidance_scale: float = 0.5
+    sway_coefficient: float = -1.0
+
+
+class Code2WavProgram(StageProgram):
+    """Codec tokens to a 24 kHz waveform once the talker is done (whole-sequence synthesis)."""
+
+    def __init__(self, model: OmniCode2Wav, req: Code2WavRequest):
+        self.model, self.req = model, req
+        self.codes: list[int] = []
+        self.upstream_done = False
+        self.done = False
+
+    def feed(self, item: dict) -> None:
+        self.codes.extend(item.get("codes", []))
+        if item.get("end"):
+            self.upstream_done = True
+
+    def close_input(self) -> None:
+        self.upstream_done = True
+
+    def ready(self) -> bool:
+        return self.upstream_done and not self.done
+
+    def step(self) -> list[dict]:
+        self.done = True
+        if not self.codes:
+            return [{"audio": np.zeros(0, dtype=np.float32), "num_codes": 0}]
+        r = self.req
+        wav = self.model.synthesize(self.codes, r.voice, r.seed, r.num_steps, r.guidance_scale, r.sway_coefficient)
+        return [{"audio": wav.numpy(), "num_codes": len(self.codes)}]

@@ -1,0 +1,67 @@
+"""Load one component of a checkpoint directory: only the tensors under a key prefix.
+
+Contract: ``load_component(checkpoint_dir, module_cls, config, prefixes)`` builds ``module_cls`` from
+``config`` without random initialisation and fills it from the checkpoint's safetensors (single file or
+sharded with ``model.safetensors.index.json``), reading only the keys that start with one of
+``prefixes`` (mapping ``{checkpoint_prefix: module_prefix}``). Missing or unexpected keys are errors, so a
+replica provably holds exactly its component's parameters. This is the one path for tiny, small and real
+checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from safetensors import safe_open
+
+
+def _shard_files(checkpoint_dir: str) -> list[str]:
+    index = os.path.join(checkpoint_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        return [os.path.join(checkpoint_dir, name) for name in files]
+    single = os.path.join(checkpoint_dir, "model.safetensors")
+    if not os.path.exists(single):
+        raise FileNotFoundError(f"no model.safetensors(.index.json) in {checkpoint_dir}")
+    return [single]
+
+
+def read_state_dict(checkpoint_dir: str, prefixes: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Tensors whose key starts with a checkpoint prefix, renamed to the module prefix."""
+    state: dict[str, torch.Tensor] = {}
+    for path in _shard_files(checkpoint_dir):
+        with safe_open(path, framework="pt") as f:
+            for key in f.keys():
+                for src, dst in prefixes.items():
+                    if key.startswith(src):
+                        state[dst + key[len(src):]] = f.get_tensor(key)
+                        break
+    if not state:
+        raise ValueError(f"checkpoint {checkpoint_dir} has no tensors under {sorted(prefixes)}")
+    return state
+
+
+def load_component(checkpoint_dir: str, module_cls, config, prefixes: dict[str, str],
+                   dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.nn.Module:
+    """Instantiate ``module_cls(config)`` uninitialised, then load its weights strictly."""
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():
+        module = module_cls._from_config(config) if hasattr(module_cls, "_from_config") else module_cls(config)
+    state = read_state_dict(checkpoint_dir, prefixes)
+    result = module.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if not _is_tied(module, k)]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"{module_cls.__name__} from {checkpoint_dir}: missing {missing[:5]}, "
+            f"unexpected {result.unexpected_keys[:5]}"
+        )
+    return module.to(device=device, dtype=dtype).eval()
+
+
+def _is_tied(module, key: str) -> bool:
+    tied = getattr(module, "_tied_weights_keys", None) or {}
+    return key in tied

@@ -1,0 +1,186 @@
+"""Qwen2.5-Omni stage adapters over transformers' modules: one class per stage, each loading only its weights.
+
+Contract (all tensors on the adapter's device; batch dimension 1 unless stated):
+
+- ``OmniEncoder``: audio tower + vision tower. ``encode_audio(features, feature_mask) -> [n_audio_tokens, H]``,
+  ``encode_image(pixel_values, grid_thw) -> [n_image_tokens, H]`` (H = thinker hidden size).
+- ``OmniThinker``: text decoder + lm_head. ``prompt_positions(...)`` gives the 4-row position ids transformers'
+  ``generate`` feeds the decoder (text row + 3 M-RoPE rows) and the rope delta used while decoding;
+  ``forward(embeds, positions, cache)`` returns ``(input_embeds, last_hidden, last_logits)``.
+- ``OmniTalker``: codec decoder. ``forward_prompt(embeds, cache)`` and ``forward_step(codec_id, reply_state,
+  cache)`` return the next-codec logits; the inputs are exactly what ``Qwen2_5OmniForConditionalGeneration.
+  generate`` passes the talker (it gets no attention mask there, so the talker's forward is stateless and
+  safe to share between requests).
+- ``OmniCode2Wav``: DiT + BigVGAN. ``synthesize(codes, voice, seed, ...)`` -> 24 kHz waveform; the DiT's
+  initial noise comes from ``seed`` so it matches a reference call made after ``torch.manual_seed(seed)``.
+
+No module is subclassed or patched; ``MropeIndex`` borrows transformers' own position-index functions.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from transformers import Qwen2_5OmniConfig
+from transformers.cache_utils import DynamicCache
+from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
+
+from omni_serve.models.loading import load_component, read_state_dict
+
+SAMPLE_RATE = 24000
+
+
+def load_config(checkpoint_dir: str) -> Qwen2_5OmniConfig:
+    return Qwen2_5OmniConfig.from_pretrained(checkpoint_dir)
+
+
+class MropeIndex:
+    """transformers' multimodal RoPE index computation without holding the model that defines it.
+
+    ``get_rope_index`` only reads ``self.config`` and ``self.spatial_merge_size``; borrowing the functions
+    (not subclassing) keeps us on the library's exact arithmetic for audio/image/video positions.
+    """
+
+    _base = hf.Qwen2_5OmniPreTrainedModelForConditionalGeneration
+    get_rope_index = _base.get_rope_index
+    get_llm_pos_ids_for_vision = _base.get_llm_pos_ids_for_vision
+    get_chunked_index = _base.get_chunked_index
+
+    def __init__(self, config, spatial_merge_size: int):
+        self.config = config
+        self.spatial_merge_size = spatial_merge_size
+
+
+class OmniEncoder:
+    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
+        cfg = load_config(checkpoint_dir).thinker_config
+        self.device = device
+        self.audio = load_component(checkpoint_dir, hf.Qwen2_5OmniAudioEncoder, cfg.audio_config,
+                                    {"thinker.audio_tower.": ""}, dtype, device)
+        self.visual = load_component(checkpoint_dir, hf.Qwen2_5OmniVisionEncoder, cfg.vision_config,
+                                     {"thinker.visual.": ""}, dtype, device)
+        self.modules = {"audio_tower": self.audio, "visual": self.visual}
+
+    @torch.inference_mode()
+    def encode_audio(self, input_features: torch.Tensor, feature_attention_mask: torch.Tensor) -> torch.Tensor:
+        lengths = feature_attention_mask.sum(-1)
+        feats = input_features.permute(0, 2, 1)[feature_attention_mask.bool()].permute(1, 0)
+        after_cnn, _ = self.audio._get_feat_extract_output_lengths(lengths)
+        out = self.audio(feats.to(self.device, self.audio.dtype), feature_lens=lengths, aftercnn_lens=after_cnn)
+        return out.last_hidden_state
+
+    @torch.inference_mode()
+    def encode_image(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
+        out = self.visual(pixel_values.to(self.device, self.visual.dtype), grid_thw=image_grid_thw)
+        return out.pooler_output
+
+
+class OmniThinker:
+    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
+        self.config = load_config(checkpoint_dir).thinker_config
+        text_cfg = self.config.text_config
+        self.device = device
+        self.model = load_component(checkpoint_dir, hf.Qwen2_5OmniThinkerTextModel, text_cfg,
+                                    {"thinker.model.": ""}, dtype, device)
+        self.lm_head = torch.nn.Linear(text_cfg.hidden_size, text_cfg.vocab_size, bias=False)
+        self.lm_head.load_state_dict(read_state_dict(checkpoint_dir, {"thinker.lm_head.": ""}))
+        self.lm_head.to(device=device, dtype=dtype).eval()
+        self.rope = MropeIndex(self.config, self.config.vision_config.spatial_merge_size)
+        self.modules = {"model": self.model, "lm_head": self.lm_head}
+        self.vocab_size = text_cfg.vocab_size
+        self.hidden_size = text_cfg.hidden_size
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.config.text_config)
+
+    @torch.inference_mode()
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(ids.to(self.device))
+
+    def prompt_positions(self, input_ids, image_grid_thw=None, audio_seqlens=None) -> tuple[torch.Tensor, int]:
+        """4-row prompt positions ``[text; t; h; w]`` and the delta that continues M-RoPE while decoding."""
+        mask = torch.ones_like(input_ids)
+        mrope, delta = self.rope.get_rope_index(
+            input_ids, image_grid_thw, None, mask, False, audio_seqlens, None)
+        text = torch.arange(input_ids.shape[1]).view(1, 1, -1)
+        return torch.cat([text, mrope], dim=0), int(delta.view(-1)[0])
+
+    @staticmethod
+    def step_positions(past_len: int, delta: int, n: int = 1) -> torch.Tensor:
+        text = torch.arange(past_len, past_len + n).view(1, 1, -1)
+        return torch.cat([text, text.expand(3, 1, n) + delta], dim=0)
+
+    @torch.inference_mode()
+    def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, cache: DynamicCache):
+        """One decoder pass. Returns (last-layer hidden [1,n,H], logits of the last position [V])."""
+        out = self.model(inputs_embeds=inputs_embeds, position_ids=position_ids.to(self.device),
+                         past_key_values=cache, use_cache=True, output_hidden_states=True)
+        last_hidden = out.hidden_states[-1]
+        logits = self.lm_head(out.last_hidden_state[:, -1, :]).float()[0]
+        return last_hidden, logits
+
+
+class OmniTalker:
+    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
+        self.config = load_config(checkpoint_dir).talker_config
+        self.device = device
+        self.model = load_component(checkpoint_dir, hf.Qwen2_5OmniTalkerForConditionalGeneration, self.config,
+                                    {"talker.": ""}, dtype, device)
+        self.modules = {"talker": self.model}
+        c = self.config
+        self.codec_bos, self.codec_eos = c.tts_codec_start_token_id, c.tts_codec_end_token_id
+        self.codec_pad, self.codec_mask = c.tts_codec_pad_token_id, c.tts_codec_mask_token_id
+        # transformers' Qwen2_5OmniForConditionalGeneration.generate stops the talker on these two ids.
+        self.stop_ids = (c.tts_codec_pad_token_id, c.tts_codec_end_token_id)
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.config)
+
+    def prompt_codec_ids(self, prompt_len: int) -> list[int]:
+        """The talker's input ids for its prompt: mask per thinker prompt token, then pad and bos."""
+        return [self.codec_mask] * prompt_len + [self.codec_pad, self.codec_bos]
+
+    @torch.inference_mode()
+    def forward_prompt(self, inputs_embeds: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+        out = self.model(inputs_embeds=inputs_embeds.to(self.device), past_key_values=cache, use_cache=True)
+        return out.logits[0, -1].float()
+
+    @torch.inference_mode()
+    def forward_step(self, codec_id: int, reply_state: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+        ids = torch.tensor([[codec_id]], device=self.device)
+        out = self.model(input_ids=ids, thinker_reply_part=reply_state.view(1, 1, -1).to(self.device),
+                         past_key_values=cache, use_cache=True)
+        return out.logits[0, -1].float()
+
+
+class OmniCode2Wav:
+    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
+        cfg = load_config(checkpoint_dir).token2wav_config
+        self.device = device
+        # transformers runs token2wav in float32 whatever the rest of the model uses.
+        self.model = load_component(checkpoint_dir, hf.Qwen2_5OmniToken2WavModel, cfg, {"token2wav.": ""},
+                                    torch.float32, device)
+        self.modules = {"token2wav": self.model}
+        self.speakers = load_speakers(checkpoint_dir)
+        bigvgan = cfg.bigvgan_config
+        self.samples_per_code = cfg.dit_config.repeats * int(torch.tensor(bigvgan.upsample_rates).prod())
+
+    @torch.inference_mode()
+    def synthesize(self, codes: list[int], voice: str, seed: int, num_steps: int = 10,
+                   guidance_scale: float = 0.5, sway_coefficient: float = -1.0) -> torch.Tensor:
+        spk = self.speakers[voice]
+        code = torch.tensor([codes], dtype=torch.long, device=self.device)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            wav = self.model(code, conditioning=spk["cond"].float().to(self.device),
+                             reference_mel=spk["ref_mel"].float().to(self.device), num_steps=num_steps,
+                             guidance_scale=guidance_scale, sway_coefficient=sway_coefficient)
+        return wav.reshape(-1).float()
+
+
+def load_speakers(checkpoint_dir: str) -> dict:
+    path = os.path.join(checkpoint_dir, "spk_dict.pt")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} is missing: a Qwen2.5-Omni checkpoint ships its voices there")
+    return torch.load(path, map_location="cpu", weights_only=True)
