@@ -193,6 +193,10 @@ class ChatCompletionRequest(_Lenient):
     )
     n: int = Field(default=1, description="Number of choices; only 1 is supported.")
     user: str | None = Field(default=None, description="End-user identifier; accepted and ignored.")
+    return_token_ids: bool = Field(
+        default=False,
+        description="omni_serve extension: also return generated text token ids and codec token ids.",
+    )
 
     @field_validator("modalities")
     @classmethod
@@ -281,6 +285,12 @@ class ChatCompletionChoice(BaseModel):
     message: ChatCompletionMessage = Field(description="The generated message.")
     finish_reason: Literal["stop", "length", "abort"] | None = Field(
         default=None, description="Why generation ended."
+    )
+    token_ids: list[int] | None = Field(
+        default=None, description="omni_serve extension: generated text token ids (return_token_ids)."
+    )
+    codec_ids: list[int] | None = Field(
+        default=None, description="omni_serve extension: generated codec token ids (return_token_ids)."
     )
 
 

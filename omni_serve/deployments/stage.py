@@ -1,0 +1,62 @@
+"""The one generic stage deployment: hosts a graph's ``StageRunner`` on a ``StepEngine``.
+
+Contract: ``StageDeployment(stage, runner, graph_spec)`` imports ``runner`` (``module:Class``), builds it
+from the validated graph spec (loading only that stage's weights) and serves:
+- ``generate(request)``: a streaming call; yields the runner's small outputs for one request. Cancelling
+  the call (client gone, ingress error) aborts the request in the engine and frees its state.
+- ``ready()``: cheap liveness/identity probe used by the ingress' ``/health``.
+- ``parameter_names()``: names of the parameters this replica holds (for tests and operators).
+Ray Serve calls ``check_health`` periodically; a dead engine thread marks the replica unhealthy.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from typing import Any, AsyncIterator
+
+from ray import serve
+
+from omni_serve.engines.stepper import StepEngine
+
+log = logging.getLogger(__name__)
+
+
+def import_path(path: str):
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@serve.deployment
+class StageDeployment:
+    def __init__(self, stage: str, runner: str, graph_spec: dict[str, Any]):
+        import torch
+
+        self.stage = stage
+        runner_cls = import_path(runner)
+        self.runner = runner_cls(stage, graph_spec)
+        engine_spec = self.runner.engine_spec
+        torch.set_num_threads(engine_spec.torch_threads)
+        self.engine = StepEngine(stage, max_active=engine_spec.max_active_requests,
+                                 torch_threads=engine_spec.torch_threads)
+        log.info("stage %s ready in pid %d (%s)", stage, os.getpid(), runner)
+
+    async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        async for out in self.runner.run(self.engine, request):
+            yield out
+
+    async def ready(self) -> dict[str, Any]:
+        return {"stage": self.stage, "pid": os.getpid(), "active": self.engine.num_active}
+
+    def parameter_names(self) -> list[str]:
+        return [f"{prefix}.{name}" for prefix, module in self.runner.modules().items()
+                for name, _ in module.named_parameters()]
+
+    def check_health(self) -> None:
+        thread = self.engine._thread
+        if thread is not None and not thread.is_alive():
+            raise RuntimeError(f"engine thread of stage {self.stage} died")
+
+    async def __del__(self):
+        await self.engine.cleanup()

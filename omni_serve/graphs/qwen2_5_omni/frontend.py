@@ -1,0 +1,291 @@
+"""Ingress-side logic of the Qwen2.5-Omni graph: OpenAI chat request -> stage calls -> OpenAI response.
+
+Contract: ``OmniFrontend(spec, handles)``; ``await prepare(request)`` validates and preprocesses (400s are
+raised here, before any stage is called) and returns a ``Prepared`` request; ``complete(p)`` returns a
+``ChatCompletionResponse``; ``stream(p)`` yields SSE lines. Per request the frontend opens one streaming
+call per stage it needs (encoder if media, thinker, and talker + code2wav for audio) at once: stages find
+their inputs on the data plane by key, so the talker starts on the thinker's first chunk. Whatever ends
+the request (completion, error, client gone) cancels every open stage call and frees the request's
+data-plane payloads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import numpy as np
+
+from omni_serve.api import protocol as P
+from omni_serve.api.errors import OpenAIError, bad_request, internal_error
+from omni_serve.api.media import decode_image_url, decode_input_audio, encode_audio
+from omni_serve.api.sse import SSE_DONE, sse_error, sse_event
+from omni_serve.checkpoints.qwen2_5_omni import DEFAULT_SYSTEM_PROMPT
+from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
+from omni_serve.graphs.qwen2_5_omni.stages import EDGE_INGRESS_ENCODER
+from omni_serve.models.qwen2_5_omni import SAMPLE_RATE, load_config, load_speakers
+from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
+from omni_serve.transport.base import chunk_key, get_connector
+
+log = logging.getLogger(__name__)
+AUDIO_TTL_S = 3600
+
+
+@dataclass
+class Prepared:
+    request: P.ChatCompletionRequest
+    request_id: str
+    prompt_len: int
+    thinker: dict[str, Any]
+    media: dict[str, Any] | None
+    audio: dict[str, Any] | None  # talker + code2wav settings when speech is requested
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+class OmniFrontend:
+    def __init__(self, spec: OmniGraphSpec, handles: dict[str, Any]):
+        self.spec = spec
+        self.handles = handles
+        self.inputs = OmniInputProcessor(spec.checkpoint)
+        cfg = load_config(spec.checkpoint)
+        self.thinker_cfg, self.talker_cfg = cfg.thinker_config, cfg.talker_config
+        self.voices = {name: int(v["bos_token"]) for name, v in load_speakers(spec.checkpoint).items()}
+        if spec.default_voice not in self.voices:
+            raise ValueError(f"default_voice {spec.default_voice!r} not in the checkpoint's voices {sorted(self.voices)}")
+        tparams = spec.stages.thinker.params
+        self.max_model_len = tparams.max_model_len or self.thinker_cfg.text_config.max_position_embeddings
+        eos = self.inputs.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.stop_token_ids = [eos]
+        self.connector = get_connector(spec.edges.encoder_thinker.connector)
+
+    # -- validation and preprocessing ---------------------------------------------------------------------
+    async def prepare(self, req: P.ChatCompletionRequest) -> Prepared:
+        if req.model != self.spec.model_name:
+            raise bad_request(f"The model {req.model!r} does not exist; this server serves {self.spec.model_name!r}.",
+                              param="model", code="model_not_found")
+        audio = None
+        if req.wants_audio():
+            voice = req.audio.voice
+            match = {v.lower(): v for v in self.voices}.get(voice.lower())
+            if match is None:
+                raise bad_request(f"Unknown voice {voice!r}; available voices: {', '.join(sorted(self.voices))}.",
+                                  param="audio.voice", code="invalid_value")
+            audio = {"voice": match, "format": req.audio.format}
+        messages, audios, images = self._convert_messages(req.messages)
+        try:
+            inputs = await asyncio.to_thread(self.inputs, messages, audios, images)
+        except OpenAIError:
+            raise
+        except Exception as exc:  # preprocessing rejected the media (e.g. too small an image)
+            raise bad_request(f"Could not process the request's media: {exc}", param="messages") from exc
+        prompt_len = int(inputs.input_ids.shape[1])
+        max_new = req.max_new_tokens(self.spec.stages.thinker.params.default_max_tokens)
+        if prompt_len + max_new > self.max_model_len:
+            raise bad_request(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{prompt_len + max_new} tokens ({prompt_len} in the messages, {max_new} in the completion).",
+                param="messages", code="context_length_exceeded")
+        if audio is not None and max_new < 2:
+            raise bad_request("Speech output needs max_tokens >= 2.", param="max_tokens")
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        temperature = req.temperature if req.temperature is not None else \
+            self.spec.stages.thinker.params.default_temperature
+        seed = req.seed if req.seed is not None else random.randrange(2**31)
+        media = None
+        if inputs.input_features is not None or inputs.pixel_values is not None:
+            media = {"input_features": inputs.input_features, "feature_attention_mask": inputs.feature_attention_mask,
+                     "pixel_values": inputs.pixel_values, "image_grid_thw": inputs.image_grid_thw, "end": True}
+        thinker = {
+            "request_id": rid, "input_ids": inputs.input_ids[0].tolist(), "max_new_tokens": max_new,
+            "sampling": {"temperature": temperature, "top_p": req.top_p or 1.0, "seed": seed},
+            "stop_token_ids": self.stop_token_ids, "stop": _stops(req.stop),
+            "image_grid_thw": None if inputs.image_grid_thw is None else inputs.image_grid_thw.tolist(),
+            "audio_seqlens": None if inputs.audio_seqlens is None else inputs.audio_seqlens.tolist(),
+            "expects_media": media is not None,
+        }
+        if audio is not None:
+            thinker["voice_token"] = self.voices[audio["voice"]]
+            thinker["talker_tokens"] = [self.talker_cfg.tts_text_end_token_id, self.talker_cfg.tts_text_pad_token_id]
+            audio.update(request_id=rid, seed=seed, greedy=temperature == 0)
+        return Prepared(req, rid, prompt_len, thinker, media, audio)
+
+    def _convert_messages(self, messages: list[P.ChatMessage]):
+        out, audios, images = [], [], []
+        if not any(m.role in ("system", "developer") for m in messages):
+            out.append({"role": "system", "content": [{"type": "text",
+                                                        "text": self.spec.system_prompt or DEFAULT_SYSTEM_PROMPT}]})
+        for i, msg in enumerate(messages):
+            role = "system" if msg.role == "developer" else msg.role
+            content = msg.content
+            if content is None:
+                content = []
+            if isinstance(content, str):
+                out.append({"role": role, "content": [{"type": "text", "text": content}]})
+                continue
+            parts = []
+            for j, part in enumerate(content):
+                param = f"messages[{i}].content[{j}]"
+                if part.type == "text":
+                    parts.append({"type": "text", "text": part.text})
+                elif part.type == "input_audio":
+                    audios.append(decode_input_audio(
+                        part.input_audio.data, part.input_audio.format, target_sr=self.inputs.sampling_rate,
+                        max_seconds=self.spec.max_audio_seconds, param=f"{param}.input_audio.data"))
+                    parts.append({"type": "audio"})
+                elif part.type == "image_url":
+                    images.append(decode_image_url(part.image_url.url, max_pixels=self.spec.max_image_pixels,
+                                                   max_bytes=64 << 20, param=f"{param}.image_url.url"))
+                    parts.append({"type": "image"})
+            if role != "user" and (len(parts) != sum(p["type"] == "text" for p in parts)):
+                raise bad_request(f"Only user messages may contain audio or images (message {i} is {msg.role}).",
+                                  param=f"messages[{i}].content")
+            out.append({"role": role, "content": parts})
+        return out, audios, images
+
+    # -- running ------------------------------------------------------------------------------------------
+    def _open_streams(self, p: Prepared) -> dict[str, Any]:
+        calls = {}
+        if p.media is not None:
+            calls["encoder"] = self._call("encoder", {"request_id": p.request_id})
+        calls["thinker"] = self._call("thinker", p.thinker)
+        if p.audio is not None:
+            calls["talker"] = self._call("talker", {"request_id": p.request_id, "seed": p.audio["seed"],
+                                                    "greedy": p.audio["greedy"]})
+            calls["code2wav"] = self._call("code2wav", {"request_id": p.request_id, "voice": p.audio["voice"],
+                                                        "seed": p.audio["seed"]})
+        return calls
+
+    def _call(self, stage: str, payload: dict[str, Any]):
+        return self.handles[stage].options(stream=True).generate.remote(payload)
+
+    async def _events(self, p: Prepared) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Merged (stage, output) events of every stage call of the request, as they arrive."""
+        if p.media is not None:
+            await self.connector.put(chunk_key(p.request_id, EDGE_INGRESS_ENCODER, 0), p.media)
+        calls = self._open_streams(p)
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(stage, gen):
+            try:
+                async for out in gen:
+                    await queue.put((stage, out))
+                await queue.put((stage, None))
+            except BaseException as exc:  # noqa: BLE001 - surfaced to the request
+                await queue.put((stage, exc))
+
+        tasks = [asyncio.create_task(pump(s, g)) for s, g in calls.items()]
+        open_calls = set(calls)
+        deadline = time.monotonic() + self.spec.ingress.request_timeout_s
+        try:
+            while open_calls:
+                remaining = deadline - time.monotonic()
+                try:
+                    stage, item = await asyncio.wait_for(queue.get(), max(remaining, 0.001))
+                except asyncio.TimeoutError:
+                    raise OpenAIError("The request timed out.", status_code=504, type="timeout",
+                                      code="timeout") from None
+                if item is None:
+                    open_calls.discard(stage)
+                elif isinstance(item, BaseException):
+                    log.error("request %s: stage %s failed: %r", p.request_id, stage, item)
+                    raise internal_error(f"Stage {stage} failed: {_short(item)}")
+                else:
+                    yield stage, item
+        finally:
+            for gen in calls.values():
+                gen.cancel()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            try:
+                await self.connector.free_request(p.request_id)
+            except Exception:  # noqa: BLE001 - never mask the request's own outcome
+                log.exception("request %s: freeing data-plane payloads failed", p.request_id)
+
+    async def complete(self, p: Prepared) -> P.ChatCompletionResponse:
+        text, tokens, codes, pcm, finish = [], [], [], [], None
+        async for stage, out in self._events(p):
+            if stage == "thinker":
+                text.append(out.get("text", ""))
+                tokens.extend(out.get("token_ids", []))
+                finish = out.get("finish_reason", finish)
+            elif stage == "talker":
+                codes.extend(out.get("codes", []))
+            elif stage == "code2wav":
+                pcm.append(out["pcm16"])
+        transcript = "".join(text)
+        audio = None
+        if p.audio is not None:
+            samples = np.frombuffer(b"".join(pcm), dtype="<i2").astype(np.float32) / 32767.0
+            data = encode_audio(samples, SAMPLE_RATE, p.audio["format"])
+            audio = P.ChatCompletionAudio(id=f"audio_{p.request_id}", data=base64.b64encode(data).decode(),
+                                          transcript=transcript, expires_at=int(time.time()) + AUDIO_TTL_S)
+        want_ids = p.request.return_token_ids
+        choice = P.ChatCompletionChoice(
+            message=P.ChatCompletionMessage(content=transcript, audio=audio), finish_reason=finish,
+            token_ids=tokens if want_ids else None, codec_ids=codes if want_ids and p.audio else None)
+        usage = P.UsageInfo(prompt_tokens=p.prompt_len, completion_tokens=len(tokens),
+                            total_tokens=p.prompt_len + len(tokens))
+        return P.ChatCompletionResponse(id=p.request_id, created=p.created, model=self.spec.model_name,
+                                        choices=[choice], usage=usage)
+
+    async def stream(self, p: Prepared) -> AsyncIterator[str]:
+        def chunk(delta: P.ChatCompletionDelta, finish=None) -> str:
+            return sse_event(P.ChatCompletionChunk(
+                id=p.request_id, created=p.created, model=self.spec.model_name,
+                choices=[P.ChatCompletionChunkChoice(delta=delta, finish_reason=finish)]))
+
+        yield chunk(P.ChatCompletionDelta(role="assistant", content=""))
+        tokens, transcript, finish = 0, [], None
+        audio_id = f"audio_{p.request_id}"
+        try:
+            async for stage, out in self._events(p):
+                if stage == "thinker":
+                    tokens += len(out.get("token_ids", []))
+                    finish = out.get("finish_reason", finish)
+                    if out.get("text"):
+                        transcript.append(out["text"])
+                        yield chunk(P.ChatCompletionDelta(content=out["text"]))
+                elif stage == "code2wav" and out["pcm16"]:
+                    # Streamed audio is always raw pcm16 (24 kHz mono), as OpenAI streams it.
+                    yield chunk(P.ChatCompletionDelta(audio=P.DeltaAudio(
+                        id=audio_id, data=base64.b64encode(out["pcm16"]).decode(),
+                        transcript="".join(transcript), expires_at=int(time.time()) + AUDIO_TTL_S)))
+        except OpenAIError as err:
+            yield sse_error(err)
+            yield SSE_DONE
+            return
+        yield chunk(P.ChatCompletionDelta(), finish=finish or "stop")
+        opts = p.request.stream_options
+        if opts is not None and opts.include_usage:
+            yield sse_event(P.ChatCompletionChunk(
+                id=p.request_id, created=p.created, model=self.spec.model_name, choices=[],
+                usage=P.UsageInfo(prompt_tokens=p.prompt_len, completion_tokens=tokens,
+                                  total_tokens=p.prompt_len + tokens)))
+        yield SSE_DONE
+
+    async def health(self) -> dict[str, Any]:
+        async def probe(stage, handle):
+            try:
+                return stage, await asyncio.wait_for(handle.ready.remote(), 5.0)
+            except Exception as exc:  # noqa: BLE001
+                return stage, {"error": _short(exc)}
+        results = await asyncio.gather(*(probe(s, h) for s, h in self.handles.items()))
+        return dict(results)
+
+
+def _stops(stop) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[-1][:300] if text else type(exc).__name__

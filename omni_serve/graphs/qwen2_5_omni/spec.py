@@ -1,0 +1,84 @@
+"""The Qwen2.5-Omni graph spec: stages, edges and defaults (overridable from Python, CLI or YAML)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from omni_serve.graphs.spec import EdgeSpec, IngressSpec, StageSpec
+
+
+class ThinkerParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    default_max_tokens: int = Field(256, ge=1, description="Text tokens generated when a request sets no limit.")
+    max_model_len: int | None = Field(None, ge=16, description="Prompt + output token limit; default: the model's.")
+    default_temperature: float = Field(1.0, ge=0, le=2, description="Temperature when the request sets none.")
+
+
+class TalkerParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_codec_tokens: int = Field(1024, ge=1, description="Codec tokens per response at most (50 per second of audio).")
+    temperature: float = Field(0.9, ge=0, description="Codec sampling temperature (0: greedy). Requests with temperature 0 decode greedily.")
+    top_k: int = Field(40, ge=0, description="Codec top-k (0: off).")
+    top_p: float = Field(0.8, gt=0, le=1, description="Codec top-p.")
+    repetition_penalty: float = Field(1.05, gt=0, description="Codec repetition penalty (as transformers' generate).")
+
+
+class Code2WavParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    num_steps: int = Field(10, ge=1, le=64, description="Flow-matching ODE steps of the DiT.")
+    guidance_scale: float = Field(0.5, ge=0, description="Classifier-free guidance scale of the DiT.")
+    sway_coefficient: float = Field(-1.0, description="Sway sampling coefficient of the ODE time grid.")
+
+
+class EncoderStage(StageSpec):
+    pass
+
+
+class ThinkerStage(StageSpec):
+    params: ThinkerParams = Field(default_factory=ThinkerParams, description="Thinker settings.")
+
+
+class TalkerStage(StageSpec):
+    params: TalkerParams = Field(default_factory=TalkerParams, description="Talker settings.")
+
+
+class Code2WavStage(StageSpec):
+    params: Code2WavParams = Field(default_factory=Code2WavParams, description="code2wav settings.")
+
+
+class OmniStages(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    encoder: EncoderStage = Field(default_factory=lambda: EncoderStage(num_cpus=0.25), description="Audio + vision towers.")
+    thinker: ThinkerStage = Field(default_factory=ThinkerStage, description="Text decoder (autoregressive).")
+    talker: TalkerStage = Field(default_factory=TalkerStage, description="Codec decoder (autoregressive).")
+    code2wav: Code2WavStage = Field(default_factory=lambda: Code2WavStage(num_cpus=0.25), description="DiT + BigVGAN vocoder.")
+
+
+class OmniEdges(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    encoder_thinker: EdgeSpec = Field(default_factory=EdgeSpec, description="Media embeddings to the thinker.")
+    thinker_talker: EdgeSpec = Field(default_factory=lambda: EdgeSpec(chunk_size=8, first_chunk_size=1),
+                                     description="Thinker states to the talker (chunk = generated tokens).")
+    talker_code2wav: EdgeSpec = Field(default_factory=lambda: EdgeSpec(chunk_size=32, first_chunk_size=8),
+                                      description="Codec tokens to code2wav.")
+
+
+class OmniGraphSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    checkpoint: str = Field(..., description="Local Qwen2.5-Omni checkpoint directory (Hugging Face layout).")
+    model_name: str = Field("qwen2.5-omni", description="Model id served at /v1/models and accepted in requests.")
+    default_voice: str = Field("Chelsie", description="Voice used when a request asks for audio without one.")
+    system_prompt: str | None = Field(
+        None, description="System prompt added when a request has none (default: the checkpoint's speech prompt).")
+    max_audio_seconds: float = Field(60.0, gt=0, description="Longest input audio clip accepted.")
+    max_image_pixels: int = Field(4096 * 4096, gt=0, description="Largest input image accepted (pixels).")
+    data_timeout_s: float = Field(60.0, gt=0, description="How long a stage waits for an upstream chunk.")
+    ingress: IngressSpec = Field(default_factory=IngressSpec, description="HTTP ingress deployment.")
+    stages: OmniStages = Field(default_factory=OmniStages, description="One deployment per stage.")
+    edges: OmniEdges = Field(default_factory=OmniEdges, description="Data-plane settings per edge.")

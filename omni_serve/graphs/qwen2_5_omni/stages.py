@@ -1,0 +1,134 @@
+"""Stage runners of the Qwen2.5-Omni graph (hosted by ``omni_serve.deployments.stage.StageDeployment``).
+
+Each runner loads its own component, and per request builds the program from the ingress' metadata
+(``request``: plain ids and settings, no tensors), reads its upstream edge and writes its downstream edge.
+Edges: ``ingress.encoder`` (media features), ``encoder.thinker``, ``thinker.talker``, ``talker.code2wav``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator
+
+import numpy as np
+import torch
+
+from omni_serve.engines.sampling import SamplingParams
+from omni_serve.graphs.qwen2_5_omni import programs as P
+from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
+from omni_serve.graphs.runner import StageRunner
+from omni_serve.models.qwen2_5_omni import OmniCode2Wav, OmniEncoder, OmniTalker, OmniThinker
+
+EDGE_INGRESS_ENCODER = "ingress.encoder"
+EDGE_ENCODER_THINKER = "encoder.thinker"
+EDGE_THINKER_TALKER = "thinker.talker"
+EDGE_TALKER_CODE2WAV = "talker.code2wav"
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class _OmniRunner(StageRunner):
+    adapter: Any = None
+
+    def __init__(self, stage: str, graph_spec: dict[str, Any]):
+        self.spec = OmniGraphSpec.model_validate(graph_spec)
+        self.stage_spec = getattr(self.spec.stages, stage)
+        self.engine_spec = self.stage_spec.engine
+        torch.set_num_threads(self.engine_spec.torch_threads)
+        dtype = _DTYPES[self.engine_spec.dtype]
+        self.model = self.adapter(self.spec.checkpoint, dtype=dtype, device=self.engine_spec.device)
+
+    def modules(self) -> dict[str, Any]:
+        return self.model.modules
+
+    def _edge_connector(self, edge: str):
+        # The ingress->encoder edge rides the same backend as encoder->thinker.
+        field = EDGE_ENCODER_THINKER if edge == EDGE_INGRESS_ENCODER else edge
+        return self.connector(getattr(self.spec.edges, field.replace(".", "_")).connector)
+
+    def source(self, edge: str):
+        return self._edge_connector(edge), edge, self.spec.data_timeout_s
+
+    def sink(self, edge: str):
+        return self._edge_connector(edge), edge
+
+
+class EncoderRunner(_OmniRunner):
+    adapter = OmniEncoder
+
+    async def run(self, engine, request) -> AsyncIterator[dict[str, Any]]:
+        program = P.EncoderProgram(self.model)
+        async for out in self.drive(engine, request["request_id"], program,
+                                    source=self.source(EDGE_INGRESS_ENCODER), sink=self.sink(EDGE_ENCODER_THINKER)):
+            yield out
+        yield {"done": True}
+
+
+class ThinkerRunner(_OmniRunner):
+    adapter = OmniThinker
+
+    def __init__(self, stage, graph_spec):
+        super().__init__(stage, graph_spec)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.spec.checkpoint)
+        cfg = self.model.config
+        self.media_token_ids = (cfg.audio_token_index, cfg.image_token_index, cfg.video_token_index)
+
+    async def run(self, engine, request) -> AsyncIterator[dict[str, Any]]:
+        edge = self.spec.edges.thinker_talker
+        req = P.ThinkerRequest(
+            input_ids=request["input_ids"], max_new_tokens=request["max_new_tokens"],
+            sampling=SamplingParams(**request["sampling"]), stop_token_ids=tuple(request["stop_token_ids"]),
+            stop=tuple(request.get("stop") or ()), image_grid_thw=request.get("image_grid_thw"),
+            audio_seqlens=request.get("audio_seqlens"), expects_media=request.get("expects_media", False),
+            talker_voice_token=request.get("voice_token"), talker_tokens=tuple(request.get("talker_tokens", (0, 0))),
+            chunk_size=edge.chunk_size, first_chunk_size=edge.first_chunk_size,
+            media_token_ids=self.media_token_ids,
+        )
+        program = P.ThinkerProgram(self.model, self.tokenizer, req)
+        rid = request["request_id"]
+        if req.expects_media:
+            conn, edge_name, timeout = self.source(EDGE_ENCODER_THINKER)
+            key = f"{rid}/{edge_name}/0"
+            program.feed(await conn.get(key, timeout))
+            await conn.free(key)
+        sink = self.sink(EDGE_THINKER_TALKER) if req.talker_voice_token is not None else None
+        async for out in self.drive(engine, rid, program, sink=sink):
+            yield out
+
+
+class TalkerRunner(_OmniRunner):
+    adapter = OmniTalker
+
+    async def run(self, engine, request) -> AsyncIterator[dict[str, Any]]:
+        p = self.stage_spec.params
+        greedy = request.get("greedy", False)
+        sampling = SamplingParams(
+            temperature=0.0 if greedy else p.temperature, top_k=p.top_k, top_p=p.top_p,
+            repetition_penalty=p.repetition_penalty, seed=request.get("seed", 0),
+            suppress_tokens=(self.model.codec_bos,))
+        edge = self.spec.edges.talker_code2wav
+        program = P.TalkerProgram(self.model, P.TalkerRequest(
+            max_new_tokens=min(request.get("max_codec_tokens") or p.max_codec_tokens, p.max_codec_tokens),
+            sampling=sampling, chunk_size=edge.chunk_size, first_chunk_size=edge.first_chunk_size))
+        async for out in self.drive(engine, request["request_id"], program,
+                                    source=self.source(EDGE_THINKER_TALKER), sink=self.sink(EDGE_TALKER_CODE2WAV)):
+            yield out
+
+
+class Code2WavRunner(_OmniRunner):
+    adapter = OmniCode2Wav
+
+    async def run(self, engine, request) -> AsyncIterator[dict[str, Any]]:
+        p = self.stage_spec.params
+        if request["voice"] not in self.model.speakers:
+            raise ValueError(f"unknown voice {request['voice']!r}")
+        program = P.Code2WavProgram(self.model, P.Code2WavRequest(
+            voice=request["voice"], seed=request["seed"], num_steps=p.num_steps,
+            guidance_scale=p.guidance_scale, sway_coefficient=p.sway_coefficient))
+        async for out in self.drive(engine, request["request_id"], program,
+                                    source=self.source(EDGE_TALKER_CODE2WAV)):
+            audio = np.asarray(out["audio"], dtype=np.float32)
+            # Audio for the client is the response payload itself (pcm16 bytes), not a handle argument.
+            yield {"pcm16": (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes(),
+                   "num_samples": int(audio.size), "num_codes": out["num_codes"]}

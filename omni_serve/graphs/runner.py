@@ -1,0 +1,48 @@
+"""Base of a graph's per-stage runner: turns a request's metadata into a program and wires its data plane.
+
+Contract: a runner is built once per replica from ``(stage_name, graph_spec_dict)``; ``modules()`` lists the
+torch modules it holds; ``run(engine, request)`` runs one request: builds the program, pumps upstream chunks
+from the connector into it, writes its ``downstream`` outputs as a chunk stream and yields the rest to the
+caller. Runners hold no per-request state; programs do.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, AsyncIterator
+
+from omni_serve.engines.base import StageProgram
+from omni_serve.engines.stepper import StepEngine
+from omni_serve.graphs.spec import EngineSpec
+from omni_serve.transport.base import ChunkWriter, Connector, get_connector, read_chunks
+
+
+class StageRunner(abc.ABC):
+    engine_spec: EngineSpec
+
+    @abc.abstractmethod
+    def modules(self) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    async def run(self, engine: StepEngine, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]: ...
+
+    @staticmethod
+    async def drive(engine: StepEngine, request_id: str, program: StageProgram, *,
+                    source: tuple[Connector, str, float] | None = None,
+                    sink: tuple[Connector, str] | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Run ``program``; ``source`` = (connector, edge, timeout) to read, ``sink`` = (connector, edge)."""
+        inputs = None
+        if source is not None:
+            conn, edge, timeout = source
+            inputs = read_chunks(conn, request_id, edge, timeout)
+        writer = ChunkWriter(sink[0], request_id, sink[1]) if sink is not None else None
+        async for out in engine.generate(request_id, program, inputs):
+            down = out.pop("downstream", None)
+            if down is not None and writer is not None:
+                await writer.write(down)
+            if out:
+                yield out
+
+    @staticmethod
+    def connector(name: str) -> Connector:
+        return get_connector(name)

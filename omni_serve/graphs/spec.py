@@ -1,0 +1,92 @@
+"""Graph and stage specs: everything that differs per deployment lives here, never in graph code.
+
+Contract: a graph module declares its defaults as a ``GraphSpec`` subclass; ``build_app`` validates
+user values (Python dict, ``serve run module:build_app key=value``, or a Serve config file's ``args``)
+against it and binds one Ray Serve deployment per stage with ``StageSpec.deployment_options()``.
+Dotted keys (``stages.thinker.num_replicas=2``) override nested fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EngineSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_active_requests: int = Field(32, ge=1, description="Requests a replica runs at once; more wait for a slot.")
+    torch_threads: int = Field(1, ge=1, description="torch intra-op threads of the replica's engine thread.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype of the stage.")
+    device: str = Field("cpu", description="torch device of the stage's weights (e.g. 'cpu', 'cuda').")
+
+
+class StageSpec(BaseModel):
+    """One stage = one Ray Serve deployment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_replicas: int | None = Field(1, ge=1, description="Fixed replica count (ignored when autoscaling_config is set).")
+    autoscaling_config: dict[str, Any] | None = Field(
+        None, description="Ray Serve autoscaling_config (min_replicas, max_replicas, target_ongoing_requests, ...).")
+    num_cpus: float = Field(0.5, ge=0, description="CPUs reserved per replica (logical, for scheduling).")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs reserved per replica.")
+    max_ongoing_requests: int = Field(64, ge=1, description="Ray Serve cap on concurrent calls per replica.")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="Engine settings inside each replica.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Stage-specific settings (see the graph's docs).")
+
+    def deployment_options(self, name: str) -> dict[str, Any]:
+        opts: dict[str, Any] = {
+            "name": name,
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "ray_actor_options": {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus},
+            "health_check_period_s": 5,
+        }
+        if self.autoscaling_config:
+            opts["autoscaling_config"] = self.autoscaling_config
+        else:
+            opts["num_replicas"] = self.num_replicas
+        return opts
+
+
+class EdgeSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    connector: Literal["ray"] = Field("ray", description="Data-plane backend carrying this edge's tensors.")
+    chunk_size: int = Field(8, ge=1, description="Items (tokens/states) per streamed chunk.")
+    first_chunk_size: int = Field(1, ge=1, description="Items in the first chunk (smaller cuts time to first output).")
+
+
+class IngressSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    num_replicas: int = Field(1, ge=1, description="Ingress replicas.")
+    num_cpus: float = Field(0.25, ge=0, description="CPUs reserved per ingress replica.")
+    max_ongoing_requests: int = Field(256, ge=1, description="Concurrent HTTP requests per ingress replica.")
+    request_timeout_s: float = Field(300.0, gt=0, description="Deadline for one request across all stages.")
+
+
+def apply_overrides(values: dict[str, Any]) -> dict[str, Any]:
+    """Expand dotted keys into nested dicts: {'a.b': 1} -> {'a': {'b': 1}}."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        parts = key.split(".")
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        if isinstance(value, dict) and isinstance(node.get(parts[-1]), dict):
+            node[parts[-1]].update(value)
+        else:
+            node[parts[-1]] = value
+    return out
+
+
+def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out

@@ -1,0 +1,109 @@
+"""Ray object store connector: payloads are ``ray.put`` by their producer; a directory actor maps keys to refs.
+
+Why a directory: Ray has no keyed object store, and a consumer opened concurrently with its producer (the
+talker's call starts before the thinker has output) must find chunks by key. The directory holds only
+ObjectRefs (wrapped in a list so Ray does not resolve them), so payload bytes never pass through it.
+Payloads live until freed by key or by request, or until ``OMNI_SERVE_DATA_TTL_S`` passes without a consumer.
+If the producer process dies, Ray reports the object lost and ``get`` raises ``DataPlaneError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import ray
+
+from omni_serve import settings
+from omni_serve.transport.base import Connector, DataPlaneError, DataPlaneTimeout
+
+DIRECTORY_NAME = "omni_serve_data_directory"
+
+
+@ray.remote(num_cpus=0, max_concurrency=10_000)
+class DataDirectory:
+    def __init__(self, ttl_s: float):
+        self.ttl_s = ttl_s
+        self.entries: dict[str, tuple[list, float]] = {}
+        self.waiters: dict[str, asyncio.Event] = {}
+        self._sweeper = None
+
+    def _ensure_sweeper(self):
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    async def _sweep(self):
+        while True:
+            await asyncio.sleep(min(self.ttl_s / 4, 5.0))
+            now = time.monotonic()
+            for key in [k for k, (_, t) in self.entries.items() if now - t > self.ttl_s]:
+                self.entries.pop(key, None)
+
+    async def put(self, key: str, ref_box: list) -> None:
+        self._ensure_sweeper()
+        self.entries[key] = (ref_box, time.monotonic())
+        event = self.waiters.pop(key, None)
+        if event is not None:
+            event.set()
+
+    async def wait(self, key: str, timeout: float):
+        self._ensure_sweeper()
+        if key not in self.entries:
+            event = self.waiters.setdefault(key, asyncio.Event())
+            try:
+                await asyncio.wait_for(event.wait(), timeout)
+            except asyncio.TimeoutError:
+                self.waiters.pop(key, None)
+                return None
+        entry = self.entries.get(key)
+        return None if entry is None else entry[0]
+
+    async def free(self, key: str) -> None:
+        self.entries.pop(key, None)
+
+    async def free_prefix(self, prefix: str) -> int:
+        keys = [k for k in self.entries if k.startswith(prefix)]
+        for key in keys:
+            self.entries.pop(key, None)
+        return len(keys)
+
+    async def size(self) -> int:
+        return len(self.entries)
+
+
+class RayObjectStoreConnector(Connector):
+    name = "ray"
+
+    def __init__(self):
+        self._directory = None
+
+    @property
+    def directory(self):
+        if self._directory is None:
+            self._directory = DataDirectory.options(
+                name=DIRECTORY_NAME, namespace=settings.RAY_NAMESPACE, get_if_exists=True, lifetime="detached",
+            ).remote(settings.DATA_TTL_S)
+        return self._directory
+
+    async def put(self, key: str, payload: dict[str, Any]) -> None:
+        ref = ray.put(payload)
+        await self.directory.put.remote(key, [ref])
+
+    async def get(self, key: str, timeout: float) -> dict[str, Any]:
+        box = await self.directory.wait.remote(key, timeout)
+        if box is None:
+            raise DataPlaneTimeout(f"data-plane payload {key} did not arrive within {timeout:.0f} s")
+        try:
+            return await box[0]
+        except (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError) as exc:
+            raise DataPlaneError(f"data-plane payload {key} is lost (its producer died): {exc}") from exc
+
+    async def free(self, key: str) -> None:
+        await self.directory.free.remote(key)
+
+    async def free_request(self, request_id: str) -> None:
+        await self.directory.free_prefix.remote(f"{request_id}/")
+
+    async def num_entries(self) -> int:
+        return await self.directory.size.remote()

@@ -1,0 +1,209 @@
+"""The served Qwen2.5-Omni graph over real HTTP: oracle, deployments, OpenAI client, bad input."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from omni_serve.api.media import decode_input_audio
+from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
+from tests.integration.conftest import ORACLE
+from tests.omni_cases import CASES, audio_clip, image, png_data_url, wav_b64
+
+pytestmark = pytest.mark.integration
+MODEL = "qwen2.5-omni"
+SYSTEM = "You are a test assistant."
+SAMPLES_PER_CODE = 480
+
+
+def http_messages(kind: str) -> list[dict]:
+    user = [{"type": "text", "text": "hello world cat" if kind == "text" else ("what is this" if kind == "audio" else "describe")}]
+    if kind == "audio":
+        user.insert(0, {"type": "input_audio", "input_audio": {"data": wav_b64(audio_clip()), "format": "wav"}})
+    if kind == "image":
+        user.insert(0, {"type": "image_url", "image_url": {"url": png_data_url(image())}})
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+
+def oracle_request(kind: str) -> dict:
+    return {"model": MODEL, "messages": http_messages(kind), "max_tokens": ORACLE["thinker_tokens"],
+            "temperature": 0, "seed": ORACLE["seed"], "modalities": ["text", "audio"],
+            "audio": {"voice": "Chelsie", "format": "wav"}, "return_token_ids": True}
+
+
+@pytest.fixture(scope="module")
+def reference(omni_tiny_dir):
+    """transformers' in-process generate on the same checkpoint and the same (decoded) inputs."""
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(omni_tiny_dir).eval()
+    proc = OmniInputProcessor(omni_tiny_dir)
+    cache = {}
+
+    def run(kind: str):
+        if kind in cache:
+            return cache[kind]
+        parts = [{"type": "text", "text": http_messages(kind)[1]["content"][-1]["text"]}]
+        audios, images = [], []
+        if kind == "audio":
+            parts.insert(0, {"type": "audio"})
+            audios = [decode_input_audio(wav_b64(audio_clip()), "wav", target_sr=16000, max_seconds=60, param="x")]
+        if kind == "image":
+            parts.insert(0, {"type": "image"})
+            images = [image()]
+        msgs = [{"role": "system", "content": [{"type": "text", "text": SYSTEM}]}, {"role": "user", "content": parts}]
+        x = proc(msgs, audios, images)
+        codes = []
+        hook = model.token2wav.register_forward_pre_hook(lambda m, a: codes.append(a[0][0].tolist()))
+        torch.manual_seed(ORACLE["seed"])
+        seq, wav = model.generate(**x.reference_kwargs(), thinker_max_new_tokens=ORACLE["thinker_tokens"],
+                                  talker_max_new_tokens=ORACLE["talker_tokens"], thinker_do_sample=False,
+                                  talker_do_sample=False, token2wav_num_steps=ORACLE["steps"])
+        hook.remove()
+        cache[kind] = (seq[0, x.input_ids.shape[1]:].tolist(), codes[0], wav.numpy())
+        return cache[kind]
+
+    return run
+
+
+def decode_wav(b64: str) -> tuple[np.ndarray, int]:
+    samples, sr = sf.read(io.BytesIO(base64.b64decode(b64)), dtype="float32")
+    return samples, sr
+
+
+def check_against_reference(body: dict, ref) -> None:
+    tokens, codes, wav = ref
+    choice = body["choices"][0]
+    assert choice["token_ids"] == tokens
+    assert choice["codec_ids"] == codes
+    samples, sr = decode_wav(choice["message"]["audio"]["data"])
+    assert sr == 24000 and samples.shape == wav.shape
+    np.testing.assert_allclose(samples, wav, atol=2.0 / 32767)  # wav is int16 on the wire
+
+
+@pytest.mark.parametrize("kind", CASES)
+def test_served_graph_matches_transformers_generate(http, reference, kind):
+    r = http.post("/v1/chat/completions", json=oracle_request(kind))
+    assert r.status_code == 200, r.text
+    check_against_reference(r.json(), reference(kind))
+
+
+def test_batched_requests_return_what_a_batch_of_one_returns(http, reference):
+    kinds = list(CASES) * 2
+    with ThreadPoolExecutor(len(kinds)) as pool:
+        responses = list(pool.map(lambda k: http.post("/v1/chat/completions", json=oracle_request(k)), kinds))
+    for kind, r in zip(kinds, responses):
+        assert r.status_code == 200, r.text
+        check_against_reference(r.json(), reference(kind))
+
+
+def test_stages_are_separate_deployments_holding_their_own_weights(omni_app, http):
+    from ray import serve
+
+    status = serve.status().applications["omni"]
+    deployments = status.deployments
+    assert {"ingress", "encoder", "thinker", "talker", "code2wav"} <= set(deployments)
+    assert all(d.status == "HEALTHY" for d in deployments.values())
+    pids = {stage: info["pid"] for stage, info in http.get("/health").json()["stages"].items()}
+    assert len(set(pids.values())) == 4
+    names = {s: serve.get_deployment_handle(s, app_name="omni").parameter_names.remote().result()
+             for s in ("encoder", "thinker", "talker", "code2wav")}
+    assert all(n.split(".")[0] in ("audio_tower", "visual") for n in names["encoder"])
+    assert all(n.split(".")[0] in ("model", "lm_head") for n in names["thinker"])
+    assert not any("audio_tower" in n or "visual" in n or "codec" in n for n in names["thinker"])
+    assert all(n.startswith("talker.") for n in names["talker"])
+    assert all(n.startswith("token2wav.") for n in names["code2wav"])
+
+
+def test_openai_client_non_streaming_and_streaming_audio(omni_app):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{omni_app}/v1", api_key="unused")
+    messages = [{"role": "user", "content": "hello there"}]
+    completion = client.chat.completions.create(
+        model=MODEL, messages=messages, modalities=["text", "audio"], audio={"voice": "Ethan", "format": "wav"},
+        max_tokens=8, extra_body={"return_token_ids": True})
+    choice = completion.choices[0]
+    samples, sr = decode_wav(choice.message.audio.data)
+    codes = choice.model_extra["codec_ids"]
+    assert sr == 24000 and len(codes) > 0 and samples.size == len(codes) * SAMPLES_PER_CODE
+    assert choice.message.audio.transcript == choice.message.content
+
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, modalities=["text", "audio"], audio={"voice": "Chelsie", "format": "pcm16"},
+        max_tokens=8, stream=True, stream_options={"include_usage": True})
+    text, pcm, usage, finish = [], [], None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            finish = c.finish_reason or finish
+            if c.delta.content:
+                text.append(c.delta.content)
+            audio = getattr(c.delta, "audio", None)
+            data = audio.get("data") if isinstance(audio, dict) else getattr(audio, "data", None)
+            if data:
+                pcm.append(base64.b64decode(data))
+    samples = np.frombuffer(b"".join(pcm), dtype="<i2")
+    assert usage is not None and usage.completion_tokens == 8 and finish == "length"
+    assert samples.size > 0 and samples.size % SAMPLES_PER_CODE == 0
+    assert "".join(text)
+
+
+GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+def _with(**kw):
+    return json.dumps({**GOOD, **kw})
+
+
+BAD = {
+    "malformed_json": ("post", "/v1/chat/completions", '{"model": "qwen', 400),
+    "unknown_model": ("post", "/v1/chat/completions", _with(model="gpt-9"), 400),
+    "invalid_modalities": ("post", "/v1/chat/completions", _with(modalities=["video"]), 400),
+    "audio_without_voice": ("post", "/v1/chat/completions", _with(modalities=["text", "audio"]), 400),
+    "unknown_voice": ("post", "/v1/chat/completions",
+                      _with(modalities=["text", "audio"], audio={"voice": "Nobody", "format": "wav"}), 400),
+    "undecodable_base64_audio": ("post", "/v1/chat/completions", _with(messages=[{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": "@@not base64@@", "format": "wav"}}]}]), 400),
+    "not_audio": ("post", "/v1/chat/completions", _with(messages=[{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"hello" * 100).decode(),
+                                                "format": "wav"}}]}]), 400),
+    "not_an_image": ("post", "/v1/chat/completions", _with(messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(b"xx").decode()}}]}]),
+        400),
+    "remote_image": ("post", "/v1/chat/completions", _with(messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://example.com/a.png"}}]}]), 400),
+    "context_too_long": ("post", "/v1/chat/completions", _with(max_tokens=100_000), 400),
+    "wrong_route": ("get", "/v1/nothing", None, 404),
+    "wrong_method": ("get", "/v1/chat/completions", None, 405),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_gets_openai_error_and_next_request_works(http, case):
+    method, path, body, status = BAD[case]
+    if method == "post":
+        r = http.post(path, content=body, headers={"content-type": "application/json"})
+    else:
+        r = http.get(path)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["message"] and err["type"] and "param" in err and "code" in err
+    ok = http.post("/v1/chat/completions", json=GOOD)
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["choices"][0]["message"]["content"] is not None
+
+
+def test_health_models_metrics(http):
+    assert http.get("/health").status_code == 200
+    assert http.get("/v1/models").json()["data"][0]["id"] == MODEL
+    metrics = http.get("/metrics").text
+    assert "omni_serve_requests_total" in metrics
