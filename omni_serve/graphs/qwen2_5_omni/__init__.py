@@ -7,6 +7,7 @@ config file (``applications[].import_path`` + ``args``); see ``omni_serve/config
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ray import serve
@@ -23,7 +24,13 @@ STAGE_RUNNERS = {
 
 
 def build_spec(args: dict[str, Any] | None) -> OmniGraphSpec:
-    return OmniGraphSpec.model_validate(apply_overrides(dict(args or {})))
+    """Validate ``args``; the checkpoint path is made absolute so every replica finds it whatever its cwd."""
+    spec = OmniGraphSpec.model_validate(apply_overrides(dict(args or {})))
+    checkpoint = os.path.abspath(os.path.expanduser(spec.checkpoint))
+    if not os.path.isfile(os.path.join(checkpoint, "config.json")):
+        raise ValueError(f"checkpoint {spec.checkpoint!r} is not a checkpoint directory (no config.json); "
+                         "write one with `omni-serve make-checkpoint qwen2_5_omni --size tiny DIR`")
+    return spec.model_copy(update={"checkpoint": checkpoint})
 
 
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:

@@ -1,0 +1,65 @@
+"""Graph spec: defaults, dotted overrides, the shipped Serve config file, and clear errors."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from omni_serve.graphs.qwen2_5_omni import build_spec
+from omni_serve.graphs.spec import apply_overrides
+
+CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "omni_serve", "configs", "qwen2_5_omni.yaml")
+
+
+def test_dotted_overrides_nest():
+    assert apply_overrides({"a.b.c": 1, "a.d": 2, "e": 3}) == {"a": {"b": {"c": 1}, "d": 2}, "e": 3}
+
+
+def test_build_spec_applies_overrides_and_resolves_checkpoint(omni_tiny_dir):
+    rel = os.path.relpath(omni_tiny_dir)
+    spec = build_spec({"checkpoint": rel, "stages.thinker.num_replicas": 3,
+                       "stages.talker.params.max_codec_tokens": 7, "edges.thinker_talker.chunk_size": 4})
+    assert os.path.isabs(spec.checkpoint)
+    assert spec.stages.thinker.num_replicas == 3
+    assert spec.stages.talker.params.max_codec_tokens == 7
+    assert spec.edges.thinker_talker.chunk_size == 4
+    opts = spec.stages.thinker.deployment_options("thinker")
+    assert opts["num_replicas"] == 3 and opts["ray_actor_options"]["num_cpus"] == spec.stages.thinker.num_cpus
+
+
+def test_autoscaling_replaces_fixed_replicas(omni_tiny_dir):
+    auto = {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 8}
+    spec = build_spec({"checkpoint": omni_tiny_dir, "stages.talker.autoscaling_config": auto})
+    opts = spec.stages.talker.deployment_options("talker")
+    assert opts["autoscaling_config"] == auto and "num_replicas" not in opts
+
+
+def test_default_resources_fit_a_two_core_machine(omni_tiny_dir):
+    spec = build_spec({"checkpoint": omni_tiny_dir})
+    stages = spec.stages
+    total = spec.ingress.num_cpus + sum(getattr(stages, s).num_cpus for s in stages.model_fields)
+    assert total <= 2
+
+
+@pytest.mark.parametrize("args, match", [
+    ({"checkpoint": "/nonexistent/dir"}, "not a checkpoint directory"),
+    ({"checkpoint": "x", "stages.thinker.bogus": 1}, "bogus"),
+    ({"checkpoint": "x", "stages.thinker.num_replicas": 0}, "num_replicas"),
+])
+def test_bad_specs_fail_clearly(args, match):
+    with pytest.raises((ValidationError, ValueError), match=match):
+        build_spec(args)
+
+
+def test_shipped_serve_config_validates(omni_tiny_dir):
+    from ray.serve.schema import ServeDeploySchema
+
+    with open(CONFIG) as f:
+        config = yaml.safe_load(f)
+    ServeDeploySchema.model_validate(config)
+    app = config["applications"][0]
+    assert app["import_path"] == "omni_serve.graphs.qwen2_5_omni:build_app"
+    build_spec({**app["args"], "checkpoint": omni_tiny_dir})
