@@ -237,7 +237,7 @@ def make_checkpoint(out_dir: str, size: str = "tiny", seed: int = 0) -> str:
 
     torch.manual_seed(seed)
     model = Qwen2_5OmniForConditionalGeneration(config).eval()
-    _spread_logits(model, seed)
+    _spread_logits(model)
     model.save_pretrained(out_dir)
     GenerationConfig(
         eos_token_id=TOKEN_ID["<|im_end|>"],
@@ -263,7 +263,7 @@ def make_checkpoint(out_dir: str, size: str = "tiny", seed: int = 0) -> str:
     return out_dir
 
 
-def _spread_logits(model, seed: int) -> None:
+def _spread_logits(model) -> None:
     """Random init gives near-uniform logits, where greedy ties make argmax fragile across batch shapes.
 
     Scale the output heads so top-1 margins are wide; still random weights, still loaded as-is.

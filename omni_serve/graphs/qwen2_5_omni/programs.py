@@ -15,8 +15,7 @@ one process, cut so the talker can start on the thinker's first chunk.
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -136,7 +135,7 @@ class ThinkerProgram(StageProgram):
             self.finish_reason = "stop"
         elif len(self.generated) >= self.req.max_new_tokens:
             self.finish_reason = "length"
-        out["text"] = self._text_delta(token)
+        out["text"] = self._text_delta()
         if self.finish_reason:
             self.done = True
             out["finish_reason"] = self.finish_reason
@@ -145,7 +144,7 @@ class ThinkerProgram(StageProgram):
             out["downstream"] = downstream
         return [out]
 
-    def _text_delta(self, token: int) -> str:
+    def _text_delta(self) -> str:
         ids = [t for t in self.generated if t not in self.req.stop_token_ids]
         text = self.tok.decode(ids, skip_special_tokens=True)
         if self.req.stop:

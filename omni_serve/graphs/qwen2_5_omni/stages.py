@@ -33,7 +33,6 @@ class _OmniRunner(StageRunner):
         self.spec = OmniGraphSpec.model_validate(graph_spec)
         self.stage_spec = getattr(self.spec.stages, stage)
         self.engine_spec = self.stage_spec.engine
-        torch.set_num_threads(self.engine_spec.torch_threads)
         dtype = _DTYPES[self.engine_spec.dtype]
         self.model = self.adapter(self.spec.checkpoint, dtype=dtype, device=self.engine_spec.device)
 
