@@ -8,5 +8,3 @@ import os
 RAY_NAMESPACE = os.environ.get("OMNI_SERVE_RAY_NAMESPACE", "omni_serve")
 #: Seconds a data-plane payload may wait for its consumer before it is freed.
 DATA_TTL_S = float(os.environ.get("OMNI_SERVE_DATA_TTL_S", "120"))
-#: Default torch intra-op threads per replica when a stage spec does not set them.
-TORCH_THREADS = int(os.environ.get("OMNI_SERVE_TORCH_THREADS", "1"))

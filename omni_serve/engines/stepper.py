@@ -46,7 +46,6 @@ class StepEngine(Engine):
         self._admission: asyncio.Semaphore | None = None
         self._thread: threading.Thread | None = None
         self._stopped = False
-        self.ticks = 0
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -159,7 +158,6 @@ class StepEngine(Engine):
                 if self._stopped:
                     return
             self.run_tick(self._ready_slots())
-            self.ticks += 1
 
     def _any_ready(self) -> bool:
         return any(not s.aborted and s.program.ready() for s in self._slots.values())

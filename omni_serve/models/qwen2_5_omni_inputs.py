@@ -13,7 +13,7 @@ tokenizer, the Whisper feature extractor and the Qwen2-VL image processor — lo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -26,7 +26,6 @@ class OmniInputs:
     feature_attention_mask: torch.Tensor | None = None  # [n_audio, frames]
     pixel_values: torch.Tensor | None = None  # [patches, patch_dim]
     image_grid_thw: torch.Tensor | None = None  # [n_images, 3]
-    extra: dict = field(default_factory=dict)
 
     @property
     def audio_seqlens(self) -> torch.Tensor | None:

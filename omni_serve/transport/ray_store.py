@@ -104,6 +104,3 @@ class RayObjectStoreConnector(Connector):
 
     async def free_request(self, request_id: str) -> None:
         await self.directory.free_prefix.remote(f"{request_id}/")
-
-    async def num_entries(self) -> int:
-        return await self.directory.size.remote()
