@@ -1,10 +1,11 @@
-"""The one generic stage deployment: hosts a graph's ``StageRunner`` on a ``StepEngine``.
+"""The one generic stage deployment: hosts a graph's ``StageRunner`` on the engine the runner makes.
 
 Contract: ``StageDeployment(stage, runner, graph_spec)`` imports ``runner`` (``module:Class``), builds it
 from the validated graph spec (loading only that stage's weights) and serves:
 - ``generate(request)``: a streaming call; yields the runner's small outputs for one request. Cancelling
   the call (client gone, ingress error) aborts the request in the engine and frees its state.
-- ``ready()``: cheap liveness/identity probe used by the ingress' ``/health``.
+- ``ready()``: cheap liveness/identity probe used by the ingress' ``/health``, with the engine's stats
+  (active requests; for AR stages running/waiting requests and KV block counts).
 - ``parameter_names()``: names of the parameters this replica holds (for tests and operators).
 Ray Serve calls ``check_health`` periodically; a dead engine thread marks the replica unhealthy.
 """
@@ -17,8 +18,6 @@ import os
 from typing import Any, AsyncIterator
 
 from ray import serve
-
-from omni_serve.engines.stepper import StepEngine
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +37,7 @@ class StageDeployment:
         self.runner = runner_cls(stage, graph_spec)
         engine_spec = self.runner.engine_spec
         torch.set_num_threads(engine_spec.torch_threads)
-        self.engine = StepEngine(stage, max_active=engine_spec.max_active_requests,
-                                 torch_threads=engine_spec.torch_threads)
+        self.engine = self.runner.make_engine()
         log.info("stage %s ready in pid %d (%s)", stage, os.getpid(), runner)
 
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
@@ -47,15 +45,14 @@ class StageDeployment:
             yield out
 
     async def ready(self) -> dict[str, Any]:
-        return {"stage": self.stage, "pid": os.getpid(), "active": self.engine.num_active}
+        return {"stage": self.stage, "pid": os.getpid(), **self.engine.stats()}
 
     def parameter_names(self) -> list[str]:
         return [f"{prefix}.{name}" for prefix, module in self.runner.modules().items()
                 for name, _ in module.named_parameters()]
 
     def check_health(self) -> None:
-        thread = self.engine._thread
-        if thread is not None and not thread.is_alive():
+        if not self.engine.alive:
             raise RuntimeError(f"engine thread of stage {self.stage} died")
 
     async def __del__(self):

@@ -3,7 +3,7 @@
 Contract: a runner is built once per replica from ``(stage_name, graph_spec_dict)``; ``modules()`` lists the
 torch modules it holds; ``run(engine, request)`` runs one request: builds the program, pumps upstream chunks
 from the connector into it, writes its ``downstream`` outputs as a chunk stream and yields the rest to the
-caller. Runners hold no per-request state; programs do.
+caller. ``make_engine()`` builds the replica's engine. Runners hold no per-request state; programs do.
 """
 
 from __future__ import annotations
@@ -12,22 +12,29 @@ import abc
 from typing import Any, AsyncIterator
 
 from omni_serve.engines.base import StageProgram
+from omni_serve.engines.loop import LoopEngine
 from omni_serve.engines.stepper import StepEngine
 from omni_serve.graphs.spec import EngineSpec
 from omni_serve.transport.base import ChunkWriter, Connector, get_connector, read_chunks
 
 
 class StageRunner(abc.ABC):
+    stage: str
     engine_spec: EngineSpec
+
+    def make_engine(self) -> LoopEngine:
+        """The engine this stage's replicas host (one-shot stages: ``StepEngine``; AR stages override)."""
+        s = self.engine_spec
+        return StepEngine(self.stage, max_active=s.max_active_requests, torch_threads=s.torch_threads)
 
     @abc.abstractmethod
     def modules(self) -> dict[str, Any]: ...
 
     @abc.abstractmethod
-    async def run(self, engine: StepEngine, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]: ...
+    async def run(self, engine: LoopEngine, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]: ...
 
     @staticmethod
-    async def drive(engine: StepEngine, request_id: str, program: StageProgram, *,
+    async def drive(engine: LoopEngine, request_id: str, program: StageProgram, *,
                     source: tuple[Connector, str, float] | None = None,
                     sink: tuple[Connector, str] | None = None) -> AsyncIterator[dict[str, Any]]:
         """Run ``program``; ``source`` = (connector, edge, timeout) to read, ``sink`` = (connector, edge)."""

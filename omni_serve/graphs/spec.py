@@ -12,14 +12,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from omni_serve.engines.ar.config import ARConfig
+
 
 class EngineSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    max_active_requests: int = Field(32, ge=1, description="Requests a replica runs at once; more wait for a slot.")
+    max_active_requests: int = Field(64, ge=1, description=(
+        "Requests a replica accepts at once (an AR stage batches up to ar.max_num_seqs of them); more wait."))
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads of the replica's engine thread.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype of the stage.")
     device: str = Field("cpu", description="torch device of the stage's weights (e.g. 'cpu', 'cuda').")
+    ar: ARConfig = Field(default_factory=ARConfig, description=(
+        "Continuous batching and paged KV cache settings (autoregressive stages only)."))
 
 
 class StageSpec(BaseModel):

@@ -5,12 +5,14 @@ Contract (all tensors on the adapter's device; batch dimension 1 unless stated):
 - ``OmniEncoder``: audio tower + vision tower. ``encode_audio(features, feature_mask) -> [n_audio_tokens, H]``,
   ``encode_image(pixel_values, grid_thw) -> [n_image_tokens, H]`` (H = thinker hidden size).
 - ``OmniThinker``: text decoder + lm_head. ``prompt_positions(...)`` gives the 4-row position ids transformers'
-  ``generate`` feeds the decoder (text row + 3 M-RoPE rows) and the rope delta used while decoding;
-  ``forward(embeds, positions, cache)`` returns ``(input_embeds, last_hidden, last_logits)``.
-- ``OmniTalker``: codec decoder. ``forward_prompt(embeds, cache)`` and ``forward_step(codec_id, reply_state,
-  cache)`` return the next-codec logits; the inputs are exactly what ``Qwen2_5OmniForConditionalGeneration.
-  generate`` passes the talker (it gets no attention mask there, so the talker's forward is stateless and
-  safe to share between requests).
+  ``generate`` feeds the decoder (text row + 3 M-RoPE rows) and the rope delta used while decoding.
+- ``OmniTalker``: codec decoder. Its input rows are exactly what ``Qwen2_5OmniForConditionalGeneration.
+  generate`` passes the talker (embeddings before ``thinker_to_talker_proj``; plain positions, since it gets
+  no attention mask there).
+- Both are ``ARModel``s for ``omni_serve.engines.ar.AREngine``: ``forward_packed(embeds [T, E], positions
+  [R, T], batch, logit_rows, want_hidden)`` runs one packed batch of many requests over the paged KV cache
+  (attention implementation ``omni_paged``) and returns (last hidden states ``[T, H]`` or None, logits of
+  ``logit_rows``).
 - ``OmniCode2Wav``: DiT + BigVGAN. ``synthesize(codes, voice, seed, ...)`` -> 24 kHz waveform; the DiT's
   initial noise comes from ``seed`` so it matches a reference call made after ``torch.manual_seed(seed)``.
 
@@ -23,9 +25,9 @@ import os
 
 import torch
 from transformers import Qwen2_5OmniConfig
-from transformers.cache_utils import DynamicCache
 from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
 
+from omni_serve.engines.ar.attention import ATTN_IMPLEMENTATION
 from omni_serve.models.loading import load_component, read_state_dict
 
 SAMPLE_RATE = 24000
@@ -76,13 +78,30 @@ class OmniEncoder:
         return out.pooler_output
 
 
-class OmniThinker:
+class _PagedDecoder:
+    """What the AR engine needs from a decoder: KV layout and a packed forward over its paged cache."""
+
+    def _use_paged_attention(self, text_config, dtype, device) -> None:
+        text_config._attn_implementation = ATTN_IMPLEMENTATION
+        self.num_layers = text_config.num_hidden_layers
+        self.num_kv_heads = text_config.num_key_value_heads
+        self.head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+        self.dtype, self.device = dtype, device
+
+    @staticmethod
+    def _run(decoder, embeds, positions, batch):
+        out = decoder(inputs_embeds=embeds.unsqueeze(0), position_ids=positions.unsqueeze(1).to(embeds.device),
+                      attention_mask={"full_attention": None}, use_cache=False, omni_batch=batch)
+        return out.last_hidden_state[0]
+
+
+class OmniThinker(_PagedDecoder):
     def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
         self.config = load_config(checkpoint_dir).thinker_config
         text_cfg = self.config.text_config
-        self.device = device
         self.model = load_component(checkpoint_dir, hf.Qwen2_5OmniThinkerTextModel, text_cfg,
                                     {"thinker.model.": ""}, dtype, device)
+        self._use_paged_attention(self.model.config, dtype, device)
         self.lm_head = torch.nn.Linear(text_cfg.hidden_size, text_cfg.vocab_size, bias=False)
         self.lm_head.load_state_dict(read_state_dict(checkpoint_dir, {"thinker.lm_head.": ""}))
         self.lm_head.to(device=device, dtype=dtype).eval()
@@ -90,68 +109,66 @@ class OmniThinker:
         self.modules = {"model": self.model, "lm_head": self.lm_head}
         self.vocab_size = text_cfg.vocab_size
         self.hidden_size = text_cfg.hidden_size
-
-    def new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.config.text_config)
+        self.position_rows = 4
 
     @torch.inference_mode()
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(ids.to(self.device))
 
     def prompt_positions(self, input_ids, image_grid_thw=None, audio_seqlens=None) -> tuple[torch.Tensor, int]:
-        """4-row prompt positions ``[text; t; h; w]`` and the delta that continues M-RoPE while decoding."""
+        """Prompt positions ``[4, L]`` (``[text; t; h; w]``) and the delta that continues M-RoPE while decoding."""
         mask = torch.ones_like(input_ids)
         mrope, delta = self.rope.get_rope_index(
             input_ids, image_grid_thw, None, mask, False, audio_seqlens, None)
-        text = torch.arange(input_ids.shape[1]).view(1, 1, -1)
-        return torch.cat([text, mrope], dim=0), int(delta.view(-1)[0])
+        text = torch.arange(input_ids.shape[1]).view(1, -1)
+        return torch.cat([text, mrope[:, 0]], dim=0), int(delta.view(-1)[0])
 
     @staticmethod
     def step_positions(past_len: int, delta: int, n: int = 1) -> torch.Tensor:
-        text = torch.arange(past_len, past_len + n).view(1, 1, -1)
-        return torch.cat([text, text.expand(3, 1, n) + delta], dim=0)
+        text = torch.arange(past_len, past_len + n).view(1, n)
+        return torch.cat([text, text.expand(3, n) + delta], dim=0)
 
     @torch.inference_mode()
-    def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, cache: DynamicCache):
-        """One decoder pass. Returns (last-layer hidden [1,n,H], logits of the last position [V])."""
-        out = self.model(inputs_embeds=inputs_embeds, position_ids=position_ids.to(self.device),
-                         past_key_values=cache, use_cache=True, output_hidden_states=True)
-        last_hidden = out.hidden_states[-1]
-        logits = self.lm_head(out.last_hidden_state[:, -1, :]).float()[0]
-        return last_hidden, logits
+    def forward_packed(self, embeds, positions, batch, logit_rows, want_hidden):
+        hidden = self._run(self.model, embeds, positions, batch)
+        logits = self.lm_head(hidden[logit_rows.to(hidden.device)]).float()
+        return (hidden if want_hidden else None), logits
 
 
-class OmniTalker:
+class OmniTalker(_PagedDecoder):
     def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
         self.config = load_config(checkpoint_dir).talker_config
-        self.device = device
         self.model = load_component(checkpoint_dir, hf.Qwen2_5OmniTalkerForConditionalGeneration, self.config,
                                     {"talker.": ""}, dtype, device)
+        self._use_paged_attention(self.model.model.config, dtype, device)
         self.modules = {"talker": self.model}
         c = self.config
         self.codec_bos, self.codec_eos = c.tts_codec_start_token_id, c.tts_codec_end_token_id
         self.codec_pad, self.codec_mask = c.tts_codec_pad_token_id, c.tts_codec_mask_token_id
         # transformers' Qwen2_5OmniForConditionalGeneration.generate stops the talker on these two ids.
         self.stop_ids = (c.tts_codec_pad_token_id, c.tts_codec_end_token_id)
-
-    def new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.config)
+        self.embedding_size = c.embedding_size
+        self.position_rows = 3
 
     def prompt_codec_ids(self, prompt_len: int) -> list[int]:
         """The talker's input ids for its prompt: mask per thinker prompt token, then pad and bos."""
         return [self.codec_mask] * prompt_len + [self.codec_pad, self.codec_bos]
 
     @torch.inference_mode()
-    def forward_prompt(self, inputs_embeds: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-        out = self.model(inputs_embeds=inputs_embeds.to(self.device), past_key_values=cache, use_cache=True)
-        return out.logits[0, -1].float()
+    def embed_codes(self, ids: list[int]) -> torch.Tensor:
+        return self.model.get_input_embeddings()(torch.tensor(ids, device=self.device))
+
+    @staticmethod
+    def positions(start: int, n: int) -> torch.Tensor:
+        """The talker decodes with plain positions (``generate`` passes it no attention mask)."""
+        return torch.arange(start, start + n).view(1, n).expand(3, n)
 
     @torch.inference_mode()
-    def forward_step(self, codec_id: int, reply_state: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-        ids = torch.tensor([[codec_id]], device=self.device)
-        out = self.model(input_ids=ids, thinker_reply_part=reply_state.view(1, 1, -1).to(self.device),
-                         past_key_values=cache, use_cache=True)
-        return out.logits[0, -1].float()
+    def forward_packed(self, embeds, positions, batch, logit_rows, want_hidden):
+        """``embeds``: talker inputs before ``thinker_to_talker_proj`` (thinker-sized, as ``generate`` builds)."""
+        hidden = self._run(self.model.model, self.model.thinker_to_talker_proj(embeds.to(self.device)), positions, batch)
+        logits = self.model.codec_head(hidden[logit_rows.to(hidden.device)]).float()
+        return (hidden if want_hidden else None), logits
 
 
 class OmniCode2Wav:

@@ -1,20 +1,21 @@
-"""Stage programs, wired in-process, reproduce transformers' Qwen2.5-Omni generate exactly (no Ray)."""
+"""The stages on their real engines, wired in-process, reproduce transformers' Qwen2.5-Omni generate exactly.
+
+No Ray: engines, programs and models as served; edges are asyncio queues (see tests/omni_inprocess.py).
+"""
 
 from __future__ import annotations
+
+import asyncio
 
 import numpy as np
 import pytest
 import torch
 
-from omni_serve.checkpoints.qwen2_5_omni import TOKEN_ID
-from omni_serve.engines.sampling import SamplingParams
-from omni_serve.graphs.qwen2_5_omni.programs import (
-    Code2WavProgram, Code2WavRequest, EncoderProgram, TalkerProgram, TalkerRequest, ThinkerProgram,
-    ThinkerRequest,
-)
+from omni_serve.engines.ar import ARConfig
 from omni_serve.models.qwen2_5_omni import OmniCode2Wav, OmniEncoder, OmniTalker, OmniThinker
 from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
 from tests.omni_cases import CASES, template_messages
+from tests.omni_inprocess import InProcessOmni
 
 THINKER_TOKENS, TALKER_TOKENS, STEPS, SEED = 12, 20, 3, 7
 
@@ -41,52 +42,68 @@ def reference(ref, inputs):
     return seq[0, inputs.input_ids.shape[1]:].tolist(), codes[0], wav.numpy()
 
 
-def drive(program, feed=()):
-    for item in feed:
-        program.feed(item)
-    program.close_input()
-    outs = []
-    while not program.done:
-        assert program.ready(), "program stalled with all its input delivered"
-        outs += program.step()
-    return outs
+def run(coro):
+    return asyncio.run(coro)
+
+
+def check(result, ref, samples_per_code):
+    ref_tokens, ref_codes, ref_wav = ref
+    assert result.tokens == ref_tokens
+    assert result.codes == ref_codes
+    assert result.wav.shape == ref_wav.shape == (len(result.codes) * samples_per_code,)
+    np.testing.assert_allclose(result.wav, ref_wav, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def references(models):
+    ref, proc = models[0], models[1]
+    inputs = {kind: proc(*template_messages(kind)) for kind in CASES}
+    return inputs, {kind: reference(ref, inputs[kind]) for kind in CASES}
+
+
+async def _serve(models, ar, jobs):
+    _, proc, enc, thk, tlk, c2w = models
+    omni = InProcessOmni(proc, enc, thk, tlk, c2w, ar)
+    try:
+        results = await asyncio.gather(*(omni.run(f"r{i}", x, THINKER_TOKENS, TALKER_TOKENS, STEPS, SEED)
+                                         for i, x in enumerate(jobs)))
+        stats = (omni.thinker.stats(), omni.talker.stats())
+    finally:
+        await omni.close()
+    return results, stats
 
 
 @pytest.mark.parametrize("kind", CASES)
-def test_programs_match_transformers_generate(models, kind):
-    ref, proc, enc, thk, tlk, c2w = models
-    messages, audios, images = template_messages(kind)
-    x = proc(messages, audios, images)
-    ref_tokens, ref_codes, ref_wav = reference(ref, x)
+def test_stages_match_transformers_generate(models, references, kind):
+    inputs, refs = references
+    (result,), _ = run(_serve(models, ARConfig(), [inputs[kind]]))
+    check(result, refs[kind], models[-1].samples_per_code)
 
-    media = {}
-    if audios or images:
-        media = drive(EncoderProgram(enc), [{
-            "input_features": x.input_features, "feature_attention_mask": x.feature_attention_mask,
-            "pixel_values": x.pixel_values, "image_grid_thw": x.image_grid_thw}])[0]["downstream"]
-    thinker = ThinkerProgram(thk, proc.tokenizer, ThinkerRequest(
-        input_ids=x.input_ids[0].tolist(), max_new_tokens=THINKER_TOKENS,
-        sampling=SamplingParams(temperature=0), stop_token_ids=(TOKEN_ID["<|im_end|>"],),
-        image_grid_thw=None if x.image_grid_thw is None else x.image_grid_thw.tolist(),
-        audio_seqlens=None if x.audio_seqlens is None else x.audio_seqlens.tolist(),
-        expects_media=bool(media), talker_voice_token=TOKEN_ID["<|spk_chelsie|>"],
-        talker_tokens=(tlk.config.tts_text_end_token_id, tlk.config.tts_text_pad_token_id),
-        media_token_ids=(TOKEN_ID["<|AUDIO|>"], TOKEN_ID["<|IMAGE|>"], TOKEN_ID["<|VIDEO|>"])))
-    if media:
-        thinker.feed(media)
-    t_out = drive(thinker)
-    tokens = [t for o in t_out for t in o["token_ids"]]
-    talker = TalkerProgram(tlk, TalkerRequest(max_new_tokens=TALKER_TOKENS, sampling=SamplingParams(
-        temperature=0, repetition_penalty=1.05, suppress_tokens=(tlk.codec_bos,))))
-    k_out = drive(talker, [o["downstream"] for o in t_out if "downstream" in o])
-    codes = [c for o in k_out for c in o["codes"]]
-    wav = drive(Code2WavProgram(c2w, Code2WavRequest("Chelsie", SEED, STEPS)),
-                [o["downstream"] for o in k_out])[0]["audio"]
 
-    assert tokens == ref_tokens
-    assert codes == ref_codes
-    assert wav.shape == ref_wav.shape == (len(codes) * c2w.samples_per_code,)
-    np.testing.assert_allclose(wav, ref_wav, atol=1e-5)
+def test_eight_in_flight_match_batch_of_one(models, references):
+    """Continuous batching: 8 concurrent requests (mixed media) decode exactly as each does alone."""
+    inputs, refs = references
+    kinds = [CASES[i % len(CASES)] for i in range(8)]
+    results, (thinker, talker) = run(_serve(models, ARConfig(), [inputs[k] for k in kinds]))
+    for kind, result in zip(kinds, results):
+        check(result, refs[kind], models[-1].samples_per_code)
+    assert thinker["batched_rows"] > thinker["steps"], "requests were never batched together"
+    assert talker["kv_blocks_used"] == thinker["kv_blocks_used"] == 0
+
+
+def test_kv_pressure_queues_and_preempts_without_loss(models, references):
+    """A cache far smaller than 8 requests need: all complete exactly, blocks all come back."""
+    inputs, refs = references
+    kinds = [CASES[i % len(CASES)] for i in range(8)]
+    ar = ARConfig(num_kv_blocks=24, block_size=4, max_batch_tokens=32)
+    longest = max(inputs[k].input_ids.shape[1] for k in kinds) + THINKER_TOKENS + 2 + TALKER_TOKENS
+    assert 8 * longest > ar.num_kv_blocks * ar.block_size  # the pressure is real
+    results, (thinker, talker) = run(_serve(models, ar, [inputs[k] for k in kinds]))
+    for kind, result in zip(kinds, results):
+        check(result, refs[kind], models[-1].samples_per_code)
+    assert thinker["preemptions"] + talker["preemptions"] > 0
+    for stats in (thinker, talker):
+        assert stats["kv_blocks_used"] == 0 and stats["kv_blocks_free"] == ar.num_kv_blocks
 
 
 def test_each_adapter_holds_only_its_component(models):

@@ -1,4 +1,7 @@
-"""Per-request state machines of the Qwen2.5-Omni stages (run by ``omni_serve.engines.stepper``).
+"""Per-request state machines of the Qwen2.5-Omni stages.
+
+The thinker and talker are ``ARSequence``s run by ``omni_serve.engines.ar.AREngine`` (continuous batching);
+the encoder and code2wav are ``StageProgram``s.
 
 Data each program exchanges (dicts; tensors travel through the connector, never handle arguments):
 
@@ -20,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from omni_serve.engines.ar.kv_cache import block_hashes
+from omni_serve.engines.ar.sequence import ARSequence
 from omni_serve.engines.base import StageProgram
 from omni_serve.engines.sampling import Sampler, SamplingParams
 from omni_serve.models.qwen2_5_omni import OmniCode2Wav, OmniEncoder, OmniTalker, OmniThinker
@@ -64,37 +69,50 @@ class ThinkerRequest:
     chunk_size: int = 8
     first_chunk_size: int = 1
     media_token_ids: tuple[int, ...] = ()
+    block_size: int = 16  # KV block size of the engine (for prefix-sharing hashes)
 
 
-class ThinkerProgram(StageProgram):
+class ThinkerSequence(ARSequence):
+    """Prompt (text + media embeddings, M-RoPE positions) in; text tokens and talker states out."""
+
     def __init__(self, model: OmniThinker, tokenizer, req: ThinkerRequest):
+        super().__init__(model.hidden_size, model.position_rows, model.dtype)
         self.model, self.tok, self.req = model, tokenizer, req
         self.sampler = Sampler(req.sampling)
-        self.cache = model.new_cache()
         self.media: dict | None = None if req.expects_media else {}
+        self.prompt_len = len(req.input_ids)
+        self.max_rows = self.prompt_len + req.max_new_tokens
+        self.wants_hidden = req.talker_voice_token is not None
         self.generated: list[int] = []
         self.text = ""
         self.sent = 0
         self.delta = 0
-        self.past = 0
+        self.prompt_states: torch.Tensor | None = None  # [L, H] thinker prompt embeds (media zeroed) + hidden
+        self.hidden_done = 0  # rows whose hidden states were consumed (not redone after preemption)
         self.pending_states: list[torch.Tensor] = []
         self.first_sent = False
         self.first_extra: dict = {}
-        self.done = False
         self.finish_reason: str | None = None
         self.max_stop = max((len(s) for s in req.stop), default=0)
+        if not req.expects_media and not self.wants_hidden:
+            # Prompt-prefix sharing needs no prompt hidden states and media-free prompts (token id = content).
+            self.prefix_hashes = block_hashes(req.input_ids[:self.prompt_len - 1], req.block_size)
 
     def feed(self, item: dict) -> None:
         self.media = item
 
     def ready(self) -> bool:
-        return not self.done and self.media is not None
+        return not self.done and ((self.num_rows == 0 and self.media is not None) or self.num_pending() > 0)
 
     def release(self) -> None:
-        self.cache = None
         self.pending_states = []
+        self.prompt_states = None
 
-    def _prefill(self) -> torch.Tensor:
+    def poll(self) -> None:
+        if self.num_rows == 0 and self.media is not None:
+            self._build_prompt()
+
+    def _build_prompt(self) -> None:
         m, req = self.model, self.req
         ids = torch.tensor([req.input_ids])
         embeds = m.embed(ids)
@@ -108,26 +126,28 @@ class ThinkerProgram(StageProgram):
         grid = torch.tensor(req.image_grid_thw) if req.image_grid_thw else None
         seqlens = torch.tensor(req.audio_seqlens) if req.audio_seqlens else None
         positions, self.delta = m.prompt_positions(ids, grid, seqlens)
-        hidden, logits = m.forward(embeds, positions, self.cache)
-        self.past = ids.shape[1]
-        if req.talker_voice_token is not None:
-            media_mask = torch.isin(ids, torch.tensor(req.media_token_ids)).view(-1, 1)
-            prompt = hidden[0] + embeds[0].masked_fill(media_mask.to(embeds.device), 0.0)
+        self.append(embeds[0], positions)
+        self.media = {}
+        if self.wants_hidden:
+            media_mask = torch.isin(ids[0], torch.tensor(req.media_token_ids)).view(-1, 1)
+            self.prompt_states = embeds[0].masked_fill(media_mask.to(embeds.device), 0.0).clone()
             special = m.embed(torch.tensor([[req.talker_voice_token, *req.talker_tokens]]))[0]
-            self.first_extra = {"prompt": prompt, "bos": special[0], "eos": special[1], "pad": special[2]}
-        return logits
+            self.first_extra = {"bos": special[0], "eos": special[1], "pad": special[2]}
 
-    def _feed_back(self, token: int) -> torch.Tensor:
-        m = self.model
-        embed = m.embed(torch.tensor([[token]]))
-        hidden, logits = m.forward(embed, m.step_positions(self.past, self.delta), self.cache)
-        self.past += 1
-        if self.req.talker_voice_token is not None:
-            self.pending_states.append(hidden[0, -1] + embed[0, -1])
-        return logits
+    def _collect_hidden(self, start: int, end: int, hidden: torch.Tensor) -> None:
+        lo, prompt_end = max(start, self.hidden_done), min(end, self.prompt_len)
+        if lo < prompt_end:
+            self.prompt_states[lo:prompt_end] += hidden[lo - start:prompt_end - start]
+        for row in range(max(lo, self.prompt_len), end):
+            # the state of a generated token the thinker fed back: its hidden state + its embedding
+            self.pending_states.append(hidden[row - start] + self.rows(row, row + 1)[0][0])
+        self.hidden_done = max(self.hidden_done, end)
 
-    def step(self) -> list[dict]:
-        logits = self._prefill() if not self.generated and self.past == 0 else self._feed_back(self.generated[-1])
+    def on_computed(self, start, end, hidden, logits) -> list[dict]:
+        if hidden is not None and self.wants_hidden:
+            self._collect_hidden(start, end, hidden)
+        if logits is None:
+            return []
         token = self.sampler.select(logits, self.generated)
         self.generated.append(token)
         out: dict = {"token_ids": [token]}
@@ -139,6 +159,9 @@ class ThinkerProgram(StageProgram):
         if self.finish_reason:
             self.done = True
             out["finish_reason"] = self.finish_reason
+        else:
+            self.append(self.model.embed(torch.tensor([token]))[0:1],
+                        self.model.step_positions(self.num_rows, self.delta))
         downstream = self._talker_chunk()
         if downstream is not None:
             out["downstream"] = downstream
@@ -165,7 +188,7 @@ class ThinkerProgram(StageProgram):
         return delta
 
     def _talker_chunk(self) -> dict | None:
-        if self.req.talker_voice_token is None:
+        if not self.wants_hidden:
             return None
         size = self.req.chunk_size if self.first_sent else self.req.first_chunk_size
         if not self.done and len(self.pending_states) < size:
@@ -174,7 +197,7 @@ class ThinkerProgram(StageProgram):
         self.pending_states = []
         chunk = {"states": states, "end": self.done}
         if not self.first_sent:
-            chunk.update(self.first_extra, first_token=self.generated[0])
+            chunk.update(self.first_extra, prompt=self.prompt_states, first_token=self.generated[0])
             self.first_sent = True
         return chunk
 
@@ -187,13 +210,13 @@ class TalkerRequest:
     first_chunk_size: int = 4
 
 
-class TalkerProgram(StageProgram):
+class TalkerSequence(ARSequence):
     """Codec tokens from the thinker's states; decode step j consumes reply state j (see module doc)."""
 
     def __init__(self, model: OmniTalker, req: TalkerRequest):
+        super().__init__(model.embedding_size, model.position_rows, model.dtype)
         self.model, self.req = model, req
         self.sampler = Sampler(req.sampling)
-        self.cache = model.new_cache()
         self.head: dict | None = None
         self.states: list[torch.Tensor] = []
         self.upstream_done = False
@@ -201,23 +224,28 @@ class TalkerProgram(StageProgram):
         self.codes: list[int] = []
         self.unsent: list[int] = []
         self.sent_any = False
-        self.steps = 0
-        self.done = False
+        self.steps = 0  # codec tokens sampled
+        self.fresh = False  # inputs arrived since the last poll
 
     def feed(self, item: dict) -> None:
         if "prompt" in item:
             self.head = item
+            self.max_rows = item["prompt"].shape[0] + 2 + self.req.max_new_tokens
         if item.get("states") is not None:
             self.states.extend(item["states"].unbind(0))
         if item.get("end"):
             self.upstream_done = True
+        self.fresh = True
 
     def close_input(self) -> None:
         self.upstream_done = True
+        self.fresh = True
 
     def release(self) -> None:
-        self.cache = None
         self.states = []
+
+    def ready(self) -> bool:
+        return not self.done and (self.fresh or self.num_pending() > 0)
 
     def _reply(self, j: int) -> torch.Tensor | None:
         """Reply state j: thinker state j+1, then the tts end embedding, then pad forever."""
@@ -227,32 +255,38 @@ class TalkerProgram(StageProgram):
             return None
         return self.head["eos"] if j + 1 == len(self.states) else self.head["pad"]
 
-    def ready(self) -> bool:
+    def poll(self) -> None:
+        self.fresh = False
         if self.done:
-            return False
-        if self.steps == 0:
-            return self.head is not None and (len(self.states) > 0 or self.upstream_done)
-        return self._reply(self.steps - 1) is not None
-
-    def step(self) -> list[dict]:
-        m = self.model
-        if self.steps == 0:
+            return
+        if self.num_rows == 0:
+            if self.head is None or not (self.states or self.upstream_done):
+                return
             if not self.states:
                 raise ValueError("the thinker produced a single token; speech needs at least two")
             h = self.head
-            embeds = torch.cat([h["prompt"], h["bos"].view(1, -1), self.states[0].view(1, -1)]).unsqueeze(0)
-            self.history = m.prompt_codec_ids(h["prompt"].shape[0])
-            logits = m.forward_prompt(embeds, self.cache)
-        else:
-            logits = m.forward_step(self.history[-1], self._reply(self.steps - 1), self.cache)
+            rows = torch.cat([h["prompt"], h["bos"].view(1, -1), self.states[0].view(1, -1)])
+            self.history = self.model.prompt_codec_ids(h["prompt"].shape[0])
+            self.append(rows, self.model.positions(0, rows.shape[0]))
+        elif self.num_rows == self.logits_done:  # the last sampled code waits for its reply state
+            reply = self._reply(self.steps - 1)
+            if reply is not None:
+                row = self.model.embed_codes([self.history[-1]]) + reply.view(1, -1).to(self.model.device)
+                self.append(row, self.model.positions(self.num_rows, 1))
+
+    def on_computed(self, start, end, hidden, logits) -> list[dict]:
+        if logits is None:
+            return []
         self.steps += 1
         code = self.sampler.select(logits, self.history)
         self.history.append(code)
-        stop = code in m.stop_ids
+        stop = code in self.model.stop_ids
         if not stop:
             self.codes.append(code)
             self.unsent.append(code)
         self.done = stop or self.steps >= self.req.max_new_tokens
+        if not self.done:
+            self.poll()
         size = self.req.chunk_size if self.sent_any else self.req.first_chunk_size
         if not self.done and len(self.unsent) < size:
             return []

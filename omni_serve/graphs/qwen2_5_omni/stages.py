@@ -12,6 +12,7 @@ from typing import Any, AsyncIterator
 import numpy as np
 import torch
 
+from omni_serve.engines.ar import AREngine
 from omni_serve.engines.sampling import SamplingParams
 from omni_serve.graphs.qwen2_5_omni import programs as P
 from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
@@ -30,6 +31,7 @@ class _OmniRunner(StageRunner):
     adapter: Any = None
 
     def __init__(self, stage: str, graph_spec: dict[str, Any]):
+        self.stage = stage
         self.spec = OmniGraphSpec.model_validate(graph_spec)
         self.stage_spec = getattr(self.spec.stages, stage)
         self.engine_spec = self.stage_spec.engine
@@ -51,6 +53,12 @@ class _OmniRunner(StageRunner):
         return self._edge_connector(edge), edge
 
 
+class _ARRunner(_OmniRunner):
+    def make_engine(self) -> AREngine:
+        s = self.engine_spec
+        return AREngine(self.stage, self.model, s.ar, max_active=s.max_active_requests, torch_threads=s.torch_threads)
+
+
 class EncoderRunner(_OmniRunner):
     adapter = OmniEncoder
 
@@ -62,7 +70,7 @@ class EncoderRunner(_OmniRunner):
         yield {"done": True}
 
 
-class ThinkerRunner(_OmniRunner):
+class ThinkerRunner(_ARRunner):
     adapter = OmniThinker
 
     def __init__(self, stage, graph_spec):
@@ -82,9 +90,9 @@ class ThinkerRunner(_OmniRunner):
             audio_seqlens=request.get("audio_seqlens"), expects_media=request.get("expects_media", False),
             talker_voice_token=request.get("voice_token"), talker_tokens=tuple(request.get("talker_tokens", (0, 0))),
             chunk_size=edge.chunk_size, first_chunk_size=edge.first_chunk_size,
-            media_token_ids=self.media_token_ids,
+            media_token_ids=self.media_token_ids, block_size=self.engine_spec.ar.block_size,
         )
-        program = P.ThinkerProgram(self.model, self.tokenizer, req)
+        program = P.ThinkerSequence(self.model, self.tokenizer, req)
         rid = request["request_id"]
         if req.expects_media:
             conn, edge_name, timeout = self.source(EDGE_ENCODER_THINKER)
@@ -96,7 +104,7 @@ class ThinkerRunner(_OmniRunner):
             yield out
 
 
-class TalkerRunner(_OmniRunner):
+class TalkerRunner(_ARRunner):
     adapter = OmniTalker
 
     async def run(self, engine, request) -> AsyncIterator[dict[str, Any]]:
@@ -107,7 +115,7 @@ class TalkerRunner(_OmniRunner):
             repetition_penalty=p.repetition_penalty, seed=request.get("seed", 0),
             suppress_tokens=(self.model.codec_bos,))
         edge = self.spec.edges.talker_code2wav
-        program = P.TalkerProgram(self.model, P.TalkerRequest(
+        program = P.TalkerSequence(self.model, P.TalkerRequest(
             max_new_tokens=min(request.get("max_codec_tokens") or p.max_codec_tokens, p.max_codec_tokens),
             sampling=sampling, chunk_size=edge.chunk_size, first_chunk_size=edge.first_chunk_size))
         async for out in self.drive(engine, request["request_id"], program,

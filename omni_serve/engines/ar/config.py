@@ -1,0 +1,20 @@
+"""Settings of the autoregressive engine (continuous batching + paged KV cache), one per AR stage."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ARConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    num_kv_blocks: int = Field(512, ge=2, description=(
+        "KV cache capacity of a replica in blocks; the cache is allocated once at start "
+        "(bytes = blocks x block_size x layers x 2 x kv_heads x head_dim x dtype size)."))
+    block_size: int = Field(16, ge=1, description="Tokens per KV block (the paging and prefix-sharing unit).")
+    max_batch_tokens: int = Field(256, ge=1, description=(
+        "Tokens one batched forward may compute; longer prompts are prefilled in chunks of the remaining "
+        "budget so decoding requests keep stepping (chunked prefill)."))
+    max_num_seqs: int = Field(64, ge=1, description="Requests decoding together at most; more wait in a FIFO queue.")
+    enable_prefix_caching: bool = Field(True, description=(
+        "Reuse KV blocks of identical prompt prefixes (full blocks, matched by content hash)."))

@@ -1,0 +1,266 @@
+"""The autoregressive engine: continuous batching over a paged KV cache, one batched forward per step.
+
+Contract (see ``omni_serve.engines.loop.LoopEngine`` for the request lifecycle): programs are
+``ARSequence``s; the model is an ``ARModel``. Every step the worker
+1. frees the blocks of aborted requests (``abort`` only queues them: the worker owns the allocator's
+   growth, so a request can never be handed blocks after it was freed);
+2. schedules up to ``max_batch_tokens`` new rows: running requests first, in admission order (one row
+   each when decoding, a chunk of the budget when prefilling), then waiting requests FIFO while there is
+   room (``max_num_seqs``, free blocks above a small watermark), reusing cached prompt-prefix blocks;
+3. when a running request needs a block and none is free, preempts the most recently admitted request
+   (frees its blocks; it is recomputed later, with identical outputs) — nothing is dropped; a request that
+   could never fit in the whole cache is refused with a clear error at admission;
+4. runs one packed forward for all scheduled rows and hands each request its hidden states / logits.
+
+Requests join and leave between steps. Memory is bounded by ``ARConfig.num_kv_blocks``; requests beyond
+what fits wait (queue) or are preempted, never lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from omni_serve.engines.ar.attention import PagedBatch
+from omni_serve.engines.ar.config import ARConfig
+from omni_serve.engines.ar.kv_cache import BlockAllocator, PagedKVCache
+from omni_serve.engines.ar.sequence import ARSequence
+from omni_serve.engines.loop import END, LoopEngine, Slot
+
+log = logging.getLogger(__name__)
+
+
+class ARModel(Protocol):
+    """What the engine needs from a model adapter (``omni_serve.models``)."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: str
+
+    def forward_packed(self, embeds: torch.Tensor, positions: torch.Tensor, batch: PagedBatch,
+                       logit_rows: torch.Tensor, want_hidden: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """``embeds [T, E]``, ``positions [R, T]`` -> (hidden ``[T, H]`` or None, logits ``[len(logit_rows), V]``)."""
+
+
+@dataclass
+class _Work:
+    slot: Slot
+    start: int
+    end: int
+    logits: bool
+
+
+class AREngine(LoopEngine):
+    def __init__(self, name: str, model: ARModel, config: ARConfig | None = None, max_active: int = 256,
+                 torch_threads: int | None = None):
+        super().__init__(name, max_active=max_active, torch_threads=torch_threads)
+        self.model = model
+        self.config = config or ARConfig()
+        c = self.config
+        self.cache = PagedKVCache(model.num_layers, model.num_kv_heads, model.head_dim, c.num_kv_blocks,
+                                  c.block_size, model.dtype, model.device)
+        self.blocks = BlockAllocator(c.num_kv_blocks, c.block_size)
+        self.watermark = max(1, c.num_kv_blocks // 100)
+        self.running: list[Slot] = []
+        self.waiting: deque[Slot] = deque()
+        self._known: set[str] = set()
+        self._released: list[Slot] = []
+        self.counters = {"steps": 0, "batched_rows": 0, "preemptions": 0, "prefix_hit_tokens": 0}
+        log.info("%s: KV cache %d blocks x %d tokens (%.1f MiB)", name, c.num_kv_blocks, c.block_size,
+                 self.cache.nbytes / 2**20)
+
+    # -- introspection ------------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        return {"active": self.num_active, "running": len(self.running), "waiting": len(self.waiting),
+                "kv_blocks_total": self.blocks.num_blocks, "kv_blocks_used": self.blocks.num_used_blocks,
+                "kv_blocks_free": self.blocks.num_free_blocks, **self.counters,
+                "prefix_hit_tokens": self.blocks.prefix_hits}
+
+    # -- LoopEngine hooks ---------------------------------------------------------------------------------
+    def on_abort(self, slot: Slot) -> None:
+        with self._cv:
+            self._released.append(slot)
+            self._cv.notify_all()
+
+    def has_work(self) -> bool:
+        return bool(self._released) or any(not s.aborted and s.program.ready() for s in self._slots.values())
+
+    def tick(self) -> None:
+        self._reap()
+        self._intake()
+        plan = self._schedule()
+        if not plan:  # everything waits on upstream or on blocks: sleep until something changes
+            with self._cv:
+                self._cv.wait(timeout=0.01)
+            return
+        self._execute(plan)
+
+    # -- bookkeeping --------------------------------------------------------------------------------------
+    def _drop(self, slot: Slot) -> None:
+        self.blocks.free(slot.request_id)
+        self._known.discard(slot.request_id)
+        if slot in self.running:
+            self.running.remove(slot)
+        if slot in self.waiting:
+            self.waiting.remove(slot)
+
+    def _reap(self) -> None:
+        with self._cv:
+            released, self._released = self._released, []
+        for slot in released:
+            self._drop(slot)
+            with slot.lock:
+                slot.program.release()
+
+    def _intake(self) -> None:
+        for slot in self.live_slots():
+            if slot.request_id not in self._known:
+                self._known.add(slot.request_id)
+                self.waiting.append(slot)
+
+    def _fail(self, slot: Slot, exc: BaseException) -> None:
+        self._drop(slot)
+        self.finish(slot, exc)
+
+    def _preempt(self, slot: Slot) -> None:
+        self.blocks.free(slot.request_id)
+        with slot.lock:
+            slot.program.preempted()
+        self.running.remove(slot)
+        self.waiting.appendleft(slot)
+        self.counters["preemptions"] += 1
+        log.debug("%s: preempted %s (KV cache full)", self.name, slot.request_id)
+
+    # -- scheduling ---------------------------------------------------------------------------------------
+    def _poll(self, slot: Slot) -> int:
+        seq: ARSequence = slot.program
+        with slot.lock:
+            seq.poll()
+            return seq.num_pending()
+
+    def _schedule(self) -> list[_Work]:
+        budget, plan = self.config.max_batch_tokens, []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            slot = self.running[i]
+            seq: ARSequence = slot.program
+            n = min(self._poll(slot), budget)
+            if n == 0:
+                i += 1
+                continue
+            start = seq.num_computed
+            end = start + n
+            while not self.blocks.allocate(slot.request_id, end):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is slot:
+                    break
+            if slot not in self.running:
+                continue  # preempted itself: back in the queue
+            plan.append(_Work(slot, start, end, seq.needs_logits(end)))
+            budget -= n
+            i += 1
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            slot = next((s for s in self.waiting if self._poll(s) > 0), None)
+            if slot is None:
+                break
+            need = self.blocks.blocks_for(max(slot.program.max_rows, slot.program.num_rows))
+            if need > self.blocks.num_blocks:
+                self._fail(slot, ValueError(
+                    f"{self.name}: the request needs {need} KV blocks (prompt + max tokens = "
+                    f"{slot.program.max_rows}) but the cache holds {self.blocks.num_blocks}; lower max_tokens "
+                    "or raise num_kv_blocks"))
+                continue
+            work = self._admit(slot, budget)
+            if work is None:
+                break  # FIFO: later requests do not jump a request waiting for blocks
+            plan.append(work)
+            budget -= work.end - work.start
+        return plan
+
+    def _admit(self, slot: Slot, budget: int) -> _Work | None:
+        seq: ARSequence = slot.program
+        rid = slot.request_id
+        if seq.num_computed == 0 and seq.prefix_hashes and self.config.enable_prefix_caching:
+            with slot.lock:
+                seq.num_computed = self.blocks.match_prefix(rid, seq.prefix_hashes)
+        n = min(seq.num_pending(), budget)
+        end = seq.num_computed + n
+        free_after = self.blocks.num_free_blocks - (self.blocks.blocks_for(end) - len(self.blocks.table(rid)))
+        if free_after < self.watermark or not self.blocks.allocate(rid, end):
+            self.blocks.free(rid)
+            with slot.lock:
+                seq.preempted()
+            return None
+        self.waiting.remove(slot)
+        self.running.append(slot)
+        return _Work(slot, seq.num_computed, end, seq.needs_logits(end))
+
+    # -- execution ----------------------------------------------------------------------------------------
+    def _execute(self, plan: list[_Work]) -> None:
+        embeds, positions, segments, logit_rows = [], [], [], []
+        want_hidden = False
+        row = 0
+        for w in plan:
+            seq: ARSequence = w.slot.program
+            with w.slot.lock:
+                e, p = seq.rows(w.start, w.end)
+            embeds.append(e)
+            positions.append(p)
+            rid = w.slot.request_id
+            segments.append((w.end - w.start, self.blocks.slots(rid, w.start, w.end), self.blocks.slots(rid, 0, w.end)))
+            row += w.end - w.start
+            if w.logits:
+                logit_rows.append(row - 1)
+            want_hidden |= seq.wants_hidden
+        batch = PagedBatch.build(self.cache, segments)
+        try:
+            hidden, logits = self.model.forward_packed(
+                torch.cat(embeds), torch.cat(positions, dim=1), batch, torch.tensor(logit_rows, dtype=torch.long),
+                want_hidden)
+        except Exception as exc:  # noqa: BLE001 - a failed forward fails its requests, not the replica
+            log.exception("%s: batched forward failed", self.name)
+            for w in plan:
+                self._fail(w.slot, exc)
+            return
+        self.counters["steps"] += 1
+        self.counters["batched_rows"] += row
+        offset, k = 0, 0
+        for w in plan:
+            n = w.end - w.start
+            h = hidden[offset:offset + n] if hidden is not None else None
+            lg = None
+            if w.logits:
+                lg, k = logits[k], k + 1
+            offset += n
+            self._deliver(w, h, lg)
+
+    def _deliver(self, w: _Work, hidden, logits) -> None:
+        slot = w.slot
+        if slot.aborted or slot.finished:
+            return
+        seq: ARSequence = slot.program
+        try:
+            with slot.lock:
+                if slot.aborted:
+                    return
+                outputs = seq.computed(w.start, w.end, hidden, logits)
+        except Exception as exc:  # noqa: BLE001 - reported to the request's caller
+            log.exception("%s: request %s failed", self.name, slot.request_id)
+            self._fail(slot, exc)
+            return
+        bs = self.config.block_size
+        for b in range(w.start // bs, min(w.end // bs, len(seq.prefix_hashes))):
+            self.blocks.register(slot.request_id, b, seq.prefix_hashes[b])
+        self.emit(slot, outputs)
+        if seq.done:
+            self._drop(slot)
+            with slot.lock:
+                seq.release()
+            self.finish(slot, END)

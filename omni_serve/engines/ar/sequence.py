@@ -1,0 +1,90 @@
+"""One request on an autoregressive stage, as the AR engine sees it.
+
+Contract: a sequence is a growing list of *input rows* (an embedding ``[E]`` and a position column
+``[R]`` each: R = 1 for plain RoPE, 3 or 4 for M-RoPE layouts) of which the first ``num_computed`` have
+their keys/values in the KV cache. The engine, from its worker thread and under the request's lock:
+- calls ``poll()`` so the sequence can turn inputs that arrived from upstream into rows;
+- schedules ``[num_computed, num_computed + n)`` for some ``n <= num_pending()`` (chunked prefill),
+  reading them with ``rows(start, end)``;
+- after the forward, calls ``computed(start, end, hidden, logits)``: ``hidden`` is ``[end - start, H]``
+  when ``wants_hidden``, ``logits`` ``[V]`` of the last row when ``end`` completes every known row for the
+  first time (``needs_logits``). The sequence samples there, appends the sampled token's row with
+  ``append`` and returns its outputs for the caller (and its downstream chunks).
+- On preemption the engine frees the sequence's blocks and calls ``preempted()``: ``num_computed`` goes
+  back to 0 and the rows are recomputed later; logits and hidden states already consumed are not
+  produced twice, so outputs are exactly those of an uninterrupted run.
+``prefix_hashes`` (chained block hashes of prompt rows, or empty) lets the engine share cached prompt
+blocks; ``max_rows`` is the most rows the request can reach (prompt + generation limit).
+"""
+
+from __future__ import annotations
+
+import abc
+
+import torch
+
+from omni_serve.engines.base import StageProgram
+
+
+class ARSequence(StageProgram):
+    wants_hidden: bool = False
+
+    def __init__(self, embed_dim: int, position_rows: int, dtype: torch.dtype = torch.float32):
+        self._emb = torch.empty(0, embed_dim, dtype=dtype)
+        self._pos = torch.empty(position_rows, 0, dtype=torch.long)
+        self.num_rows = 0
+        self.num_computed = 0
+        self.logits_done = 0  # rows whose next-token logits were consumed
+        self.prefix_hashes: list[int] = []
+        self.max_rows = 0
+        self.done = False
+
+    # -- rows ---------------------------------------------------------------------------------------------
+    def append(self, embeds: torch.Tensor, positions: torch.Tensor) -> None:
+        """Add rows: ``embeds [n, E]``, ``positions [R, n]``."""
+        n = embeds.shape[0]
+        need = self.num_rows + n
+        if need > self._emb.shape[0]:
+            cap = max(need, 2 * self._emb.shape[0], 16)
+            emb = torch.empty(cap, self._emb.shape[1], dtype=self._emb.dtype)
+            emb[:self.num_rows] = self._emb[:self.num_rows]
+            pos = torch.empty(self._pos.shape[0], cap, dtype=torch.long)
+            pos[:, :self.num_rows] = self._pos[:, :self.num_rows]
+            self._emb, self._pos = emb, pos
+        self._emb[self.num_rows:need] = embeds.to(self._emb.dtype)
+        self._pos[:, self.num_rows:need] = positions
+        self.num_rows = need
+
+    def rows(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._emb[start:end], self._pos[:, start:end]
+
+    def num_pending(self) -> int:
+        return 0 if self.done else self.num_rows - self.num_computed
+
+    def needs_logits(self, end: int) -> bool:
+        return end == self.num_rows and end > self.logits_done
+
+    def preempted(self) -> None:
+        self.num_computed = 0
+
+    # -- engine hooks ---------------------------------------------------------------------------------------
+    def poll(self) -> None:  # noqa: B027 - sequences fed only by their own samples need nothing here
+        """Turn upstream inputs that arrived into rows (worker thread, under the request's lock)."""
+
+    @abc.abstractmethod
+    def on_computed(self, start: int, end: int, hidden: torch.Tensor | None,
+                    logits: torch.Tensor | None) -> list[dict]:
+        """Rows ``[start, end)`` are in the cache; sample if ``logits`` is given. Returns outputs."""
+
+    def computed(self, start: int, end: int, hidden, logits) -> list[dict]:
+        self.num_computed = max(self.num_computed, end)
+        if logits is not None:
+            self.logits_done = end
+        return self.on_computed(start, end, hidden, logits)
+
+    # StageProgram: the AR engine drives sequences through the hooks above, not step().
+    def ready(self) -> bool:
+        return self.num_pending() > 0
+
+    def step(self) -> list:
+        raise RuntimeError("AR sequences are stepped by omni_serve.engines.ar.AREngine")

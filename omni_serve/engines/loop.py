@@ -1,0 +1,191 @@
+"""The async/thread plumbing every engine shares: one worker thread per replica, requests on asyncio.
+
+Contract: see ``omni_serve.engines.base.Engine``. ``LoopEngine.generate`` registers a request (a *slot*:
+its program, its event loop and an output queue), pumps its upstream inputs into ``program.feed`` from an
+async task (so a request waiting for upstream chunks never blocks the others), and yields what the worker
+thread emits. The worker loops ``while has_work(): tick()``; subclasses implement those two and call
+``emit``/``finish``. ``abort`` marks the slot, stops its pump and calls ``on_abort`` (subclasses free memory
+there); ``cleanup`` aborts everything and joins the worker (idempotent). ``max_active`` bounds the requests
+a replica accepts at once; more wait in ``generate`` (admission control before any state is built).
+
+Locking: ``slot.lock`` guards a program's state between its pump (event loop) and the worker; ``_cv``
+guards the slot table and wakes the worker.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import torch
+
+from omni_serve.engines.base import Engine, StageProgram
+
+log = logging.getLogger(__name__)
+END = object()
+
+
+@dataclass(eq=False)
+class Slot:
+    request_id: str
+    program: StageProgram
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    aborted: bool = False
+    finished: bool = False
+    pump: asyncio.Task | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class LoopEngine(Engine):
+    def __init__(self, name: str, max_active: int = 64, torch_threads: int | None = None):
+        self.name = name
+        self.max_active = max_active
+        self.torch_threads = torch_threads
+        self._slots: dict[str, Slot] = {}
+        self._cv = threading.Condition()
+        self._admission: asyncio.Semaphore | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    # -- subclass hooks (worker thread) -------------------------------------------------------------------
+    @abc.abstractmethod
+    def has_work(self) -> bool:
+        """Called with ``_cv`` held: whether ``tick`` can make progress now."""
+
+    @abc.abstractmethod
+    def tick(self) -> None:
+        """Advance the requests in flight by one unit (one batched forward)."""
+
+    def on_abort(self, slot: Slot) -> None:
+        """Called once when a request is aborted or cancelled (any thread); free its memory here."""
+        with slot.lock:
+            slot.program.release()
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._admission = asyncio.Semaphore(self.max_active)
+        self._thread = threading.Thread(target=self._run, name=f"engine-{self.name}", daemon=True)
+        self._thread.start()
+
+    async def cleanup(self) -> None:
+        with self._cv:
+            self._stopped = True
+            slots = list(self._slots.values())
+            self._cv.notify_all()
+        for slot in slots:
+            await self.abort(slot.request_id)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    @property
+    def num_active(self) -> int:
+        return len(self._slots)
+
+    def stats(self) -> dict:
+        return {"active": self.num_active}
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is None or self._thread.is_alive()
+
+    # -- requests ----------------------------------------------------------------------------------------
+    async def generate(self, request_id: str, program: StageProgram,
+                       inputs: AsyncIterator[Any] | None = None) -> AsyncIterator[Any]:
+        if self._thread is None:
+            await self.start()
+        if request_id in self._slots:
+            raise ValueError(f"request {request_id} is already running on {self.name}")
+        async with self._admission:
+            slot = Slot(request_id, program, asyncio.get_running_loop(), asyncio.Queue())
+            if inputs is not None:
+                slot.pump = asyncio.create_task(self._pump(slot, inputs))
+            with self._cv:
+                if self._stopped:
+                    raise RuntimeError(f"engine {self.name} is stopped")
+                self._slots[request_id] = slot
+                self._cv.notify_all()
+            try:
+                while True:
+                    item = await slot.queue.get()
+                    if item is END:
+                        return
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield item
+            finally:
+                await self.abort(request_id)
+
+    async def _pump(self, slot: Slot, inputs: AsyncIterator[Any]) -> None:
+        try:
+            async for item in inputs:
+                with slot.lock:
+                    slot.program.feed(item)
+                self.wake()
+            with slot.lock:
+                slot.program.close_input()
+            self.wake()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # upstream failed: fail this request with the same error
+            self.finish(slot, exc)
+
+    async def abort(self, request_id: str) -> None:
+        with self._cv:
+            slot = self._slots.pop(request_id, None)
+            if slot is not None:
+                slot.aborted = True
+            self._cv.notify_all()
+        if slot is None:
+            return
+        if slot.pump is not None and not slot.pump.done():
+            slot.pump.cancel()
+        self.on_abort(slot)
+
+    # -- worker side -------------------------------------------------------------------------------------
+    def wake(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    def live_slots(self) -> list[Slot]:
+        with self._cv:
+            return [s for s in self._slots.values() if not s.aborted and not s.finished]
+
+    def emit(self, slot: Slot, outputs: list[Any]) -> None:
+        for out in outputs:
+            slot.loop.call_soon_threadsafe(slot.queue.put_nowait, out)
+
+    def finish(self, slot: Slot, final: Any = END) -> None:
+        """End a request: ``END`` for success or the exception its caller gets."""
+        if slot.finished:
+            return
+        slot.finished = True
+        with self._cv:
+            self._slots.pop(slot.request_id, None)
+        try:
+            slot.loop.call_soon_threadsafe(slot.queue.put_nowait, final)
+        except RuntimeError:  # the request's loop is gone
+            pass
+
+    def _run(self) -> None:
+        if self.torch_threads:
+            torch.set_num_threads(self.torch_threads)
+        while True:
+            with self._cv:
+                while not self._stopped and not self.has_work():
+                    self._cv.wait(timeout=0.5)
+                if self._stopped:
+                    return
+            try:
+                with torch.inference_mode():
+                    self.tick()
+            except BaseException:  # noqa: BLE001 - a bug in a tick must not kill the replica silently
+                log.exception("%s: engine tick failed", self.name)
+                raise
