@@ -3,6 +3,7 @@
 Commands:
   omni-serve make-checkpoint qwen2_5_omni --size tiny|small DIR
   omni-serve serve [--graph qwen2_5_omni] [--config FILE.yaml] [key=value ...]
+  omni-serve bench --url URL --checkpoint DIR [--concurrency 1,16] [--mode omni|text] ... (see bench --help)
 """
 
 from __future__ import annotations
@@ -84,6 +85,95 @@ def cmd_serve(args) -> int:
     return 0
 
 
+BENCH_HELP = """\
+Replay a deterministic workload of N chat requests against a running omni-serve endpoint (streaming
+chat completions) and report latency and throughput, next to an in-process transformers baseline
+measured in the same run, with engine/baseline ratios.
+
+Per run: P50/P95/P99/mean of TTFT (first text delta), TTFP (first audio delta), ITL (gaps between text
+deltas), E2E and RTF (E2E / audio seconds); requests/s, output tokens/s and audio seconds per second
+over the run's wall time; failed requests (counted, never dropped). Writes bench_report.json and
+bench_report.png to --out and prints a table.
+
+Modes:
+  omni  HTTP engine at --url vs --baseline hf: Qwen2_5OmniForConditionalGeneration.generate run one
+        request at a time in this process with the server's inputs and defaults (TTFT = TTFP = E2E).
+  text  thinker only, same token-id prompts: omni_serve's engine (run_engine_text) vs transformers'
+        continuous batching of the thinker as a Qwen2ForCausalLM (--baseline cb, the default here).
+
+Load: closed loop at each --concurrency value (C requests kept in flight), or open loop with
+--request-rate (Poisson arrivals, seeded by --seed; one run per rate; an explicit --concurrency then
+caps requests in flight). Baselines read --checkpoint from the local directory only (no network).
+For exact comparisons use greedy requests (--temperature 0, the default) and give the baseline the
+server's talker.max_codec_tokens / code2wav.num_steps (--max-codec-tokens, --num-steps). To fix output
+lengths across systems, set --min-tokens equal to --max-tokens (omni_serve's min_tokens extension).
+
+examples:
+  omni-serve bench --url http://127.0.0.1:8000 --checkpoint checkpoints/qwen2_5_omni-tiny \\
+      --num-requests 32 --concurrency 1,4,16 --max-tokens 32 --baseline hf --out bench_out
+  omni-serve bench --url http://127.0.0.1:8000 --num-requests 100 --request-rate 2 --no-audio --baseline none
+  omni-serve bench --mode text --checkpoint checkpoints/qwen2_5_omni-tiny --concurrency 1,8 --max-tokens 64
+"""
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError("values must be integers >= 1")
+    return values
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError("values must be > 0")
+    return values
+
+
+def cmd_bench(args) -> int:
+    from pydantic import ValidationError
+
+    from omni_serve.bench.runner import BenchConfig, run_bench
+
+    if args.baseline == "auto":
+        baselines = ["cb"] if args.mode == "text" else (["hf"] if args.checkpoint else [])
+    elif args.baseline == "none":
+        baselines = []
+    else:
+        baselines = args.baseline.split(",")
+    for noisy in ("ContinuousBatchingLogger", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        cfg = BenchConfig(
+            mode=args.mode, url=args.url, checkpoint=args.checkpoint, model=args.model,
+            num_requests=args.num_requests, concurrency=args.concurrency or [1],
+            concurrency_given=args.concurrency is not None, request_rate=args.request_rate,
+            max_tokens=args.max_tokens, min_tokens=args.min_tokens, audio=not args.no_audio, voice=args.voice,
+            temperature=args.temperature,
+            seed=args.seed, min_words=args.min_words, max_words=args.max_words, baselines=baselines, out=args.out,
+            warmup=args.warmup, timeout_s=args.timeout, progress_every=args.progress_every,
+            max_codec_tokens=args.max_codec_tokens, num_steps=args.num_steps, system_prompt=args.system_prompt,
+            threads=args.threads, cb_page_size=args.cb_page_size, cb_attn_implementation=args.cb_attn_implementation)
+    except ValidationError as exc:
+        print(f"omni-serve bench: {exc.errors()[0]['msg']}", file=sys.stderr)
+        return 2
+    outcome = run_bench(cfg)
+    print()
+    print(outcome.table)
+    print(f"\nwrote {outcome.json_path}\nwrote {outcome.png_path}", flush=True)
+    engine = [r for r in outcome.runs if r.system in ("engine", "engine_text")]
+    if engine and all(rec.error for r in engine for rec in r.records):
+        print("every engine request failed", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(prog="omni-serve", description=__doc__,
@@ -103,6 +193,50 @@ def main(argv: list[str] | None = None) -> int:
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--num-cpus", type=int, default=None, help="CPUs Ray may use (default: all)")
     sv.set_defaults(func=cmd_serve)
+    bn = sub.add_parser("bench", help="benchmark a running endpoint against an in-process transformers baseline",
+                        description=BENCH_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bn.add_argument("--url", help="base URL of the running server, e.g. http://127.0.0.1:8000 (omni mode)")
+    bn.add_argument("--checkpoint", metavar="DIR",
+                    help="local checkpoint directory for the baselines (text mode: required)")
+    bn.add_argument("--mode", choices=["omni", "text"], default="omni",
+                    help="omni: HTTP engine vs HF generate (default); text: thinker-only engine vs transformers CB")
+    bn.add_argument("--num-requests", type=int, default=16, metavar="N", help="requests per run (default 16)")
+    bn.add_argument("--concurrency", type=_int_list, default=None, metavar="C[,C...]",
+                    help="closed-loop sweep, requests kept in flight (default 1); with --request-rate: in-flight cap")
+    bn.add_argument("--request-rate", type=_float_list, default=None, metavar="R[,R...]",
+                    help="open loop: Poisson arrivals per second, one run per rate")
+    bn.add_argument("--max-tokens", type=int, default=64, metavar="T", help="max_tokens per request (default 64)")
+    bn.add_argument("--min-tokens", type=int, default=0, metavar="M",
+                    help="omni_serve's min_tokens extension: no stop token before M text tokens; "
+                         "M = --max-tokens fixes output lengths (default 0: off)")
+    bn.add_argument("--no-audio", action="store_true", help="text output only (default: text + pcm16 audio)")
+    bn.add_argument("--voice", default="Chelsie", help="voice for audio output (default Chelsie)")
+    bn.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy (default)")
+    bn.add_argument("--seed", type=int, default=0, help="workload, per-request and arrival seed (default 0)")
+    bn.add_argument("--min-words", type=int, default=4, help="shortest prompt in words (default 4)")
+    bn.add_argument("--max-words", type=int, default=48, help="longest prompt in words (default 48)")
+    bn.add_argument("--baseline", default="auto", metavar="{hf,cb,none}",
+                    help="in-process baseline(s), comma-separated: hf (Omni generate), cb (transformers continuous "
+                         "batching, text only), none. Default: hf with --checkpoint in omni mode, cb in text mode")
+    bn.add_argument("--model", help="model name for requests (default: first id at /v1/models)")
+    bn.add_argument("--out", default="bench_out", metavar="DIR",
+                    help="where bench_report.json/.png go (default bench_out)")
+    bn.add_argument("--warmup", type=int, default=1, help="unmeasured requests per system first (default 1)")
+    bn.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds (default 600)")
+    bn.add_argument("--progress-every", type=int, default=10, metavar="K",
+                    help="log progress every K requests (0: off)")
+    bn.add_argument("--max-codec-tokens", type=int, default=None,
+                    help="HF baseline talker max tokens; set it to the server's talker.max_codec_tokens "
+                         "(default: the graph spec default)")
+    bn.add_argument("--num-steps", type=int, default=None,
+                    help="HF baseline token2wav ODE steps; set it to the server's code2wav.num_steps "
+                         "(default: the graph spec default)")
+    bn.add_argument("--system-prompt", default=None, help="the server's system_prompt, if it overrides the default")
+    bn.add_argument("--threads", type=int, default=None, help="torch threads for baselines (default: all cores)")
+    bn.add_argument("--cb-page-size", type=int, default=32, help="CB paged-cache page size in tokens (default 32)")
+    bn.add_argument("--cb-attn-implementation", default="sdpa", choices=["sdpa", "paged|eager"],
+                    help="CB attention implementation (both work on CPU; default sdpa)")
+    bn.set_defaults(func=cmd_bench)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+import numpy as np
+
 from omni_serve.checkpoints.qwen2_5_omni import TOKEN_ID
 from omni_serve.engines.ar import ARConfig, AREngine
 from omni_serve.engines.sampling import SamplingParams
+from omni_serve.engines.batch import BatchEngine
 from omni_serve.engines.stepper import StepEngine
+from omni_serve.graphs.qwen2_5_omni.code2wav import Code2WavCompute, Code2WavRequest, Code2WavStream
 from omni_serve.graphs.qwen2_5_omni.programs import (
-    Code2WavProgram, Code2WavRequest, EncoderProgram, TalkerRequest, TalkerSequence, ThinkerRequest,
-    ThinkerSequence,
+    EncoderProgram, TalkerRequest, TalkerSequence, ThinkerRequest, ThinkerSequence,
 )
 
 MEDIA_TOKENS = (TOKEN_ID["<|AUDIO|>"], TOKEN_ID["<|IMAGE|>"], TOKEN_ID["<|VIDEO|>"])
@@ -34,19 +37,20 @@ async def _queue_items(q: asyncio.Queue):
 
 
 class InProcessOmni:
-    def __init__(self, proc, enc, thk, tlk, c2w, ar: ARConfig | None = None):
+    def __init__(self, proc, enc, thk, tlk, c2w, ar: ARConfig | None = None, steps: int = 3):
         self.proc, self.enc, self.thk, self.tlk, self.c2w = proc, enc, thk, tlk, c2w
         self.ar = ar or ARConfig()
         self.encoder = StepEngine("encoder")
         self.thinker = AREngine("thinker", thk, self.ar)
         self.talker = AREngine("talker", tlk, self.ar)
-        self.code2wav = StepEngine("code2wav")
+        self.steps = steps
+        self.code2wav = BatchEngine("code2wav", Code2WavCompute(c2w, steps, 0.5, -1.0))
 
     async def close(self):
         for e in (self.encoder, self.thinker, self.talker, self.code2wav):
             await e.cleanup()
 
-    async def run(self, rid: str, x, thinker_tokens: int, talker_tokens: int, steps: int, seed: int,
+    async def run(self, rid: str, x, thinker_tokens: int, talker_tokens: int, seed: int,
                   audio: bool = True, first_chunk: int = 1) -> Result:
         media = {}
         if x.input_features is not None or x.pixel_values is not None:
@@ -88,7 +92,7 @@ class InProcessOmni:
                 await to_c2w.put(None)
 
         async def run_code2wav():
-            program = Code2WavProgram(self.c2w, Code2WavRequest("Chelsie", seed, steps))
+            program = Code2WavStream(self.c2w, Code2WavRequest("Chelsie", seed, self.steps))
             async for out in self.code2wav.generate(rid, program, _queue_items(to_c2w)):
                 wavs.append(out["audio"])
 
@@ -96,4 +100,4 @@ class InProcessOmni:
             await asyncio.gather(run_thinker(), run_talker(), run_code2wav())
         else:
             await run_thinker()
-        return Result(tokens, codes, wavs[0] if wavs else None)
+        return Result(tokens, codes, np.concatenate(wavs) if wavs else None)

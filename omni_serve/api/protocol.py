@@ -20,7 +20,9 @@ import time
 import uuid
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 __all__ = [
@@ -197,6 +199,11 @@ class ChatCompletionRequest(_Lenient):
         default=False,
         description="omni_serve extension: also return generated text token ids and codec token ids.",
     )
+    min_tokens: int = Field(
+        default=0, ge=0,
+        description=("omni_serve extension (as vLLM's): generate at least this many text tokens before a stop "
+                     "token may end the text (benchmarks use it to fix output lengths)."),
+    )
 
     @field_validator("modalities")
     @classmethod
@@ -240,6 +247,13 @@ class ChatCompletionRequest(_Lenient):
     def wants_audio(self) -> bool:
         """Whether spoken audio output was requested."""
         return "audio" in self.output_modalities()
+
+    @model_validator(mode="after")
+    def _check_min_tokens(self):
+        limit = self.max_completion_tokens or self.max_tokens
+        if limit is not None and self.min_tokens > limit:
+            raise PydanticCustomError("invalid_min_tokens", "min_tokens must not exceed max_tokens")
+        return self
 
     def max_new_tokens(self, default: int) -> int:
         """``max_completion_tokens``, else ``max_tokens``, else ``default``."""

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import torch
 
@@ -51,6 +51,7 @@ class LoopEngine(Engine):
         self._admission: asyncio.Semaphore | None = None
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self.error: BaseException | None = None  # why the worker died, if it did
 
     # -- subclass hooks (worker thread) -------------------------------------------------------------------
     @abc.abstractmethod
@@ -108,8 +109,8 @@ class LoopEngine(Engine):
             if inputs is not None:
                 slot.pump = asyncio.create_task(self._pump(slot, inputs))
             with self._cv:
-                if self._stopped:
-                    raise RuntimeError(f"engine {self.name} is stopped")
+                if self._stopped or self.error is not None:
+                    raise RuntimeError(f"engine {self.name} is stopped" + (f" ({self.error!r})" if self.error else ""))
                 self._slots[request_id] = slot
                 self._cv.notify_all()
             try:
@@ -162,6 +163,22 @@ class LoopEngine(Engine):
         for out in outputs:
             slot.loop.call_soon_threadsafe(slot.queue.put_nowait, out)
 
+    def advance(self, slot: Slot, fn: Callable[[StageProgram], list[Any]]) -> None:
+        """Run ``fn(program)`` under the request's lock, emit its outputs and end the request when done.
+        An exception fails this request only (its caller gets it)."""
+        with slot.lock:
+            if slot.aborted or slot.finished:
+                return
+            try:
+                outputs = fn(slot.program)
+            except Exception as exc:  # noqa: BLE001 - reported to the request's caller
+                log.exception("%s: request %s failed", self.name, slot.request_id)
+                self.finish(slot, exc)
+                return
+            self.emit(slot, outputs)
+            if slot.program.done:
+                self.finish(slot, END)
+
     def finish(self, slot: Slot, final: Any = END) -> None:
         """End a request: ``END`` for success or the exception its caller gets."""
         if slot.finished:
@@ -175,6 +192,15 @@ class LoopEngine(Engine):
             pass
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # noqa: BLE001 - a dead worker must fail its requests, not hang them
+            log.exception("%s: engine worker died", self.name)
+            self.error = exc
+            for slot in self.live_slots():
+                self.finish(slot, RuntimeError(f"engine {self.name} failed: {exc!r}"))
+
+    def _loop(self) -> None:
         if self.torch_threads:
             torch.set_num_threads(self.torch_threads)
         while True:
@@ -183,9 +209,5 @@ class LoopEngine(Engine):
                     self._cv.wait(timeout=0.5)
                 if self._stopped:
                     return
-            try:
-                with torch.inference_mode():
-                    self.tick()
-            except BaseException:  # noqa: BLE001 - a bug in a tick must not kill the replica silently
-                log.exception("%s: engine tick failed", self.name)
-                raise
+            with torch.inference_mode():
+                self.tick()

@@ -3,8 +3,8 @@
 Contract: ``Sampler(params, vocab_size).select(logits, history) -> int``. ``temperature == 0`` (or
 ``do_sample=False``) is greedy; otherwise temperature, top-k and top-p warpers then a draw from a
 per-request ``torch.Generator`` seeded with ``params.seed`` (reproducible per request, independent of
-other requests in the replica). Repetition penalty and suppressed tokens apply in both modes, as in
-``generate``.
+other requests in the replica). Repetition penalty, suppressed tokens and a minimum length apply in both
+modes, as in ``generate``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.logits_process import (
     LogitsProcessorList,
+    MinNewTokensLengthLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     SuppressTokensLogitsProcessor,
     TemperatureLogitsWarper,
@@ -30,6 +31,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     seed: int = 0
     suppress_tokens: tuple[int, ...] = ()
+    min_new_tokens: int = 0  # stop_token_ids are suppressed until this many tokens were generated
+    stop_token_ids: tuple[int, ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -43,6 +46,8 @@ class Sampler:
         procs = []
         if p.repetition_penalty != 1.0:
             procs.append(RepetitionPenaltyLogitsProcessor(penalty=p.repetition_penalty))
+        if p.min_new_tokens and p.stop_token_ids:
+            procs.append(MinNewTokensLengthLogitsProcessor(0, p.min_new_tokens, list(p.stop_token_ids)))
         if p.suppress_tokens:
             procs.append(SuppressTokensLogitsProcessor(list(p.suppress_tokens)))
         if not p.greedy:

@@ -7,11 +7,7 @@ program end that request only (re-raised to its caller). Autoregressive stages u
 
 from __future__ import annotations
 
-import logging
-
-from omni_serve.engines.loop import END, LoopEngine, Slot
-
-log = logging.getLogger(__name__)
+from omni_serve.engines.loop import LoopEngine, Slot
 
 
 class StepEngine(LoopEngine):
@@ -28,15 +24,4 @@ class StepEngine(LoopEngine):
 
     def tick(self) -> None:
         for slot in self._ready_slots():
-            with slot.lock:
-                if slot.aborted:
-                    continue
-                try:
-                    outputs = slot.program.step()
-                except BaseException as exc:  # noqa: BLE001 - reported to the request's caller
-                    log.exception("%s: request %s failed", self.name, slot.request_id)
-                    self.finish(slot, exc)
-                    continue
-                self.emit(slot, outputs)
-                if slot.program.done:
-                    self.finish(slot, END)
+            self.advance(slot, lambda program: program.step())

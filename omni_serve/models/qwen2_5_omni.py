@@ -13,8 +13,10 @@ Contract (all tensors on the adapter's device; batch dimension 1 unless stated):
   [R, T], batch, logit_rows, want_hidden)`` runs one packed batch of many requests over the paged KV cache
   (attention implementation ``omni_paged``) and returns (last hidden states ``[T, H]`` or None, logits of
   ``logit_rows``).
-- ``OmniCode2Wav``: DiT + BigVGAN. ``synthesize(codes, voice, seed, ...)`` -> 24 kHz waveform; the DiT's
-  initial noise comes from ``seed`` so it matches a reference call made after ``torch.manual_seed(seed)``.
+- ``OmniCode2Wav``: DiT + BigVGAN. ``synthesize(codes, voice, seed, ...)`` -> 24 kHz waveform through
+  transformers' own whole-sequence path (the DiT's initial noise comes from ``seed``, as a reference call made
+  after ``torch.manual_seed(seed)``). Streaming uses ``dit_windows`` (block-aligned windows of several
+  requests in one batched ODE solve) and ``vocode``; see ``graphs/qwen2_5_omni/code2wav.py``.
 
 No module is subclassed or patched; ``MropeIndex`` borrows transformers' own position-index functions.
 """
@@ -22,6 +24,7 @@ No module is subclassed or patched; ``MropeIndex`` borrows transformers' own pos
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 from transformers import Qwen2_5OmniConfig
@@ -171,6 +174,19 @@ class OmniTalker(_PagedDecoder):
         return (hidden if want_hidden else None), logits
 
 
+@dataclass
+class DiTWindow:
+    """One window of a request's codec sequence for ``OmniCode2Wav.dit_windows``.
+
+    ``codes``: the window's codec ids; ``noise``: ``[2 * len(codes), mel]`` — the slice of the request's
+    whole-sequence initial noise at the window's frames; ``voice``: speaker name.
+    """
+
+    codes: list[int]
+    noise: torch.Tensor
+    voice: str
+
+
 class OmniCode2Wav:
     def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
         cfg = load_config(checkpoint_dir).token2wav_config
@@ -178,14 +194,22 @@ class OmniCode2Wav:
         # transformers runs token2wav in float32 whatever the rest of the model uses.
         self.model = load_component(checkpoint_dir, hf.Qwen2_5OmniToken2WavModel, cfg, {"token2wav.": ""},
                                     torch.float32, device)
+        self.dit, self.vocoder = self.model.code2wav_dit_model, self.model.code2wav_bigvgan_model
         self.modules = {"token2wav": self.model}
         self.speakers = load_speakers(checkpoint_dir)
         bigvgan = cfg.bigvgan_config
-        self.samples_per_code = cfg.dit_config.repeats * int(torch.tensor(bigvgan.upsample_rates).prod())
+        self.repeats = cfg.dit_config.repeats
+        self.mel_dim = cfg.dit_config.mel_dim
+        self.samples_per_frame = int(torch.tensor(bigvgan.upsample_rates).prod())
+        self.samples_per_code = self.repeats * self.samples_per_frame
+        # The DiT attends block-locally (blocks of block_size mel frames): windows must start on a block.
+        self.block_codes = max(1, cfg.dit_config.block_size // self.repeats)
+        self._voice_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @torch.inference_mode()
     def synthesize(self, codes: list[int], voice: str, seed: int, num_steps: int = 10,
                    guidance_scale: float = 0.5, sway_coefficient: float = -1.0) -> torch.Tensor:
+        """Whole-sequence synthesis through transformers' own ``Qwen2_5OmniToken2WavModel`` (the reference)."""
         spk = self.speakers[voice]
         code = torch.tensor([codes], dtype=torch.long, device=self.device)
         with torch.random.fork_rng(devices=[]):
@@ -194,6 +218,66 @@ class OmniCode2Wav:
                              reference_mel=spk["ref_mel"].float().to(self.device), num_steps=num_steps,
                              guidance_scale=guidance_scale, sway_coefficient=sway_coefficient)
         return wav.reshape(-1).float()
+
+    def _voice(self, voice: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(speaker-encoder output ``[2, C]`` for the conditional and unconditional branch, conditioning ``[D]``).
+
+        transformers recomputes the speaker encoder on every ODE evaluation; it depends only on the voice.
+        """
+        if voice not in self._voice_cache:
+            spk = self.speakers[voice]
+            ref = spk["ref_mel"].float().to(self.device)
+            enc = self.dit.input_embed.spk_encoder(torch.cat([ref, torch.zeros_like(ref)]))
+            self._voice_cache[voice] = (enc, spk["cond"].float().to(self.device).view(-1))
+        return self._voice_cache[voice]
+
+    @torch.inference_mode()
+    def dit_windows(self, windows: list[DiTWindow], num_steps: int = 10, guidance_scale: float = 0.5,
+                    sway_coefficient: float = -1.0) -> torch.Tensor:
+        """Mel ``[B, mel, frames]`` of equally long windows, batched; the same flow-matching ODE as
+        ``Qwen2_5OmniToken2WavDiTModel.sample`` (its solver and its submodules), with classifier-free
+        guidance, for several requests at once. Constant inputs (speaker encoder, code embeddings, their
+        share of the input projection) are computed once per call instead of once per ODE evaluation.
+        """
+        dit, b = self.dit, len(windows)
+        frames = self.repeats * len(windows[0].codes)
+        codes = torch.tensor([w.codes for w in windows], dtype=torch.long, device=self.device)
+        x0 = torch.stack([w.noise for w in windows]).to(self.device)
+        spk_enc, cond = zip(*(self._voice(w.voice) for w in windows))
+        spk = torch.cat([torch.stack([e[0] for e in spk_enc]), torch.stack([e[1] for e in spk_enc])])
+        speaker = torch.cat([torch.stack(cond), torch.zeros(b, cond[0].numel(), device=self.device)])
+        code_embed = torch.cat([dit.text_embed(codes), dit.text_embed(codes, drop_code=True)])
+        proj = dit.input_embed.proj
+        const = proj(torch.cat([torch.zeros(2 * b, frames, self.mel_dim, device=self.device),
+                                spk.unsqueeze(1).expand(-1, frames, -1), code_embed,
+                                speaker.unsqueeze(1).expand(-1, frames, -1)], dim=-1))
+        w_x = proj.weight[:, :self.mel_dim]
+        position_ids = torch.arange(frames, device=self.device).view(1, -1)
+        rope = dit.rotary_embed(const, position_ids)
+        block = torch.arange(frames, device=self.device) // dit.block_size
+        block_diff = (block.view(1, -1) - block.view(-1, 1)).view(1, 1, frames, frames)
+
+        def velocity(t, x):
+            t_emb = dit.time_embed(t.repeat(2 * b))
+            h = torch.nn.functional.linear(torch.cat([x, x]), w_x) + const
+            for layer in dit.transformer_blocks:
+                h = layer(h, t_emb, position_embeddings=rope, block_diff=block_diff)
+            out = dit.proj_out(dit.norm_out(h, t_emb))
+            guided, null = torch.chunk(out, 2, dim=0)
+            if guidance_scale < 1e-5:
+                return guided
+            return guided + (guided - null) * guidance_scale
+
+        times = torch.linspace(0, 1, num_steps, device=self.device, dtype=const.dtype)
+        if sway_coefficient is not None:
+            times += sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
+        mel = hf.RungeKutta4ODESolver(function=velocity, initial_value=x0).integrate(times)[-1]
+        return mel.permute(0, 2, 1)
+
+    @torch.inference_mode()
+    def vocode(self, mel: torch.Tensor) -> torch.Tensor:
+        """BigVGAN: mel ``[mel, frames]`` -> waveform ``[frames * samples_per_frame]``."""
+        return self.vocoder(mel.unsqueeze(0).to(self.device)).reshape(-1).float()
 
 
 def load_speakers(checkpoint_dir: str) -> dict:

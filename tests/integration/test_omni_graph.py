@@ -207,3 +207,41 @@ def test_health_models_metrics(http):
     assert http.get("/v1/models").json()["data"][0]["id"] == MODEL
     metrics = http.get("/metrics").text
     assert "omni_serve_requests_total" in metrics
+
+
+def _stage_stats() -> dict[str, dict]:
+    from ray import serve
+
+    return {stage: serve.get_deployment_handle(stage, app_name="omni").ready.remote().result()
+            for stage in ("encoder", "thinker", "talker", "code2wav")}
+
+
+def test_client_disconnect_frees_kv_blocks_and_stops_every_stage(omni_app):
+    """A client that goes away mid-stream: every stage drops the request, KV block counts return to idle."""
+    import time
+
+    import httpx
+
+    idle = _stage_stats()
+    body = {**oracle_request("text"), "max_tokens": 2000, "min_tokens": 2000, "stream": True, "temperature": 0.7}
+    body["audio"] = {"voice": "Chelsie", "format": "pcm16"}
+    with httpx.stream("POST", f"{omni_app}/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()  # held: dropping the iterator would close the connection right away
+        for line in lines:
+            if line.startswith("data:") and json.loads(line[5:])["choices"][0]["delta"].get("content"):
+                break
+        busy = _stage_stats()  # mid-stream: the request holds thinker KV blocks
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = _stage_stats()
+        if all(now[s]["active"] == 0 for s in now) and all(
+                now[s]["kv_blocks_used"] == idle[s]["kv_blocks_used"] for s in ("thinker", "talker")):
+            break
+        time.sleep(0.2)
+    assert busy["thinker"]["kv_blocks_used"] > idle["thinker"]["kv_blocks_used"], (busy["thinker"], idle["thinker"])
+    assert busy["thinker"]["active"] == 1
+    for stage in ("thinker", "talker"):
+        assert now[stage]["kv_blocks_used"] == idle[stage]["kv_blocks_used"] == 0, now
+        assert now[stage]["kv_blocks_free"] == now[stage]["kv_blocks_total"]
+    assert all(now[s]["active"] == 0 for s in now), now

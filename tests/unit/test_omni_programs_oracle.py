@@ -51,7 +51,9 @@ def check(result, ref, samples_per_code):
     assert result.tokens == ref_tokens
     assert result.codes == ref_codes
     assert result.wav.shape == ref_wav.shape == (len(result.codes) * samples_per_code,)
-    np.testing.assert_allclose(result.wav, ref_wav, atol=1e-5)
+    # Streamed chunk by chunk, the audio equals transformers' whole-sequence code2wav (random weights make
+    # it quiet, so the tolerance is relative to its peak).
+    np.testing.assert_allclose(result.wav, ref_wav, rtol=0, atol=1e-4 * np.abs(ref_wav).max())
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +65,9 @@ def references(models):
 
 async def _serve(models, ar, jobs):
     _, proc, enc, thk, tlk, c2w = models
-    omni = InProcessOmni(proc, enc, thk, tlk, c2w, ar)
+    omni = InProcessOmni(proc, enc, thk, tlk, c2w, ar, steps=STEPS)
     try:
-        results = await asyncio.gather(*(omni.run(f"r{i}", x, THINKER_TOKENS, TALKER_TOKENS, STEPS, SEED)
+        results = await asyncio.gather(*(omni.run(f"r{i}", x, THINKER_TOKENS, TALKER_TOKENS, SEED)
                                          for i, x in enumerate(jobs)))
         stats = (omni.thinker.stats(), omni.talker.stats())
     finally:

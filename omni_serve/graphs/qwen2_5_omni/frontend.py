@@ -103,7 +103,8 @@ class OmniFrontend:
                      "pixel_values": inputs.pixel_values, "image_grid_thw": inputs.image_grid_thw, "end": True}
         thinker = {
             "request_id": rid, "input_ids": inputs.input_ids[0].tolist(), "max_new_tokens": max_new,
-            "sampling": {"temperature": temperature, "top_p": req.top_p or 1.0, "seed": seed},
+            "sampling": {"temperature": temperature, "top_p": req.top_p or 1.0, "seed": seed,
+                         "min_new_tokens": req.min_tokens, "stop_token_ids": list(self.stop_token_ids)},
             "stop_token_ids": self.stop_token_ids, "stop": _stops(req.stop),
             "image_grid_thw": None if inputs.image_grid_thw is None else inputs.image_grid_thw.tolist(),
             "audio_seqlens": None if inputs.audio_seqlens is None else inputs.audio_seqlens.tolist(),

@@ -1,7 +1,7 @@
 """Per-request state machines of the Qwen2.5-Omni stages.
 
 The thinker and talker are ``ARSequence``s run by ``omni_serve.engines.ar.AREngine`` (continuous batching);
-the encoder and code2wav are ``StageProgram``s.
+the encoder is a ``StageProgram``; code2wav streams in ``code2wav.py``.
 
 Data each program exchanges (dicts; tensors travel through the connector, never handle arguments):
 
@@ -10,7 +10,7 @@ Data each program exchanges (dicts; tensors travel through the connector, never 
   media positions zeroed plus last hidden states), ``bos``/``eos``/``pad`` ([H]: thinker embeddings of the
   voice's text-bos, tts end and tts pad tokens) and ``first_token``; every chunk has ``states`` ([k, H]:
   hidden + embedding of each generated token the thinker fed back) and the last ``end: True``.
-- talker -> code2wav, a chunk stream: ``{"codes": [int], "end": bool}``.
+- talker -> code2wav, a chunk stream: ``{"codes": [int], "end": bool}`` (see ``code2wav.py``).
 
 This is exactly the hand-off that transformers' ``Qwen2_5OmniForConditionalGeneration.generate`` builds in
 one process, cut so the talker can start on the thinker's first chunk.
@@ -20,14 +20,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from omni_serve.engines.ar.kv_cache import block_hashes
 from omni_serve.engines.ar.sequence import ARSequence
 from omni_serve.engines.base import StageProgram
 from omni_serve.engines.sampling import Sampler, SamplingParams
-from omni_serve.models.qwen2_5_omni import OmniCode2Wav, OmniEncoder, OmniTalker, OmniThinker
+from omni_serve.models.qwen2_5_omni import OmniEncoder, OmniTalker, OmniThinker
 
 
 class EncoderProgram(StageProgram):
@@ -293,41 +292,3 @@ class TalkerSequence(ARSequence):
         chunk = {"codes": self.unsent, "end": self.done}
         self.unsent, self.sent_any = [], True
         return [{"codes": chunk["codes"], "downstream": chunk}]
-
-
-@dataclass
-class Code2WavRequest:
-    voice: str
-    seed: int
-    num_steps: int = 10
-    guidance_scale: float = 0.5
-    sway_coefficient: float = -1.0
-
-
-class Code2WavProgram(StageProgram):
-    """Codec tokens to a 24 kHz waveform once the talker is done (whole-sequence synthesis)."""
-
-    def __init__(self, model: OmniCode2Wav, req: Code2WavRequest):
-        self.model, self.req = model, req
-        self.codes: list[int] = []
-        self.upstream_done = False
-        self.done = False
-
-    def feed(self, item: dict) -> None:
-        self.codes.extend(item.get("codes", []))
-        if item.get("end"):
-            self.upstream_done = True
-
-    def close_input(self) -> None:
-        self.upstream_done = True
-
-    def ready(self) -> bool:
-        return self.upstream_done and not self.done
-
-    def step(self) -> list[dict]:
-        self.done = True
-        if not self.codes:
-            return [{"audio": np.zeros(0, dtype=np.float32), "num_codes": 0}]
-        r = self.req
-        wav = self.model.synthesize(self.codes, r.voice, r.seed, r.num_steps, r.guidance_scale, r.sway_coefficient)
-        return [{"audio": wav.numpy(), "num_codes": len(self.codes)}]

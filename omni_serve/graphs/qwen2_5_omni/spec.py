@@ -31,6 +31,15 @@ class Code2WavParams(BaseModel):
     num_steps: int = Field(10, ge=1, le=64, description="Flow-matching ODE steps of the DiT.")
     guidance_scale: float = Field(0.5, ge=0, description="Classifier-free guidance scale of the DiT.")
     sway_coefficient: float = Field(-1.0, description="Sway sampling coefficient of the ODE time grid.")
+    first_chunk_codes: int = Field(12, ge=1, description=(
+        "Codec tokens in the first synthesized audio chunk (small = early first audio). Chunk sizes and "
+        "contexts are multiples of the DiT block (block_size / repeats codes: 12 for Qwen2.5-Omni)."))
+    chunk_codes: int = Field(48, ge=1, description="Codec tokens per later audio chunk.")
+    left_context_codes: int = Field(12, ge=0, description="Codes before a chunk the DiT sees (seam accuracy).")
+    right_context_codes: int = Field(12, ge=0, description=(
+        "Codes after a chunk the DiT sees; a chunk waits for them (or the end of speech)."))
+    vocoder_context_frames: int = Field(8, ge=0, description="Mel frames of context on each side of a vocoder chunk.")
+    max_batch: int = Field(16, ge=1, description="Equally long windows of different requests solved in one batch.")
 
 
 class EncoderStage(StageSpec):
@@ -64,8 +73,9 @@ class OmniEdges(BaseModel):
     encoder_thinker: EdgeSpec = Field(default_factory=EdgeSpec, description="Media embeddings to the thinker.")
     thinker_talker: EdgeSpec = Field(default_factory=lambda: EdgeSpec(chunk_size=8, first_chunk_size=1),
                                      description="Thinker states to the talker (chunk = generated tokens).")
-    talker_code2wav: EdgeSpec = Field(default_factory=lambda: EdgeSpec(chunk_size=32, first_chunk_size=8),
-                                      description="Codec tokens to code2wav.")
+    talker_code2wav: EdgeSpec = Field(default_factory=lambda: EdgeSpec(chunk_size=12, first_chunk_size=24),
+                                      description=("Codec tokens to code2wav (the first chunk covers code2wav's "
+                                                   "first audio chunk and its right context)."))
 
 
 class OmniGraphSpec(BaseModel):

@@ -13,8 +13,10 @@ import numpy as np
 import torch
 
 from omni_serve.engines.ar import AREngine
+from omni_serve.engines.batch import BatchEngine
 from omni_serve.engines.sampling import SamplingParams
 from omni_serve.graphs.qwen2_5_omni import programs as P
+from omni_serve.graphs.qwen2_5_omni.code2wav import Code2WavCompute, Code2WavRequest, Code2WavStream, check_chunking
 from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
 from omni_serve.graphs.runner import StageRunner
 from omni_serve.models.qwen2_5_omni import OmniCode2Wav, OmniEncoder, OmniTalker, OmniThinker
@@ -53,6 +55,12 @@ class _OmniRunner(StageRunner):
         return self._edge_connector(edge), edge
 
 
+def _sampling(values: dict[str, Any]) -> SamplingParams:
+    values = dict(values)
+    values["stop_token_ids"] = tuple(values.get("stop_token_ids", ()))
+    return SamplingParams(**values)
+
+
 class _ARRunner(_OmniRunner):
     def make_engine(self) -> AREngine:
         s = self.engine_spec
@@ -85,7 +93,7 @@ class ThinkerRunner(_ARRunner):
         edge = self.spec.edges.thinker_talker
         req = P.ThinkerRequest(
             input_ids=request["input_ids"], max_new_tokens=request["max_new_tokens"],
-            sampling=SamplingParams(**request["sampling"]), stop_token_ids=tuple(request["stop_token_ids"]),
+            sampling=_sampling(request["sampling"]), stop_token_ids=tuple(request["stop_token_ids"]),
             stop=tuple(request.get("stop") or ()), image_grid_thw=request.get("image_grid_thw"),
             audio_seqlens=request.get("audio_seqlens"), expects_media=request.get("expects_media", False),
             talker_voice_token=request.get("voice_token"), talker_tokens=tuple(request.get("talker_tokens", (0, 0))),
@@ -126,13 +134,28 @@ class TalkerRunner(_ARRunner):
 class Code2WavRunner(_OmniRunner):
     adapter = OmniCode2Wav
 
-    async def run(self, engine, request) -> AsyncIterator[dict[str, Any]]:
+    def __init__(self, stage, graph_spec):
+        super().__init__(stage, graph_spec)
+        check_chunking(self.model, self._request("Chelsie", 0))
+
+    def _request(self, voice: str, seed: int) -> Code2WavRequest:
         p = self.stage_spec.params
+        return Code2WavRequest(
+            voice=voice, seed=seed, num_steps=p.num_steps, guidance_scale=p.guidance_scale,
+            sway_coefficient=p.sway_coefficient, first_chunk_codes=p.first_chunk_codes, chunk_codes=p.chunk_codes,
+            left_context_codes=p.left_context_codes, right_context_codes=p.right_context_codes,
+            vocoder_context_frames=p.vocoder_context_frames)
+
+    def make_engine(self) -> BatchEngine:
+        s, p = self.engine_spec, self.stage_spec.params
+        compute = Code2WavCompute(self.model, p.num_steps, p.guidance_scale, p.sway_coefficient)
+        return BatchEngine(self.stage, compute, max_batch=p.max_batch, max_active=s.max_active_requests,
+                           torch_threads=s.torch_threads)
+
+    async def run(self, engine, request) -> AsyncIterator[dict[str, Any]]:
         if request["voice"] not in self.model.speakers:
             raise ValueError(f"unknown voice {request['voice']!r}")
-        program = P.Code2WavProgram(self.model, P.Code2WavRequest(
-            voice=request["voice"], seed=request["seed"], num_steps=p.num_steps,
-            guidance_scale=p.guidance_scale, sway_coefficient=p.sway_coefficient))
+        program = Code2WavStream(self.model, self._request(request["voice"], request["seed"]))
         async for out in self.drive(engine, request["request_id"], program,
                                     source=self.source(EDGE_TALKER_CODE2WAV)):
             audio = np.asarray(out["audio"], dtype=np.float32)

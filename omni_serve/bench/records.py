@@ -1,0 +1,77 @@
+"""Result shapes shared by every bench runner (HTTP client, HF baseline, transformers CB) and the report.
+
+Contract:
+
+* ``RequestRecord``: one request's outcome. Durations are seconds measured from the request's own start
+  (``start_s`` is its start relative to the run's start). A failed request has ``ok=False`` and ``error``
+  set (plus ``status`` when an HTTP status was received); it is always kept in ``RunResult.records`` and
+  counted, never dropped, and it is left out of latency percentiles.
+* ``RunResult``: one load point of one system (``system``: ``engine``, ``hf``, ``cb`` or ``engine_text``),
+  with its records, the run's wall time (first request start to last request end) and free-form ``notes``
+  that the report prints (e.g. how tokens were counted, that TTFT equals E2E for a non-streaming run).
+* Both round-trip through plain dicts (``to_dict``/``from_dict``) so a JSON report can be re-read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: How ``RequestRecord.output_tokens`` was obtained. Exact sources first.
+TOKEN_SOURCES = ("token_ids", "usage", "generate", "cb", "deltas")
+EXACT_TOKEN_SOURCES = ("token_ids", "usage", "generate", "cb")
+
+
+@dataclass
+class RequestRecord:
+    index: int
+    ok: bool = False
+    start_s: float = 0.0  # request start, relative to the run start
+    e2e_s: float | None = None  # start -> last byte (or -> failure, for failed requests)
+    ttft_s: float | None = None  # start -> first non-empty text delta
+    ttfp_s: float | None = None  # start -> first non-empty audio delta
+    itl_s: list[float] = field(default_factory=list)  # gaps between consecutive non-empty text deltas
+    output_tokens: int | None = None
+    token_source: str | None = None  # one of TOKEN_SOURCES
+    text_deltas: int = 0
+    text_chars: int = 0
+    text_sha1: str | None = None  # digest of the full output text (greedy parity checks across systems)
+    audio_seconds: float = 0.0
+    finish_reason: str | None = None
+    status: int | None = None  # HTTP status, when one was received
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RequestRecord":
+        return cls(**d)
+
+
+@dataclass
+class RunResult:
+    label: str  # e.g. "engine c=4", "hf", "cb c=16"
+    system: str  # "engine" | "hf" | "cb" | "engine_text"
+    mode: str = "omni"  # "omni" (text + optional audio over HTTP / Omni generate) or "text" (thinker only)
+    concurrency: int | None = None  # closed loop: requests in flight; open loop: optional cap (None = no cap)
+    request_rate: float | None = None  # open loop: Poisson arrivals per second; None = closed loop
+    wall_s: float = 0.0
+    streaming: bool = True  # False: TTFT/TTFP are the E2E latency (no partial output observed)
+    records: list[RequestRecord] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def num_errors(self) -> int:
+        return sum(not r.ok for r in self.records)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["records"] = [r.to_dict() for r in self.records]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunResult":
+        d = dict(d)
+        d["records"] = [RequestRecord.from_dict(r) for r in d.get("records", [])]
+        return cls(**d)

@@ -1,0 +1,203 @@
+"""What ``omni-serve bench`` runs: a validated ``BenchConfig`` -> engine runs + baseline runs -> report files.
+
+Contract: ``run_bench(cfg) -> BenchOutcome`` (report dict, JSON path, PNG path, printable table).
+
+* ``mode="omni"``: every load point (``concurrency`` list, or ``request_rate`` list for open loop) is
+  replayed against ``url`` with the streaming HTTP client; then each baseline in ``baselines`` runs
+  in-process: ``hf`` (``Qwen2_5OmniForConditionalGeneration.generate`` one request at a time), or ``cb``
+  (transformers continuous batching of the thinker; text only, so only with ``audio=False``).
+* ``mode="text"``: thinker-only comparison on the same token-id prompts: the engine in process
+  (``omni_serve.bench.engine_text.run_engine_text``) vs ``cb`` at every load point (and ``hf`` text-only
+  generate if asked).
+* The workload is the same for every system (``build_workload`` from ``seed``); baselines read the
+  checkpoint from the local directory only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from omni_serve.bench.records import RunResult
+from omni_serve.bench.workload import WorkloadConfig, build_workload
+
+log = logging.getLogger(__name__)
+
+
+class BenchConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["omni", "text"] = Field("omni", description="omni: HTTP engine vs generate; text: thinker only.")
+    url: str | None = Field(None, description="Base URL of the running server (omni mode).")
+    checkpoint: str | None = Field(None, description="Local checkpoint directory for the in-process baselines.")
+    model: str | None = Field(None, description="Model name in requests; default: the first of /v1/models.")
+    num_requests: int = Field(16, ge=1)
+    concurrency: list[int] = Field(default_factory=lambda: [1], description="Closed-loop sweep (or open-loop cap).")
+    concurrency_given: bool = Field(False, description="Open loop: cap requests in flight at max(concurrency).")
+    request_rate: list[float] | None = Field(None, description="Open-loop Poisson rates (requests/s); one run each.")
+    max_tokens: int = Field(64, ge=1)
+    min_tokens: int = Field(0, ge=0, description="omni_serve's min_tokens extension; = max_tokens fixes lengths.")
+    audio: bool = True
+    voice: str = "Chelsie"
+    temperature: float = Field(0.0, ge=0, le=2)
+    seed: int = 0
+    min_words: int = Field(4, ge=1)
+    max_words: int = Field(48, ge=1)
+    baselines: list[Literal["hf", "cb"]] = Field(default_factory=list)
+    out: str = "bench_out"
+    warmup: int = Field(1, ge=0, description="Unmeasured requests per system before measuring.")
+    timeout_s: float = Field(600.0, gt=0)
+    progress_every: int = Field(10, ge=0)
+    max_codec_tokens: int | None = Field(None, ge=1,
+                                         description="HF talker max tokens (server: talker.max_codec_tokens).")
+    num_steps: int | None = Field(None, ge=1, description="HF token2wav ODE steps (server: code2wav.num_steps).")
+    system_prompt: str | None = None
+    threads: int | None = Field(None, ge=1, description="torch threads for in-process baselines (default: all).")
+    cb_page_size: int = Field(32, ge=4)
+    cb_attn_implementation: str = "sdpa"
+
+    @model_validator(mode="after")
+    def _check(self) -> "BenchConfig":
+        if any(c < 1 for c in self.concurrency) or not self.concurrency:
+            raise ValueError("concurrency values must be >= 1")
+        if self.request_rate is not None and any(r <= 0 for r in self.request_rate):
+            raise ValueError("request_rate values must be > 0")
+        if self.mode == "omni" and not self.url:
+            raise ValueError("omni mode needs --url (a running omni-serve endpoint)")
+        if self.baselines and not self.checkpoint:
+            raise ValueError("baselines need --checkpoint (a local checkpoint directory)")
+        if self.mode == "text" and not self.checkpoint:
+            raise ValueError("text mode needs --checkpoint")
+        if "cb" in self.baselines and self.mode == "omni" and self.audio:
+            raise ValueError("the cb baseline is text only: use --no-audio or --mode text")
+        if self.min_tokens > self.max_tokens:
+            raise ValueError("min_tokens must be <= max_tokens")
+        if "cb" in self.baselines and 0 < self.min_tokens < self.max_tokens:
+            raise ValueError("the cb baseline supports --min-tokens only equal to --max-tokens (fixed lengths)")
+        if self.min_words > self.max_words:
+            raise ValueError("min_words must be <= max_words")
+        return self
+
+    def workload(self) -> WorkloadConfig:
+        return WorkloadConfig(num_requests=self.num_requests, seed=self.seed, max_tokens=self.max_tokens,
+                              min_tokens=self.min_tokens,
+                              audio=self.audio and self.mode == "omni", voice=self.voice,
+                              temperature=self.temperature, min_words=self.min_words, max_words=self.max_words)
+
+    def points(self):
+        from omni_serve.bench.client import LoadPoint
+
+        if self.request_rate:
+            cap = max(self.concurrency) if self.concurrency_given else None
+            return [LoadPoint(concurrency=cap, request_rate=r) for r in self.request_rate]
+        return [LoadPoint(concurrency=c) for c in self.concurrency]
+
+
+@dataclass
+class BenchOutcome:
+    report: dict[str, Any]
+    json_path: str
+    png_path: str
+    table: str
+    runs: list[RunResult]
+
+
+def _engine_omni_runs(cfg: BenchConfig, requests) -> tuple[list[RunResult], list[str]]:
+    from omni_serve.bench.client import discover_model, run_load, warmup
+
+    notes = []
+    model = cfg.model or asyncio.run(discover_model(cfg.url))
+    if model is None:
+        log.warning("could not list models at %s; using 'qwen2.5-omni'", cfg.url)
+        model = "qwen2.5-omni"
+    notes.append(f"engine: {cfg.url} model {model!r}, streaming chat completions "
+                 "(stream_options.include_usage for exact token counts)")
+    if cfg.warmup:
+        log.info("warming up the engine with %d request(s) ...", cfg.warmup)
+        w = asyncio.run(warmup(cfg.url, requests, model, cfg.warmup, timeout_s=cfg.timeout_s))
+        if not all(r.ok for r in w):
+            log.warning("warm-up request failed: %s", next(r.error for r in w if not r.ok))
+    runs = []
+    for point in cfg.points():
+        log.info("engine run %s: %d requests ...", point.label(), len(requests))
+        runs.append(asyncio.run(run_load(cfg.url, requests, model, point, arrival_seed=cfg.seed,
+                                         timeout_s=cfg.timeout_s, progress_every=cfg.progress_every)))
+    return runs, notes
+
+
+def _hf_run(cfg: BenchConfig, requests) -> RunResult:
+    from omni_serve.bench.hf_baseline import HFBaselineConfig, run_hf_baseline
+
+    return run_hf_baseline(requests, HFBaselineConfig(
+        checkpoint=cfg.checkpoint, max_codec_tokens=cfg.max_codec_tokens, num_steps=cfg.num_steps,
+        system_prompt=cfg.system_prompt, threads=cfg.threads, warmup=cfg.warmup,
+        progress_every=cfg.progress_every))
+
+
+def _cb_runs(cfg: BenchConfig, prompts: list[list[int]]) -> list[RunResult]:
+    import torch
+
+    from omni_serve.bench.cb_baseline import cb_cache_sizing, run_transformers_cb, thinker_causal_lm
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    from transformers import AutoTokenizer
+
+    model = thinker_causal_lm(cfg.checkpoint, attn_implementation=cfg.cb_attn_implementation)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.checkpoint)
+    runs = []
+    for point in cfg.points():
+        cap = point.concurrency or len(prompts)
+        sizing = cb_cache_sizing(prompts, cfg.max_tokens, cap, page_size=cfg.cb_page_size)
+        log.info("cb run %s: %d requests ...", point.label("cb"), len(prompts))
+        runs.append(run_transformers_cb(model, prompts, cfg.max_tokens, point.concurrency,
+                                        request_rate=point.request_rate, arrival_seed=cfg.seed, sizing=sizing,
+                                        warmup=cfg.warmup > 0, progress_every=cfg.progress_every,
+                                        timeout_s=cfg.timeout_s, tokenizer=tokenizer,
+                                        min_new_tokens=cfg.min_tokens))
+    return runs
+
+
+def run_bench(cfg: BenchConfig) -> BenchOutcome:
+    from omni_serve.bench.report import build_report, format_table, write_report
+
+    requests = build_workload(cfg.workload())
+    runs: list[RunResult] = []
+    notes: list[str] = []
+    if cfg.mode == "omni":
+        engine_runs, engine_notes = _engine_omni_runs(cfg, requests)
+        runs += engine_runs
+        notes += engine_notes
+        if "hf" in cfg.baselines:
+            runs.append(_hf_run(cfg, requests))
+        if "cb" in cfg.baselines:
+            from omni_serve.bench.cb_baseline import text_prompts
+
+            runs += _cb_runs(cfg, text_prompts(cfg.checkpoint, requests, cfg.system_prompt))
+    else:
+        from omni_serve.bench.cb_baseline import text_prompts
+        from omni_serve.bench.engine_text import run_engine_text
+
+        from transformers import AutoTokenizer
+
+        prompts = text_prompts(cfg.checkpoint, requests, cfg.system_prompt)
+        tokenizer = AutoTokenizer.from_pretrained(cfg.checkpoint)
+        for point in cfg.points():
+            log.info("engine_text run %s ...", point.label("engine_text"))
+            runs.append(run_engine_text(cfg.checkpoint, prompts, cfg.max_tokens, point.concurrency,
+                                        request_rate=point.request_rate, arrival_seed=cfg.seed,
+                                        progress_every=cfg.progress_every, tokenizer=tokenizer,
+                                        min_new_tokens=cfg.min_tokens))
+        for system in cfg.baselines or ["cb"]:
+            if system == "cb":
+                runs += _cb_runs(cfg, prompts)
+            elif system == "hf":
+                runs.append(_hf_run(cfg, requests))
+    config = cfg.model_dump(mode="json")
+    report = build_report(runs, config=config, notes=notes)
+    json_path, png_path = write_report(report, runs, cfg.out)
+    return BenchOutcome(report=report, json_path=json_path, png_path=png_path, table=format_table(report), runs=runs)

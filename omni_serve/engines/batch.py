@@ -1,0 +1,79 @@
+"""Batch engine for one-shot stages (code2wav, later VAE/encoders): compatible steps of many requests run as one call.
+
+Contract (request lifecycle as ``omni_serve.engines.loop.LoopEngine``): programs are ``BatchProgram``s.
+Each tick the worker asks every ready program for its next unit of work, ``work() -> (key, payload)``;
+payloads with equal ``key`` (e.g. the same window length) are computed together by the engine's
+``compute(payloads) -> results`` (at most ``max_batch`` per call), then each program gets its result
+through ``complete(result) -> outputs``. ``compute`` runs without any request lock, so feeding and aborts
+never wait for a batch; an aborted request's result is dropped.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections import defaultdict
+from typing import Any, Callable, Hashable
+
+from omni_serve.engines.base import StageProgram
+from omni_serve.engines.loop import LoopEngine, Slot
+
+log = logging.getLogger(__name__)
+
+
+class BatchProgram(StageProgram):
+    @abc.abstractmethod
+    def work(self) -> tuple[Hashable, Any]:
+        """The next unit of work (only called when ``ready()``): a grouping key and the payload."""
+
+    @abc.abstractmethod
+    def complete(self, result: Any) -> list[Any]:
+        """Take the computed result of the last ``work()``; return outputs for the caller."""
+
+    def step(self) -> list[Any]:
+        raise RuntimeError("batch programs are stepped by omni_serve.engines.batch.BatchEngine")
+
+
+class BatchEngine(LoopEngine):
+    def __init__(self, name: str, compute: Callable[[list[Any]], list[Any]], max_batch: int = 16,
+                 max_active: int = 64, torch_threads: int | None = None):
+        super().__init__(name, max_active=max_active, torch_threads=torch_threads)
+        self.compute = compute
+        self.max_batch = max_batch
+        self.counters = {"calls": 0, "items": 0}
+
+    def stats(self) -> dict:
+        return {**super().stats(), **self.counters}
+
+    def has_work(self) -> bool:
+        return any(not s.aborted and s.program.ready() for s in self._slots.values())
+
+    def tick(self) -> None:
+        groups: dict[Hashable, list[tuple[Slot, Any]]] = defaultdict(list)
+        for slot in self.live_slots():
+            with slot.lock:
+                if not slot.program.ready():
+                    continue
+                try:
+                    key, payload = slot.program.work()
+                except Exception as exc:  # noqa: BLE001 - reported to the request's caller
+                    log.exception("%s: request %s failed", self.name, slot.request_id)
+                    self.finish(slot, exc)
+                    continue
+            groups[key].append((slot, payload))
+        for items in groups.values():
+            for i in range(0, len(items), self.max_batch):
+                self._compute_group(items[i:i + self.max_batch])
+
+    def _compute_group(self, items: list[tuple[Slot, Any]]) -> None:
+        try:
+            results = self.compute([payload for _, payload in items])
+        except Exception as exc:  # noqa: BLE001 - a failed batch fails its requests, not the replica
+            log.exception("%s: batch of %d failed", self.name, len(items))
+            for slot, _ in items:
+                self.finish(slot, exc)
+            return
+        self.counters["calls"] += 1
+        self.counters["items"] += len(items)
+        for (slot, _), result in zip(items, results):
+            self.advance(slot, lambda program, r=result: program.complete(r))

@@ -1,0 +1,170 @@
+"""AR engine pieces: block allocator, prefix sharing, chunked prefill, abort, refusal, worker failure."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from omni_serve.checkpoints.qwen2_5_omni import TOKEN_ID
+from omni_serve.engines.ar import ARConfig, AREngine
+from omni_serve.engines.ar.kv_cache import BlockAllocator, block_hashes
+from omni_serve.engines.sampling import SamplingParams
+from omni_serve.engines.stepper import StepEngine
+from omni_serve.engines.base import StageProgram
+from omni_serve.graphs.qwen2_5_omni.programs import ThinkerRequest, ThinkerSequence
+from omni_serve.models.qwen2_5_omni import OmniThinker
+from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
+from tests.omni_cases import template_messages
+
+EOS = TOKEN_ID["<|im_end|>"]
+
+
+def test_allocator_is_all_or_nothing_and_counts():
+    a = BlockAllocator(num_blocks=4, block_size=4)
+    assert a.allocate("x", 9) and a.num_used_blocks == 3
+    assert not a.allocate("y", 8) and a.num_used_blocks == 3 and not a.holds("y")
+    assert a.allocate("y", 4) and a.num_free_blocks == 0
+    a.free("x")
+    a.free("y")
+    assert a.num_used_blocks == 0 and a.num_free_blocks == 4
+    assert a.allocate("z", 6)
+    assert a.slots("z", 0, 6).tolist() == [b * 4 + i for b in a.table("z") for i in range(4)][:6]
+
+
+def test_prefix_blocks_are_shared_and_survive_until_reused():
+    a = BlockAllocator(num_blocks=6, block_size=2)
+    hashes = block_hashes([1, 2, 3, 4, 5], 2)
+    assert len(hashes) == 2
+    a.allocate("first", 5)
+    for i, h in enumerate(hashes):
+        a.register("first", i, h)
+    assert a.match_prefix("second", hashes) == 4  # shared while both live
+    assert a.num_used_blocks == 3
+    a.free("first")
+    a.free("second")
+    assert a.match_prefix("third", hashes) == 4  # cached after both ended
+    a.free("third")
+    assert a.allocate("big", 12)  # reuse evicts the cached content
+    a.free("big")
+    assert a.match_prefix("fourth", hashes) == 0
+    assert block_hashes([9, 2, 3, 4], 2)[1] != hashes[1]  # chained: a different first block changes all
+
+
+@pytest.fixture(scope="module")
+def thinker(omni_tiny_dir):
+    return OmniThinker(omni_tiny_dir), OmniInputProcessor(omni_tiny_dir)
+
+
+def sequence(thinker, max_new=12, min_new=0, block_size=16, prompt="text"):
+    model, proc = thinker
+    ids = proc(*template_messages(prompt)).input_ids[0].tolist()
+    return ThinkerSequence(model, proc.tokenizer, ThinkerRequest(
+        input_ids=ids, max_new_tokens=max_new, stop_token_ids=(EOS,), block_size=block_size,
+        sampling=SamplingParams(temperature=0, min_new_tokens=min_new, stop_token_ids=(EOS,))))
+
+
+async def collect(engine, rid, seq):
+    return [t for out in [o async for o in engine.generate(rid, seq)] for t in out["token_ids"]]
+
+
+def test_prefix_cache_hit_gives_identical_tokens(thinker):
+    async def main():
+        engine = AREngine("thinker", thinker[0], ARConfig(block_size=4))
+        try:
+            first = await collect(engine, "a", sequence(thinker, block_size=4))
+            hits = engine.stats()["prefix_hit_tokens"]
+            second = await collect(engine, "b", sequence(thinker, block_size=4))
+            return first, second, hits, engine.stats()
+        finally:
+            await engine.cleanup()
+    first, second, hits_before, stats = asyncio.run(main())
+    assert hits_before == 0 and stats["prefix_hit_tokens"] > 0
+    assert first == second
+    assert stats["kv_blocks_used"] == 0
+
+
+def test_chunked_prefill_matches_one_shot(thinker):
+    async def run(cfg):
+        engine = AREngine("thinker", thinker[0], cfg)
+        try:
+            return await asyncio.gather(*(collect(engine, f"r{i}", sequence(thinker)) for i in range(3)))
+        finally:
+            await engine.cleanup()
+    one_shot = asyncio.run(run(ARConfig(enable_prefix_caching=False)))
+    chunked = asyncio.run(run(ARConfig(max_batch_tokens=5, enable_prefix_caching=False)))
+    assert chunked == one_shot
+
+
+def test_abort_mid_stream_frees_blocks_at_once(thinker):
+    async def main():
+        engine = AREngine("thinker", thinker[0], ARConfig(block_size=4))
+        try:
+            gen = engine.generate("long", sequence(thinker, max_new=400, min_new=400, block_size=4))
+            await gen.__anext__()
+            await gen.__anext__()
+            busy = engine.stats()["kv_blocks_used"]
+            await gen.aclose()  # the consumer goes away (client disconnect)
+            for _ in range(200):
+                if engine.stats()["kv_blocks_used"] == 0:
+                    break
+                await asyncio.sleep(0.01)
+            return busy, engine.stats()
+        finally:
+            await engine.cleanup()
+    busy, after = asyncio.run(main())
+    assert busy > 0
+    assert after["kv_blocks_used"] == 0 and after["active"] == 0 and after["running"] == 0
+
+
+def test_request_larger_than_cache_is_refused_clearly(thinker):
+    async def main():
+        engine = AREngine("thinker", thinker[0], ARConfig(num_kv_blocks=4, block_size=4))
+        try:
+            await collect(engine, "huge", sequence(thinker, max_new=64))
+        finally:
+            await engine.cleanup()
+    with pytest.raises(ValueError, match="needs .* KV blocks"):
+        asyncio.run(main())
+
+
+def test_min_tokens_suppresses_stop(thinker):
+    async def main():
+        engine = AREngine("thinker", thinker[0])
+        try:
+            return await collect(engine, "m", sequence(thinker, max_new=30, min_new=30))
+        finally:
+            await engine.cleanup()
+    tokens = asyncio.run(main())
+    assert len(tokens) == 30 and EOS not in tokens
+
+
+class _Boom(StageProgram):
+    def ready(self):
+        return True
+
+    def step(self):
+        raise RuntimeError("boom")
+
+
+def test_a_failing_program_fails_only_its_request():
+    async def main():
+        engine = StepEngine("x")
+        try:
+            with pytest.raises(RuntimeError, match="boom"):
+                async for _ in engine.generate("a", _Boom()):
+                    pass
+            return engine.alive
+        finally:
+            await engine.cleanup()
+    assert asyncio.run(main())
+
+
+def test_paged_attention_needs_the_engine():
+    from omni_serve.engines.ar.attention import paged_attention
+
+    class M:
+        layer_idx = 0
+    with pytest.raises(RuntimeError, match="omni_batch"):
+        paged_attention(M(), torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4), None)
