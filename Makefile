@@ -8,7 +8,7 @@ CHECKPOINT ?= checkpoints/qwen2_5_omni-tiny
 PORT ?= 8000
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: setup checkpoint run test unit integration clean
+.PHONY: setup checkpoint run test unit integration bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ unit: setup checkpoint
 
 integration: setup checkpoint
 	OMNI_SERVE_TEST_CHECKPOINT=$(CHECKPOINT) $(VENV)/bin/pytest tests/integration
+
+# The issue-3 benchmark on the small checkpoint (~20 min on 2 cores): see docs/benchmarks.md.
+bench: setup
+	loadtests/run_bench.sh bench_out
 
 clean:
 	rm -rf $(VENV) checkpoints *.egg-info

@@ -4,7 +4,8 @@ Contract (request lifecycle as ``omni_serve.engines.loop.LoopEngine``): programs
 Each tick the worker asks every ready program for its next unit of work, ``work() -> (key, payload)``;
 payloads with equal ``key`` (e.g. the same window length) are computed together by the engine's
 ``compute(payloads) -> results`` (at most ``max_batch`` per call), then each program gets its result
-through ``complete(result) -> outputs``. ``compute`` runs without any request lock, so feeding and aborts
+through ``complete(result) -> outputs``. Groups run in ascending key order (code2wav keys are window lengths, so a request's small first
+chunk is not queued behind other requests' long windows). ``compute`` runs without any request lock, so feeding and aborts
 never wait for a batch; an aborted request's result is dropped.
 """
 
@@ -61,7 +62,7 @@ class BatchEngine(LoopEngine):
                     self.finish(slot, exc)
                     continue
             groups[key].append((slot, payload))
-        for items in groups.values():
+        for _, items in sorted(groups.items(), key=lambda kv: kv[0]):
             for i in range(0, len(items), self.max_batch):
                 self._compute_group(items[i:i + self.max_batch])
 

@@ -49,7 +49,8 @@ def stream_all(c2w, streams_codes, req_kw, feed=7):
 
 
 @pytest.mark.parametrize("req_kw", [
-    {},
+    {"chunk_codes": 48},
+    {"chunk_codes": 24, "left_context_codes": 0},
     {"first_chunk_codes": 24, "chunk_codes": 12, "left_context_codes": 24, "right_context_codes": 24},
 ])
 def test_chunks_concatenate_to_whole_sequence(c2w, req_kw):

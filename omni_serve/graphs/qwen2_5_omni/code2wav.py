@@ -37,7 +37,7 @@ class Code2WavRequest:
     guidance_scale: float = 0.5
     sway_coefficient: float = -1.0
     first_chunk_codes: int = 12
-    chunk_codes: int = 48
+    chunk_codes: int = 96
     left_context_codes: int = 12
     right_context_codes: int = 12
     vocoder_context_frames: int = 8
@@ -106,7 +106,7 @@ class Code2WavStream(BatchProgram):
 
     def work(self):
         if self.start >= len(self.codes):  # upstream ended: nothing (more) to synthesize
-            return ("end",), None
+            return (0,), None
         r, rep = self.req, self.model.repeats
         end = self._chunk_end()
         lo = max(0, self.start - r.left_context_codes)
@@ -115,7 +115,7 @@ class Code2WavStream(BatchProgram):
         self._pending_end = end
         job = _Job(DiTWindow(self.codes[lo:hi], noise, r.voice), (rep * (self.start - lo), rep * (end - lo)),
                    self.mel_tail, r.vocoder_context_frames, end - self.start)
-        return ("dit", hi - lo), job
+        return (hi - lo,), job
 
     def complete(self, result) -> list[dict]:
         if result is None:
