@@ -137,6 +137,7 @@ class LoopEngine(Engine):
             raise
         except BaseException as exc:  # upstream failed: fail this request with the same error
             self.finish(slot, exc)
+            self.on_abort(slot)  # and free what it holds now (its later abort() finds nothing to do)
 
     async def abort(self, request_id: str) -> None:
         with self._cv:

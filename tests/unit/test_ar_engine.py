@@ -168,3 +168,35 @@ def test_paged_attention_needs_the_engine():
         layer_idx = 0
     with pytest.raises(RuntimeError, match="omni_batch"):
         paged_attention(M(), torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4), None)
+
+
+def test_upstream_failure_fails_the_request_and_frees_its_blocks(omni_tiny_dir):
+    """The talker's upstream (thinker chunks) breaks mid-request: the caller gets the error, blocks come back."""
+    from omni_serve.graphs.qwen2_5_omni.programs import TalkerRequest, TalkerSequence
+    from omni_serve.models.qwen2_5_omni import OmniTalker
+
+    talker = OmniTalker(omni_tiny_dir)
+    hidden = talker.embedding_size
+
+    async def upstream():
+        yield {"prompt": torch.randn(6, hidden), "bos": torch.randn(hidden), "eos": torch.randn(hidden),
+               "pad": torch.randn(hidden), "states": torch.randn(4, hidden), "first_token": 1}
+        await asyncio.sleep(0.2)
+        raise ConnectionError("thinker went away")
+
+    async def main():
+        engine = AREngine("talker", talker, ARConfig(block_size=4))
+        seq = TalkerSequence(talker, TalkerRequest(max_new_tokens=50, sampling=SamplingParams(temperature=0)))
+        try:
+            with pytest.raises(ConnectionError, match="thinker went away"):
+                async for _ in engine.generate("t", seq, upstream()):
+                    pass
+            for _ in range(200):
+                if engine.stats()["kv_blocks_used"] == 0 and engine.stats()["running"] == 0:
+                    break
+                await asyncio.sleep(0.01)
+            return engine.stats()
+        finally:
+            await engine.cleanup()
+    stats = asyncio.run(main())
+    assert stats["kv_blocks_used"] == 0 and stats["running"] == 0 and stats["active"] == 0

@@ -113,6 +113,8 @@ class AREngine(LoopEngine):
     def _reap(self) -> None:
         with self._cv:
             released, self._released = self._released, []
+        # Requests ended outside the worker (upstream failure) without an abort are swept here too.
+        released += [s for s in (*self.running, *self.waiting) if s.finished and s not in released]
         for slot in released:
             self._drop(slot)
             with slot.lock:
