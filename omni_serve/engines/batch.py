@@ -46,9 +46,6 @@ class BatchEngine(LoopEngine):
     def stats(self) -> dict:
         return {**super().stats(), **self.counters}
 
-    def has_work(self) -> bool:
-        return any(not s.aborted and s.program.ready() for s in self._slots.values())
-
     def tick(self) -> None:
         groups: dict[Hashable, list[tuple[Slot, Any]]] = defaultdict(list)
         for slot in self.live_slots():

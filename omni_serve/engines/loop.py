@@ -54,9 +54,9 @@ class LoopEngine(Engine):
         self.error: BaseException | None = None  # why the worker died, if it did
 
     # -- subclass hooks (worker thread) -------------------------------------------------------------------
-    @abc.abstractmethod
     def has_work(self) -> bool:
-        """Called with ``_cv`` held: whether ``tick`` can make progress now."""
+        """Called with ``_cv`` held: whether ``tick`` can make progress now (default: a program is ready)."""
+        return any(not s.aborted and s.program.ready() for s in self._slots.values())
 
     @abc.abstractmethod
     def tick(self) -> None:

@@ -11,9 +11,6 @@ from omni_serve.engines.loop import LoopEngine, Slot
 
 
 class StepEngine(LoopEngine):
-    def has_work(self) -> bool:
-        return any(not s.aborted and s.program.ready() for s in self._slots.values())
-
     def _ready_slots(self) -> list[Slot]:
         ready = []
         for slot in self.live_slots():

@@ -71,7 +71,7 @@ class AREngine(LoopEngine):
         self.waiting: deque[Slot] = deque()
         self._known: set[str] = set()
         self._released: list[Slot] = []
-        self.counters = {"steps": 0, "batched_rows": 0, "preemptions": 0, "prefix_hit_tokens": 0}
+        self.counters = {"steps": 0, "batched_rows": 0, "preemptions": 0}
         log.info("%s: KV cache %d blocks x %d tokens (%.1f MiB)", name, c.num_kv_blocks, c.block_size,
                  self.cache.nbytes / 2**20)
 
@@ -89,7 +89,7 @@ class AREngine(LoopEngine):
             self._cv.notify_all()
 
     def has_work(self) -> bool:
-        return bool(self._released) or any(not s.aborted and s.program.ready() for s in self._slots.values())
+        return bool(self._released) or super().has_work()
 
     def tick(self) -> None:
         self._reap()
@@ -216,7 +216,8 @@ class AREngine(LoopEngine):
             embeds.append(e)
             positions.append(p)
             rid = w.slot.request_id
-            segments.append((w.end - w.start, self.blocks.slots(rid, w.start, w.end), self.blocks.slots(rid, 0, w.end)))
+            read = self.blocks.slots(rid, 0, w.end)  # the new tokens' write slots are its tail
+            segments.append((w.end - w.start, read[w.start:], read))
             row += w.end - w.start
             if w.logits:
                 logit_rows.append(row - 1)

@@ -38,10 +38,6 @@ def block_hashes(keys: list, block_size: int) -> list[int]:
     return out
 
 
-class KVCacheFullError(RuntimeError):
-    pass
-
-
 class PagedKVCache:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_blocks: int, block_size: int,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
