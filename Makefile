@@ -5,10 +5,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CHECKPOINT ?= checkpoints/qwen2_5_omni-tiny
+IMAGE_CHECKPOINT ?= checkpoints/qwen_image-tiny
 PORT ?= 8000
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: setup checkpoint run test unit integration bench clean
+.PHONY: setup checkpoint run run-image test unit integration bench bench-image clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,23 +23,36 @@ setup: $(VENV)/.installed
 $(CHECKPOINT)/spk_dict.pt: | $(VENV)/.installed
 	$(VENV)/bin/omni-serve make-checkpoint qwen2_5_omni --size tiny $(CHECKPOINT)
 
-checkpoint: $(CHECKPOINT)/spk_dict.pt
+$(IMAGE_CHECKPOINT)/omni_serve_checkpoint.json: | $(VENV)/.installed
+	$(VENV)/bin/omni-serve make-checkpoint qwen_image --size tiny $(IMAGE_CHECKPOINT)
+
+checkpoint: $(CHECKPOINT)/spk_dict.pt $(IMAGE_CHECKPOINT)/omni_serve_checkpoint.json
+
+TEST_ENV := OMNI_SERVE_TEST_CHECKPOINT=$(CHECKPOINT) OMNI_SERVE_TEST_IMAGE_CHECKPOINT=$(IMAGE_CHECKPOINT)
 
 run: setup checkpoint
 	$(VENV)/bin/omni-serve serve --port $(PORT) checkpoint=$(CHECKPOINT)
 
+# The Qwen-Image graph (text_encoder -> dit -> vae) on the tiny checkpoint: POST /v1/images/generations.
+run-image: setup checkpoint
+	$(VENV)/bin/omni-serve serve --graph qwen_image --port $(PORT) checkpoint=$(IMAGE_CHECKPOINT)
+
 test: setup checkpoint
-	OMNI_SERVE_TEST_CHECKPOINT=$(CHECKPOINT) $(VENV)/bin/pytest tests
+	$(TEST_ENV) $(VENV)/bin/pytest tests
 
 unit: setup checkpoint
-	OMNI_SERVE_TEST_CHECKPOINT=$(CHECKPOINT) $(VENV)/bin/pytest tests/unit
+	$(TEST_ENV) $(VENV)/bin/pytest tests/unit
 
 integration: setup checkpoint
-	OMNI_SERVE_TEST_CHECKPOINT=$(CHECKPOINT) $(VENV)/bin/pytest tests/integration
+	$(TEST_ENV) $(VENV)/bin/pytest tests/integration
 
 # The issue-3 benchmark on the small checkpoint (~20 min on 2 cores): see docs/benchmarks.md.
 bench: setup
 	loadtests/run_bench.sh bench_out
+
+# The issue-4 benchmark (Qwen-Image, small checkpoint, ~5 min): see docs/qwen_image.md.
+bench-image: setup
+	loadtests/run_image_bench.sh bench_image
 
 clean:
 	rm -rf $(VENV) checkpoints *.egg-info

@@ -12,18 +12,11 @@ CKPT=checkpoints/qwen2_5_omni-small
 PORT=${PORT:-8123}
 N=${N:-16}
 export RAY_AUTH_MODE=disabled
+source loadtests/serve_lib.sh
 
 [ -f "$CKPT/spk_dict.pt" ] || "$BIN/omni-serve" make-checkpoint qwen2_5_omni --size small "$CKPT"
 mkdir -p "$OUT"
-"$BIN/omni-serve" serve --port "$PORT" --config loadtests/qwen2_5_omni_small.yaml > "$OUT/serve.log" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null || true; wait $SERVER 2>/dev/null || true' EXIT
-echo "waiting for the server (log: $OUT/serve.log) ..."
-for _ in $(seq 1 120); do
-  curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
-  kill -0 $SERVER 2>/dev/null || { echo "server exited; see $OUT/serve.log"; exit 1; }
-  sleep 2
-done
+start_server "$OUT/serve.log" --config loadtests/qwen2_5_omni_small.yaml
 "$BIN/omni-serve" bench --url "http://127.0.0.1:$PORT" --checkpoint "$CKPT" --num-requests "$N" \
   --concurrency 1,16 --max-tokens 32 --min-tokens 32 --max-codec-tokens 384 --num-steps 10 \
   --baseline hf --out "$OUT/omni"

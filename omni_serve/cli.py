@@ -1,9 +1,9 @@
 """``omni-serve`` command line: make checkpoints, serve a graph on a local embedded Ray.
 
 Commands:
-  omni-serve make-checkpoint qwen2_5_omni --size tiny|small DIR
-  omni-serve serve [--graph qwen2_5_omni] [--config FILE.yaml] [key=value ...]
-  omni-serve bench --url URL --checkpoint DIR [--concurrency 1,16] [--mode omni|text] ... (see bench --help)
+  omni-serve make-checkpoint qwen2_5_omni|qwen_image --size tiny|small DIR
+  omni-serve serve [--graph qwen2_5_omni|qwen_image] [--config FILE.yaml] [key=value ...]
+  omni-serve bench --url URL --checkpoint DIR [--concurrency 1,16] [--mode omni|text|image] ... (see bench --help)
 """
 
 from __future__ import annotations
@@ -14,8 +14,14 @@ import sys
 
 log = logging.getLogger("omni_serve")
 
-CHECKPOINT_FAMILIES = {"qwen2_5_omni": "omni_serve.checkpoints.qwen2_5_omni"}
-GRAPHS = {"qwen2_5_omni": "omni_serve.graphs.qwen2_5_omni:build_app"}
+CHECKPOINT_FAMILIES = {
+    "qwen2_5_omni": "omni_serve.checkpoints.qwen2_5_omni",
+    "qwen_image": "omni_serve.checkpoints.qwen_image",
+}
+GRAPHS = {
+    "qwen2_5_omni": "omni_serve.graphs.qwen2_5_omni:build_app",
+    "qwen_image": "omni_serve.graphs.qwen_image:build_app",
+}
 
 
 def _import(path: str):
@@ -100,6 +106,15 @@ Modes:
         request at a time in this process with the server's inputs and defaults (TTFT = TTFP = E2E).
   text  thinker only, same token-id prompts: omni_serve's engine (run_engine_text) vs transformers'
         continuous batching of the thinker as a Qwen2ForCausalLM (--baseline cb, the default here).
+  image OpenAI image generation (POST /v1/images/generations, b64 PNG) at --url, e.g. the qwen_image
+        graph, closed loop at each --concurrency (default 1,8), vs --baseline diffusers (default with
+        --checkpoint): QwenImagePipeline run one request at a time in this process with the same prompts,
+        seeds (request i: --seed + i), --size, --steps, --n, --true-cfg-scale and --negative-prompt.
+        Reports images/s and requests/s, E2E P50/P95/P99/mean, engine/baseline ratios, pixel parity
+        (max abs uint8 difference per request vs diffusers) and, per --cache-modes entry (default
+        dbcache; none skips), one run at --cache-concurrency with that cache mode and --cache-threshold:
+        images/s, cached steps per image and PSNR vs the uncached image of the same request. Writes
+        image_bench_report.json and image_bench_report.png to --out.
 
 Load: closed loop at each --concurrency value (C requests kept in flight), or open loop with
 --request-rate (Poisson arrivals, seeded by --seed; one run per rate; an explicit --concurrency then
@@ -113,6 +128,8 @@ examples:
       --num-requests 32 --concurrency 1,4,16 --max-tokens 32 --baseline hf --out bench_out
   omni-serve bench --url http://127.0.0.1:8000 --num-requests 100 --request-rate 2 --no-audio --baseline none
   omni-serve bench --mode text --checkpoint checkpoints/qwen2_5_omni-tiny --concurrency 1,8 --max-tokens 64
+  omni-serve bench --mode image --url http://127.0.0.1:8000 --checkpoint checkpoints/qwen_image-tiny \\
+      --num-requests 16 --concurrency 1,8 --size 256x256 --steps 20 --cache-modes dbcache,taylorseer
 """
 
 
@@ -136,11 +153,47 @@ def _float_list(text: str) -> list[float]:
     return values
 
 
+def _cache_modes(text: str) -> list[str]:
+    modes = [] if text.strip() == "none" else [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in ("dbcache", "taylorseer")]
+    if bad:
+        raise argparse.ArgumentTypeError(f"cache modes are dbcache, taylorseer or none, got {','.join(bad)}")
+    return modes
+
+
+def _image_bench_config(args):
+    from omni_serve.bench.image import ImageBenchConfig
+
+    if args.request_rate:
+        raise ValueError("image mode runs closed loops only: use --concurrency, not --request-rate")
+    baseline = args.baseline if args.baseline != "auto" else ("diffusers" if args.checkpoint else "none")
+    if baseline not in ("diffusers", "none"):
+        raise ValueError(f"image mode baselines are diffusers or none, got {baseline!r}")
+    return ImageBenchConfig(
+        url=args.url, checkpoint=args.checkpoint, model=args.model, num_requests=args.num_requests,
+        concurrency=args.concurrency or [1, 8], size=args.size, steps=args.steps, n=args.n,
+        true_cfg_scale=args.true_cfg_scale, negative_prompt=args.negative_prompt, seed=args.seed, warmup=args.warmup,
+        baseline=baseline, threads=args.threads, cache_modes=args.cache_modes, cache_threshold=args.cache_threshold,
+        cache_concurrency=args.cache_concurrency, stop_server_pid=args.stop_server_pid, out=args.out,
+        timeout_s=args.timeout, progress_every=args.progress_every)
+
+
 def cmd_bench(args) -> int:
     from pydantic import ValidationError
 
     from omni_serve.bench.runner import BenchConfig, run_bench
 
+    if args.mode == "image":
+        from omni_serve.bench.image import run_image_bench
+
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        try:
+            cfg = _image_bench_config(args)
+        except (ValidationError, ValueError) as exc:
+            msg = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+            print(f"omni-serve bench: {msg}", file=sys.stderr)
+            return 2
+        return _finish_bench(run_image_bench(cfg))
     if args.baseline == "auto":
         baselines = ["cb"] if args.mode == "text" else (["hf"] if args.checkpoint else [])
     elif args.baseline == "none":
@@ -163,7 +216,10 @@ def cmd_bench(args) -> int:
     except ValidationError as exc:
         print(f"omni-serve bench: {exc.errors()[0]['msg']}", file=sys.stderr)
         return 2
-    outcome = run_bench(cfg)
+    return _finish_bench(run_bench(cfg))
+
+
+def _finish_bench(outcome) -> int:
     print()
     print(outcome.table)
     print(f"\nwrote {outcome.json_path}\nwrote {outcome.png_path}", flush=True)
@@ -195,14 +251,16 @@ def main(argv: list[str] | None = None) -> int:
     sv.set_defaults(func=cmd_serve)
     bn = sub.add_parser("bench", help="benchmark a running endpoint against an in-process transformers baseline",
                         description=BENCH_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bn.add_argument("--url", help="base URL of the running server, e.g. http://127.0.0.1:8000 (omni mode)")
+    bn.add_argument("--url", help="base URL of the running server, e.g. http://127.0.0.1:8000 (omni, image modes)")
     bn.add_argument("--checkpoint", metavar="DIR",
                     help="local checkpoint directory for the baselines (text mode: required)")
-    bn.add_argument("--mode", choices=["omni", "text"], default="omni",
-                    help="omni: HTTP engine vs HF generate (default); text: thinker-only engine vs transformers CB")
+    bn.add_argument("--mode", choices=["omni", "text", "image"], default="omni",
+                    help="omni: HTTP engine vs HF generate (default); text: thinker-only engine vs transformers CB; "
+                         "image: HTTP image generation vs diffusers")
     bn.add_argument("--num-requests", type=int, default=16, metavar="N", help="requests per run (default 16)")
     bn.add_argument("--concurrency", type=_int_list, default=None, metavar="C[,C...]",
-                    help="closed-loop sweep, requests kept in flight (default 1); with --request-rate: in-flight cap")
+                    help="closed-loop sweep, requests kept in flight (default 1; image mode 1,8); "
+                         "with --request-rate: in-flight cap")
     bn.add_argument("--request-rate", type=_float_list, default=None, metavar="R[,R...]",
                     help="open loop: Poisson arrivals per second, one run per rate")
     bn.add_argument("--max-tokens", type=int, default=64, metavar="T", help="max_tokens per request (default 64)")
@@ -215,9 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     bn.add_argument("--seed", type=int, default=0, help="workload, per-request and arrival seed (default 0)")
     bn.add_argument("--min-words", type=int, default=4, help="shortest prompt in words (default 4)")
     bn.add_argument("--max-words", type=int, default=48, help="longest prompt in words (default 48)")
-    bn.add_argument("--baseline", default="auto", metavar="{hf,cb,none}",
+    bn.add_argument("--baseline", default="auto", metavar="{hf,cb,diffusers,none}",
                     help="in-process baseline(s), comma-separated: hf (Omni generate), cb (transformers continuous "
-                         "batching, text only), none. Default: hf with --checkpoint in omni mode, cb in text mode")
+                         "batching, text only), diffusers (image mode), none. Default: hf with --checkpoint in omni "
+                         "mode, cb in text mode, diffusers with --checkpoint in image mode")
     bn.add_argument("--model", help="model name for requests (default: first id at /v1/models)")
     bn.add_argument("--out", default="bench_out", metavar="DIR",
                     help="where bench_report.json/.png go (default bench_out)")
@@ -236,6 +295,22 @@ def main(argv: list[str] | None = None) -> int:
     bn.add_argument("--cb-page-size", type=int, default=32, help="CB paged-cache page size in tokens (default 32)")
     bn.add_argument("--cb-attn-implementation", default="sdpa", choices=["sdpa", "paged|eager"],
                     help="CB attention implementation (both work on CPU; default sdpa)")
+    im = bn.add_argument_group("image mode")
+    im.add_argument("--size", default="256x256", metavar="WxH", help="image size (default 256x256)")
+    im.add_argument("--steps", type=int, default=20, help="num_inference_steps per image (default 20)")
+    im.add_argument("--n", type=int, default=1, help="images per request (default 1)")
+    im.add_argument("--true-cfg-scale", type=float, default=None,
+                    help="CFG scale sent to both systems (default: theirs, 4.0; CFG needs --negative-prompt)")
+    im.add_argument("--negative-prompt", default=None, help="negative prompt; enables true CFG (default: none)")
+    im.add_argument("--cache-modes", type=_cache_modes, default=["dbcache"], metavar="MODE[,MODE]|none",
+                    help="one cached engine run per mode: dbcache, taylorseer; none skips them (default dbcache)")
+    im.add_argument("--cache-threshold", type=float, default=0.2,
+                    help="cache.residual_diff_threshold of the cached runs (default 0.2)")
+    im.add_argument("--stop-server-pid", type=int, default=None, metavar="PID",
+                    help="SIGTERM this local server after the engine runs and wait for it to exit, so the "
+                         "baseline runs on a quiet machine")
+    im.add_argument("--cache-concurrency", type=int, default=None,
+                    help="concurrency of the cached runs (default: the largest --concurrency)")
     bn.set_defaults(func=cmd_bench)
     args = parser.parse_args(argv)
     return args.func(args)

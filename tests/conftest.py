@@ -27,12 +27,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _tiny_checkpoint(family: str, env: str, marker: str) -> str:
+    """The tiny checkpoint of ``family`` at ``$env`` or checkpoints/<family>-tiny, written if ``marker`` is missing."""
+    import importlib
+
+    path = os.environ.get(env, os.path.join(REPO, "checkpoints", f"{family}-tiny"))
+    if not os.path.exists(os.path.join(path, marker)):
+        importlib.import_module(f"omni_serve.checkpoints.{family}").make_checkpoint(path, "tiny")
+    return path
+
+
 @pytest.fixture(scope="session")
 def omni_tiny_dir() -> str:
-    """Path of the tiny Qwen2.5-Omni checkpoint (``make checkpoints`` writes it; made here if missing)."""
-    from omni_serve.checkpoints.qwen2_5_omni import make_checkpoint
+    """Path of the tiny Qwen2.5-Omni checkpoint (``make checkpoint`` writes it; made here if missing)."""
+    return _tiny_checkpoint("qwen2_5_omni", "OMNI_SERVE_TEST_CHECKPOINT", "spk_dict.pt")
 
-    path = os.environ.get("OMNI_SERVE_TEST_CHECKPOINT", os.path.join(REPO, "checkpoints", "qwen2_5_omni-tiny"))
-    if not os.path.exists(os.path.join(path, "spk_dict.pt")):
-        make_checkpoint(path, "tiny")
-    return path
+
+@pytest.fixture(scope="session")
+def qwen_image_tiny_dir() -> str:
+    """Path of the tiny Qwen-Image checkpoint (``make checkpoint`` writes it; made here if missing)."""
+    return _tiny_checkpoint("qwen_image", "OMNI_SERVE_TEST_IMAGE_CHECKPOINT", "omni_serve_checkpoint.json")

@@ -11,6 +11,8 @@ Modules (each states its own contract):
   continuous batching; ``engine_text.run_engine_text`` is the engine side.
 - ``report``: percentiles, throughput, ratios, JSON + PNG + a stdout table.
 - ``runner``: what ``omni-serve bench`` runs (``BenchConfig`` -> runs -> report).
+- ``image`` / ``image_report``: ``--mode image``: image generations over HTTP vs diffusers'
+  ``QwenImagePipeline`` one request at a time, cache-dit runs with PSNR, and their report.
 
 Heavy dependencies (torch, transformers, matplotlib) are imported inside the functions that need them.
 """

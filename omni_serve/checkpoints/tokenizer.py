@@ -35,9 +35,13 @@ def _corpus(lines: int, seed: int = 1234) -> list[str]:
 
 
 def build_qwen_tokenizer(
-    special_tokens: list[str], vocab_size: int, extra_special: dict[str, str], chat_template: str
+    special_tokens: list[str], vocab_size: int, extra_special: dict[str, str], chat_template: str,
+    extra_corpus: list[str] | None = None,
 ):
-    """Train a byte-level BPE tokenizer and wrap it as a transformers ``Qwen2TokenizerFast``."""
+    """Train a byte-level BPE tokenizer and wrap it as a transformers ``Qwen2TokenizerFast``.
+
+    ``extra_corpus``: more training lines (e.g. a prompt template, so that its words become single tokens
+    as they are in the real tokenizer)."""
     from transformers import Qwen2TokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -49,7 +53,7 @@ def build_qwen_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(4000), trainer=trainer)
+    tok.train_from_iterator(_corpus(4000) + list(extra_corpus or ()), trainer=trainer)
     for i, t in enumerate(special_tokens):
         assert tok.token_to_id(t) == i, f"special token {t} should have id {i}"
     return Qwen2TokenizerFast(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import time
 from collections import defaultdict
 from typing import Any, Callable, Hashable
 
@@ -41,7 +42,7 @@ class BatchEngine(LoopEngine):
         super().__init__(name, max_active=max_active, torch_threads=torch_threads)
         self.compute = compute
         self.max_batch = max_batch
-        self.counters = {"calls": 0, "items": 0}
+        self.counters = {"calls": 0, "items": 0, "compute_s": 0.0}
 
     def stats(self) -> dict:
         return {**super().stats(), **self.counters}
@@ -64,6 +65,7 @@ class BatchEngine(LoopEngine):
                 self._compute_group(items[i:i + self.max_batch])
 
     def _compute_group(self, items: list[tuple[Slot, Any]]) -> None:
+        start = time.perf_counter()
         try:
             results = self.compute([payload for _, payload in items])
         except Exception as exc:  # noqa: BLE001 - a failed batch fails its requests, not the replica
@@ -73,5 +75,6 @@ class BatchEngine(LoopEngine):
             return
         self.counters["calls"] += 1
         self.counters["items"] += len(items)
+        self.counters["compute_s"] += time.perf_counter() - start
         for (slot, _), result in zip(items, results):
             self.advance(slot, lambda program, r=result: program.complete(r))

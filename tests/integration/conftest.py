@@ -1,4 +1,5 @@
-"""One local Ray instance and one served Omni graph for the whole integration session."""
+"""One local Ray instance for the whole integration session, serving the Omni graph at ``/`` and the
+Qwen-Image graph at ``/image`` (each deployed on first use)."""
 
 from __future__ import annotations
 
@@ -10,23 +11,46 @@ ORACLE = {"thinker_tokens": 12, "talker_tokens": 20, "steps": 3, "seed": 7}
 
 
 @pytest.fixture(scope="session")
-def omni_app(omni_tiny_dir):
+def ray_serve():
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
     from ray import serve
 
-    from omni_serve.graphs.qwen2_5_omni import build_app
-
     ray.init(num_cpus=2, include_dashboard=False, namespace="omni_serve", log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": 8011})
+    yield "http://127.0.0.1:8011"
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def omni_app(ray_serve, omni_tiny_dir):
+    from ray import serve
+
+    from omni_serve.graphs.qwen2_5_omni import build_app
+
     serve.run(build_app({
         "checkpoint": omni_tiny_dir,
         "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"],
         "stages.code2wav.params.num_steps": ORACLE["steps"],
     }), name="omni", route_prefix="/")
-    yield "http://127.0.0.1:8011"
-    serve.shutdown()
-    ray.shutdown()
+    return ray_serve
+
+
+# Both graphs share the session's 2 logical CPUs: the image graph's stages reserve little.
+IMAGE_APP_ARGS = {f"stages.{s}.num_cpus": 0 for s in ("text_encoder", "dit", "vae")}
+
+
+@pytest.fixture(scope="session")
+def image_app(ray_serve, qwen_image_tiny_dir):
+    from ray import serve
+
+    from omni_serve.graphs.qwen_image import build_app
+
+    serve.run(build_app({"checkpoint": qwen_image_tiny_dir, "default_size": "64x64", "default_steps": 4,
+                         "ingress.num_cpus": 0, **IMAGE_APP_ARGS}),
+              name="qwen_image", route_prefix="/image")
+    return ray_serve + "/image"
 
 
 @pytest.fixture(scope="session")

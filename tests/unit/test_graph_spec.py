@@ -63,3 +63,36 @@ def test_shipped_serve_config_validates(omni_tiny_dir):
     app = config["applications"][0]
     assert app["import_path"] == "omni_serve.graphs.qwen2_5_omni:build_app"
     build_spec({**app["args"], "checkpoint": omni_tiny_dir})
+
+
+IMAGE_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "omni_serve", "configs", "qwen_image.yaml")
+
+
+def test_shipped_qwen_image_config_validates_and_fits_two_cores(qwen_image_tiny_dir):
+    from ray.serve.schema import ServeDeploySchema
+
+    from omni_serve.graphs.qwen_image import build_spec as build_image_spec
+
+    with open(IMAGE_CONFIG) as f:
+        config = yaml.safe_load(f)
+    ServeDeploySchema.model_validate(config)
+    app = config["applications"][0]
+    assert app["import_path"] == "omni_serve.graphs.qwen_image:build_app"
+    spec = build_image_spec({**app["args"], "checkpoint": qwen_image_tiny_dir})
+    total = spec.ingress.num_cpus + sum(getattr(spec.stages, s).num_cpus for s in spec.stages.model_fields)
+    assert total <= 2
+    opts = spec.stages.dit.deployment_options("dit")
+    assert opts["ray_actor_options"]["runtime_env"] == {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}
+
+
+@pytest.mark.parametrize("args, match", [
+    ({"checkpoint": "/nonexistent/dir"}, "not a checkpoint directory"),
+    ({"checkpoint": "x", "default_steps": 500}, "default_steps"),
+    ({"checkpoint": "x", "default_size": "big"}, "default_size"),
+    ({"checkpoint": "x", "stages.dit.params.cache.mode": "fastest"}, "mode"),
+])
+def test_bad_image_specs_fail_clearly(args, match):
+    from omni_serve.graphs.qwen_image import build_spec as build_image_spec
+
+    with pytest.raises((ValidationError, ValueError), match=match):
+        build_image_spec(args)

@@ -7,13 +7,12 @@ config file (``applications[].import_path`` + ``args``); see ``omni_serve/config
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from ray import serve
 
+from omni_serve.graphs.app import build_graph_app, validate_spec
 from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
-from omni_serve.graphs.spec import apply_overrides
 
 STAGE_RUNNERS = {
     "encoder": "omni_serve.graphs.qwen2_5_omni.stages:EncoderRunner",
@@ -21,31 +20,14 @@ STAGE_RUNNERS = {
     "talker": "omni_serve.graphs.qwen2_5_omni.stages:TalkerRunner",
     "code2wav": "omni_serve.graphs.qwen2_5_omni.stages:Code2WavRunner",
 }
+FRONTEND = "omni_serve.graphs.qwen2_5_omni.frontend:OmniFrontend"
 
 
 def build_spec(args: dict[str, Any] | None) -> OmniGraphSpec:
     """Validate ``args``; the checkpoint path is made absolute so every replica finds it whatever its cwd."""
-    spec = OmniGraphSpec.model_validate(apply_overrides(dict(args or {})))
-    checkpoint = os.path.abspath(os.path.expanduser(spec.checkpoint))
-    if not os.path.isfile(os.path.join(checkpoint, "config.json")):
-        raise ValueError(f"checkpoint {spec.checkpoint!r} is not a checkpoint directory (no config.json); "
+    return validate_spec(OmniGraphSpec, args, "config.json",
                          "write one with `omni-serve make-checkpoint qwen2_5_omni --size tiny DIR`")
-    return spec.model_copy(update={"checkpoint": checkpoint})
 
 
 def build_app(args: dict[str, Any] | None = None) -> serve.Application:
-    from omni_serve.deployments.ingress import OpenAIIngress
-    from omni_serve.deployments.stage import StageDeployment
-
-    spec = build_spec(args)
-    spec_dict = spec.model_dump(mode="json")
-    handles = {}
-    for stage, runner in STAGE_RUNNERS.items():
-        options = getattr(spec.stages, stage).deployment_options(stage)
-        handles[stage] = StageDeployment.options(**options).bind(stage, runner, spec_dict)
-    ing = spec.ingress
-    return OpenAIIngress.options(
-        name="ingress", num_replicas=ing.num_replicas, max_ongoing_requests=ing.max_ongoing_requests,
-        ray_actor_options={"num_cpus": ing.num_cpus},
-    ).bind("omni_serve.graphs.qwen2_5_omni.frontend:OmniFrontend",
-           "omni_serve.graphs.qwen2_5_omni.spec:OmniGraphSpec", spec_dict, **handles)
+    return build_graph_app(build_spec(args), STAGE_RUNNERS, FRONTEND)

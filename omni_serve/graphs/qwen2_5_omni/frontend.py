@@ -23,10 +23,11 @@ from typing import Any, AsyncIterator
 import numpy as np
 
 from omni_serve.api import protocol as P
-from omni_serve.api.errors import OpenAIError, bad_request, internal_error
+from omni_serve.api.errors import OpenAIError, bad_request
 from omni_serve.api.media import decode_image_url, decode_input_audio, encode_audio
 from omni_serve.api.sse import SSE_DONE, sse_error, sse_event
 from omni_serve.checkpoints.qwen2_5_omni import DEFAULT_SYSTEM_PROMPT
+from omni_serve.graphs.fanout import probe_stages, stage_events
 from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
 from omni_serve.graphs.qwen2_5_omni.stages import EDGE_INGRESS_ENCODER
 from omni_serve.models.qwen2_5_omni import SAMPLE_RATE, load_config, load_speakers
@@ -150,64 +151,23 @@ class OmniFrontend:
         return out, audios, images
 
     # -- running ------------------------------------------------------------------------------------------
-    def _open_streams(self, p: Prepared) -> dict[str, Any]:
-        calls = {}
+    def _stage_payloads(self, p: Prepared) -> dict[str, dict[str, Any]]:
+        payloads = {}
         if p.media is not None:
-            calls["encoder"] = self._call("encoder", {"request_id": p.request_id})
-        calls["thinker"] = self._call("thinker", p.thinker)
+            payloads["encoder"] = {"request_id": p.request_id}
+        payloads["thinker"] = p.thinker
         if p.audio is not None:
-            calls["talker"] = self._call("talker", {"request_id": p.request_id, "seed": p.audio["seed"],
-                                                    "greedy": p.audio["greedy"]})
-            calls["code2wav"] = self._call("code2wav", {"request_id": p.request_id, "voice": p.audio["voice"],
-                                                        "seed": p.audio["seed"]})
-        return calls
-
-    def _call(self, stage: str, payload: dict[str, Any]):
-        return self.handles[stage].options(stream=True).generate.remote(payload)
+            payloads["talker"] = {"request_id": p.request_id, "seed": p.audio["seed"], "greedy": p.audio["greedy"]}
+            payloads["code2wav"] = {"request_id": p.request_id, "voice": p.audio["voice"], "seed": p.audio["seed"]}
+        return payloads
 
     async def _events(self, p: Prepared) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Merged (stage, output) events of every stage call of the request, as they arrive."""
         if p.media is not None:
             await self.connector.put(chunk_key(p.request_id, EDGE_INGRESS_ENCODER, 0), p.media)
-        calls = self._open_streams(p)
-        queue: asyncio.Queue = asyncio.Queue()
-
-        async def pump(stage, gen):
-            try:
-                async for out in gen:
-                    await queue.put((stage, out))
-                await queue.put((stage, None))
-            except BaseException as exc:  # noqa: BLE001 - surfaced to the request
-                await queue.put((stage, exc))
-
-        tasks = [asyncio.create_task(pump(s, g)) for s, g in calls.items()]
-        open_calls = set(calls)
-        deadline = time.monotonic() + self.spec.ingress.request_timeout_s
-        try:
-            while open_calls:
-                remaining = deadline - time.monotonic()
-                try:
-                    stage, item = await asyncio.wait_for(queue.get(), max(remaining, 0.001))
-                except asyncio.TimeoutError:
-                    raise OpenAIError("The request timed out.", status_code=504, type="timeout",
-                                      code="timeout") from None
-                if item is None:
-                    open_calls.discard(stage)
-                elif isinstance(item, BaseException):
-                    log.error("request %s: stage %s failed: %r", p.request_id, stage, item)
-                    raise internal_error(f"Stage {stage} failed: {_short(item)}")
-                else:
-                    yield stage, item
-        finally:
-            for gen in calls.values():
-                gen.cancel()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            try:
-                await self.connector.free_request(p.request_id)
-            except Exception:  # noqa: BLE001 - never mask the request's own outcome
-                log.exception("request %s: freeing data-plane payloads failed", p.request_id)
+        async for event in stage_events(self.handles, self._stage_payloads(p), request_id=p.request_id,
+                                        timeout_s=self.spec.ingress.request_timeout_s, connector=self.connector):
+            yield event
 
     async def complete(self, p: Prepared) -> P.ChatCompletionResponse:
         text, tokens, codes, pcm, finish = [], [], [], [], None
@@ -272,21 +232,10 @@ class OmniFrontend:
         yield SSE_DONE
 
     async def health(self) -> dict[str, Any]:
-        async def probe(stage, handle):
-            try:
-                return stage, await asyncio.wait_for(handle.ready.remote(), 5.0)
-            except Exception as exc:  # noqa: BLE001
-                return stage, {"error": _short(exc)}
-        results = await asyncio.gather(*(probe(s, h) for s, h in self.handles.items()))
-        return dict(results)
+        return await probe_stages(self.handles)
 
 
 def _stops(stop) -> list[str]:
     if stop is None:
         return []
     return [stop] if isinstance(stop, str) else list(stop)
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[-1][:300] if text else type(exc).__name__

@@ -1,0 +1,394 @@
+"""``omni-serve bench --mode image``: OpenAI image generation against a running endpoint vs diffusers in process.
+
+Contract: ``run_image_bench(ImageBenchConfig) -> BenchOutcome`` (the runner's: report dict, JSON path, PNG
+path, printable table, runs); the report is ``omni_serve.bench.image_report``'s.
+
+* Workload (``build_image_workload``): a pure function of the config. ``num_requests`` prompts of 4 to 12
+  words from ``omni_serve.bench.workload.WORDS`` drawn with ``random.Random(seed)``; request ``i`` uses noise
+  seed ``seed + i`` and the config's size, steps, ``n``, ``true_cfg_scale`` and ``negative_prompt``.
+* Engine runs (``run_image_load``): per ``concurrency`` value, a closed loop keeping C requests in flight
+  (``httpx.AsyncClient``, ``POST /v1/images/generations``, ``response_format: b64_json``). The uncached
+  runs send ``cache: {"mode": "off"}`` so they are comparable with diffusers; each ``cache_modes`` entry
+  adds one run at ``cache_concurrency`` with ``cache: {mode, residual_diff_threshold}``. Per request
+  (``ImageRecord``): ok or the error (HTTP status + OpenAI error message, transport error, timeout, a
+  response without exactly ``n`` decodable images; failures are counted, never dropped), start time, E2E
+  (request sent -> response body read; PNG decoding is not timed), the decoded images (uint8 HxWx3 numpy,
+  in memory only) and the server's per-image computed / cached step counts. ``warmup`` unmeasured requests
+  run first, for the uncached engine and for each cache mode.
+* Baseline ``diffusers`` (``DiffusersImageBaseline``): ``QwenImagePipeline.from_pretrained(checkpoint)`` in
+  this process (float32, local files only, progress bar off, ``torch.set_num_threads(threads)`` first),
+  the same requests one at a time after ``warmup`` unmeasured ones, with ``generator =
+  torch.Generator().manual_seed(seed_i)`` (the server draws its noise the same way) and the server's
+  values; without a negative prompt neither side runs CFG, and the baseline gets ``true_cfg_scale=1``
+  then (same result; it only silences diffusers' warning). Images: ``round(np * 255)`` as uint8, as the
+  server's VAE stage does.
+* Images/s and requests/s count successful requests over each run's wall time (first start -> last end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import logging
+import os
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from omni_serve.bench.client import _error_message, chat_url, discover_model, progress_logger
+from omni_serve.bench.records import RequestRecord, RunResult
+from omni_serve.bench.runner import BenchOutcome
+from omni_serve.bench.workload import WORDS
+
+log = logging.getLogger(__name__)
+
+STYLES = ("A photo of", "A watercolor painting of", "A sketch of", "A 3D render of", "An oil painting of",
+          "A poster of", "A close-up of", "A wide shot of")
+
+
+class ImageBenchConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(description="Base URL of the running server, e.g. http://127.0.0.1:8000.")
+    checkpoint: str | None = Field(None, description="Local Qwen-Image checkpoint directory (the baseline's).")
+    model: str | None = Field(None, description="Model id in requests; default: the first id at /v1/models.")
+    num_requests: int = Field(16, ge=1, description="Requests per run.")
+    concurrency: list[int] = Field(default_factory=lambda: [1, 8],
+                                   description="Closed-loop sweep: requests kept in flight, one run each.")
+    size: str = Field("256x256", description="Image size 'WIDTHxHEIGHT'.")
+    steps: int = Field(20, ge=1, description="num_inference_steps per image.")
+    n: int = Field(1, ge=1, description="Images per request.")
+    true_cfg_scale: float | None = Field(None, ge=0, description="CFG scale (None: the server's / diffusers' 4.0).")
+    negative_prompt: str | None = Field(None, description="Negative prompt; None: no classifier-free guidance.")
+    seed: int = Field(0, ge=0, description="Workload seed; request i uses noise seed seed + i.")
+    warmup: int = Field(1, ge=0, description="Unmeasured requests per system (and cache mode) first.")
+    baseline: Literal["diffusers", "none"] = Field("diffusers", description="In-process baseline, or none.")
+    threads: int | None = Field(None, ge=1, description="torch threads of the in-process baseline (default: all).")
+    cache_modes: list[Literal["dbcache", "taylorseer"]] = Field(
+        default_factory=lambda: ["dbcache"], description="One cached engine run per mode; [] skips them.")
+    cache_threshold: float = Field(0.2, gt=0, description="cache.residual_diff_threshold of the cached runs.")
+    cache_concurrency: int | None = Field(None, ge=1, description="Concurrency of the cached runs (default: max).")
+    out: str = Field("bench_out", description="Directory for image_bench_report.json / .png.")
+    timeout_s: float = Field(600.0, gt=0, description="Per-request timeout in seconds.")
+    progress_every: int = Field(10, ge=0, description="Log progress every K requests (0: off).")
+    stop_server_pid: int | None = Field(None, description=(
+        "PID of the local server process: after the engine runs it gets SIGTERM and the baseline waits for "
+        "it to exit, so the baseline runs on a quiet machine (idle Ray processes slow multi-threaded torch)."))
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        if not re.fullmatch(r"[1-9]\d*x[1-9]\d*", value):
+            raise ValueError("size must be 'WIDTHxHEIGHT', e.g. 256x256")
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> "ImageBenchConfig":
+        if not self.concurrency or any(c < 1 for c in self.concurrency):
+            raise ValueError("concurrency values must be >= 1")
+        if self.baseline == "diffusers" and not self.checkpoint:
+            raise ValueError("the diffusers baseline needs --checkpoint (a local Qwen-Image checkpoint directory)")
+        if self.cache_concurrency is None:
+            self.cache_concurrency = max(self.concurrency)
+        return self
+
+    def dimensions(self) -> tuple[int, int]:
+        width, height = self.size.split("x")
+        return int(width), int(height)
+
+
+# --------------------------------------------------------------------------- workload
+
+
+@dataclass(frozen=True)
+class ImageRequest:
+    index: int
+    prompt: str
+    seed: int
+    width: int
+    height: int
+    steps: int
+    n: int = 1
+    true_cfg_scale: float | None = None
+    negative_prompt: str | None = None
+
+    def body(self, model: str | None, cache: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The ``POST /v1/images/generations`` JSON."""
+        body: dict[str, Any] = {"prompt": self.prompt, "n": self.n, "size": f"{self.width}x{self.height}",
+                                "response_format": "b64_json", "seed": self.seed, "num_inference_steps": self.steps}
+        if model:
+            body["model"] = model
+        if self.true_cfg_scale is not None:
+            body["true_cfg_scale"] = self.true_cfg_scale
+        if self.negative_prompt is not None:
+            body["negative_prompt"] = self.negative_prompt
+        if cache is not None:
+            body["cache"] = cache
+        return body
+
+    def pipeline_kwargs(self) -> dict[str, Any]:
+        """``QwenImagePipeline.__call__`` arguments (the generator aside) matching ``body``."""
+        kw: dict[str, Any] = {"prompt": self.prompt, "width": self.width, "height": self.height,
+                              "num_inference_steps": self.steps, "num_images_per_prompt": self.n,
+                              "output_type": "np"}
+        if self.negative_prompt is None:
+            kw["true_cfg_scale"] = 1.0  # no CFG on either side; avoids diffusers' per-call warning
+        else:
+            kw["negative_prompt"] = self.negative_prompt
+            if self.true_cfg_scale is not None:
+                kw["true_cfg_scale"] = self.true_cfg_scale
+        return kw
+
+
+def build_image_workload(cfg: ImageBenchConfig) -> list[ImageRequest]:
+    rng = random.Random(cfg.seed)
+    width, height = cfg.dimensions()
+    out = []
+    for i in range(cfg.num_requests):
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12)))
+        out.append(ImageRequest(index=i, prompt=f"{rng.choice(STYLES)} {words}", seed=cfg.seed + i, width=width,
+                                height=height, steps=cfg.steps, n=cfg.n, true_cfg_scale=cfg.true_cfg_scale,
+                                negative_prompt=cfg.negative_prompt))
+    return out
+
+
+# --------------------------------------------------------------------------- records
+
+RECORD_KEYS = ("index", "ok", "start_s", "e2e_s", "status", "error", "num_images", "computed_steps",
+               "cached_steps", "cache_mode")
+
+
+@dataclass
+class ImageRecord(RequestRecord):
+    num_images: int = 0
+    computed_steps: list[int] = field(default_factory=list)  # per image
+    cached_steps: list[int] = field(default_factory=list)  # per image
+    cache_mode: str | None = None
+    images: list[Any] = field(default_factory=list, repr=False)  # uint8 [H, W, 3] arrays; never serialized
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in RECORD_KEYS}
+
+
+@dataclass
+class ImageRunResult(RunResult):
+    cache_mode: str = "off"  # what the run asked for ("off" for the baseline)
+    records: list[ImageRecord] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in ("label", "system", "mode", "concurrency", "wall_s", "cache_mode", "notes")}
+        d["records"] = [r.to_dict() for r in self.records]
+        return d
+
+
+# --------------------------------------------------------------------------- HTTP engine
+
+
+def images_url(url: str) -> str:
+    """``http://host:port`` or ``http://host:port/v1`` -> the image-generations endpoint."""
+    return chat_url(url)[: -len("/chat/completions")] + "/images/generations"
+
+
+def decode_png(b64: str):
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(io.BytesIO(base64.b64decode(b64))) as img:
+        return np.asarray(img.convert("RGB"), dtype=np.uint8)
+
+
+def _read_response(rec: ImageRecord, payload: Any, n: int) -> None:
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, list) or len(data) != n:
+        rec.error = f"expected {n} image(s), got {len(data) if isinstance(data, list) else 'no data list'}"
+        return
+    rec.images = [decode_png(d["b64_json"]) for d in data]
+    rec.num_images = len(rec.images)
+    metrics = payload.get("metrics") or {}
+    rec.computed_steps = list(metrics.get("computed_steps") or [])
+    rec.cached_steps = list(metrics.get("cached_steps") or [])
+    rec.cache_mode = metrics.get("cache_mode")
+    rec.ok = True
+
+
+async def send_image(client: httpx.AsyncClient, url: str, req: ImageRequest, model: str | None, *,
+                     cache: dict[str, Any] | None = None, t_run: float | None = None) -> ImageRecord:
+    """One request to ``url`` (the image-generations endpoint); never raises for request failures."""
+    rec = ImageRecord(index=req.index)
+    t0 = time.perf_counter()
+    rec.start_s = t0 - t_run if t_run is not None else 0.0
+    try:
+        resp = await client.post(url, json=req.body(model, cache))
+        rec.e2e_s = time.perf_counter() - t0
+        rec.status = resp.status_code
+        if resp.status_code != 200:
+            rec.error = _error_message(resp.status_code, resp.content)
+        else:
+            _read_response(rec, resp.json(), req.n)
+    except httpx.TimeoutException as exc:
+        rec.error = f"timeout: {type(exc).__name__}"
+    except httpx.HTTPError as exc:
+        rec.error = f"transport error: {type(exc).__name__}: {exc}"[:300]
+    except (ValueError, KeyError, TypeError, OSError) as exc:  # bad JSON, base64 or PNG
+        rec.error = f"bad response: {type(exc).__name__}: {exc}"[:300]
+    if rec.e2e_s is None:
+        rec.e2e_s = time.perf_counter() - t0
+    if rec.error is not None:
+        rec.ok, rec.images = False, []
+    return rec
+
+
+async def run_image_load(url: str, requests: list[ImageRequest], model: str | None, concurrency: int, *,
+                         cache: dict[str, Any] | None = None, timeout_s: float = 600.0,
+                         transport: httpx.AsyncBaseTransport | None = None, progress_every: int = 10,
+                         label: str | None = None) -> ImageRunResult:
+    """Closed loop: ``concurrency`` requests in flight until all are done; one record per request."""
+    mode = (cache or {}).get("mode", "off")
+    label = label or (f"engine c={concurrency}" if mode == "off" else f"engine {mode} c={concurrency}")
+    endpoint = images_url(url)
+    on_done = progress_logger(label, len(requests), progress_every)
+    records: list[ImageRecord | None] = [None] * len(requests)
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(transport=transport, limits=limits,
+                                 timeout=httpx.Timeout(timeout_s, connect=min(30.0, timeout_s))) as client:
+        pending = iter(enumerate(requests))
+        t_run = time.perf_counter()
+
+        async def worker() -> None:
+            for slot, req in pending:
+                records[slot] = await send_image(client, endpoint, req, model, cache=cache, t_run=t_run)
+                on_done(records[slot])
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(requests)))))
+        wall = time.perf_counter() - t_run
+    final = [r or ImageRecord(index=q.index, error="request was never completed") for r, q in zip(records, requests)]
+    return ImageRunResult(label=label, system="engine", mode="image", concurrency=concurrency, wall_s=wall,
+                          streaming=False, records=final, cache_mode=mode)
+
+
+# --------------------------------------------------------------------------- diffusers baseline
+
+
+class DiffusersImageBaseline:
+    """``QwenImagePipeline`` in this process; requests run one at a time."""
+
+    def __init__(self, checkpoint: str, threads: int | None = None):
+        import torch
+        from diffusers import QwenImagePipeline
+
+        self.threads = threads or os.cpu_count() or 1
+        torch.set_num_threads(self.threads)
+        self.pipe = QwenImagePipeline.from_pretrained(checkpoint, local_files_only=True, dtype=torch.float32)
+        self.pipe.set_progress_bar_config(disable=True)
+
+    def run_one(self, req: ImageRequest) -> ImageRecord:
+        import numpy as np
+        import torch
+
+        rec = ImageRecord(index=req.index, cache_mode="off")
+        t0 = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                out = self.pipe(generator=torch.Generator().manual_seed(req.seed), **req.pipeline_kwargs())
+            rec.images = list((np.asarray(out.images) * 255).round().astype(np.uint8))
+            rec.num_images = len(rec.images)
+            rec.computed_steps, rec.cached_steps = [req.steps] * rec.num_images, [0] * rec.num_images
+            rec.ok = True
+        except Exception as exc:  # noqa: BLE001 - a failed request is recorded, not fatal
+            rec.error = f"{type(exc).__name__}: {exc}"[:300]
+        rec.e2e_s = time.perf_counter() - t0
+        return rec
+
+    def run(self, requests: list[ImageRequest], warmup: int = 1, progress_every: int = 10,
+            label: str = "diffusers") -> ImageRunResult:
+        for req in requests[:warmup]:
+            self.run_one(req)
+        on_done = progress_logger(label, len(requests), progress_every)
+        records = []
+        t_run = time.perf_counter()
+        for req in requests:
+            start = time.perf_counter() - t_run
+            records.append(self.run_one(req))
+            records[-1].start_s = start
+            on_done(records[-1])
+        wall = time.perf_counter() - t_run
+        note = f"diffusers QwenImagePipeline in process, one request at a time, {self.threads} torch threads"
+        return ImageRunResult(label=label, system="diffusers", mode="image", concurrency=1, wall_s=wall,
+                              streaming=False, records=records, notes=[note])
+
+
+# --------------------------------------------------------------------------- runner
+
+
+def _engine_runs(cfg: ImageBenchConfig, requests: list[ImageRequest], model: str | None) -> list[ImageRunResult]:
+    def load(reqs, concurrency, cache, label=None, progress_every=cfg.progress_every):
+        return asyncio.run(run_image_load(cfg.url, reqs, model, concurrency, cache=cache, timeout_s=cfg.timeout_s,
+                                          progress_every=progress_every, label=label))
+
+    def warm(cache: dict[str, Any]) -> None:
+        if cfg.warmup:
+            w = load(requests[: cfg.warmup], 1, cache, label=f"warmup {cache['mode']}", progress_every=0)
+            if w.num_errors:
+                log.warning("warm-up request failed: %s", next(r.error for r in w.records if not r.ok))
+
+    off = {"mode": "off"}
+    warm(off)
+    runs = []
+    for c in cfg.concurrency:
+        log.info("engine run c=%d: %d requests ...", c, len(requests))
+        runs.append(load(requests, c, off))
+    for mode in cfg.cache_modes:
+        cache = {"mode": mode, "residual_diff_threshold": cfg.cache_threshold}
+        warm(cache)
+        log.info("engine run %s c=%d: %d requests ...", mode, cfg.cache_concurrency, len(requests))
+        runs.append(load(requests, cfg.cache_concurrency, cache))
+    return runs
+
+
+def stop_server(pid: int, timeout_s: float = 120.0) -> None:
+    """SIGTERM the local server and wait until it has exited (it shuts Ray down first)."""
+    import os
+    import signal
+    import time
+
+    log.info("stopping the server (pid %d) before the baseline ...", pid)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.5)
+    log.warning("server pid %d still running after %.0f s; the baseline runs anyway", pid, timeout_s)
+
+
+def run_image_bench(cfg: ImageBenchConfig) -> BenchOutcome:
+    from omni_serve.bench.image_report import build_image_report, format_image_table, write_image_report
+
+    requests = build_image_workload(cfg)
+    model = cfg.model or asyncio.run(discover_model(cfg.url))
+    if model is None:
+        log.warning("could not list models at %s; requests name no model (the server's default)", cfg.url)
+    notes = [f"engine: {images_url(cfg.url)} model {model!r}, response_format b64_json (PNG); "
+             "uncached runs send cache.mode=off"]
+    runs = _engine_runs(cfg, requests, model)
+    if cfg.stop_server_pid is not None:
+        stop_server(cfg.stop_server_pid)
+        notes.append("the server was stopped before the baseline ran")
+    if cfg.baseline == "diffusers":
+        log.info("loading the diffusers baseline from %s ...", cfg.checkpoint)
+        runs.append(DiffusersImageBaseline(cfg.checkpoint, cfg.threads).run(
+            requests, warmup=cfg.warmup, progress_every=cfg.progress_every))
+    report = build_image_report(runs, config=cfg.model_dump(mode="json"), notes=notes)
+    json_path, png_path = write_image_report(report, runs, cfg.out)
+    return BenchOutcome(report=report, json_path=json_path, png_path=png_path, table=format_image_table(report),
+                        runs=runs)

@@ -1,0 +1,147 @@
+"""The served Qwen-Image graph over real HTTP: oracle vs diffusers, batching, cache, OpenAI client, bad input."""
+
+from __future__ import annotations
+
+import base64
+import io
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+pytestmark = pytest.mark.integration
+MODEL = "qwen-image"
+
+
+@pytest.fixture(scope="module")
+def client(image_app):
+    import httpx
+
+    with httpx.Client(base_url=image_app, timeout=180) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def pipe(qwen_image_tiny_dir):
+    from diffusers import QwenImagePipeline
+
+    p = QwenImagePipeline.from_pretrained(qwen_image_tiny_dir)
+    p.set_progress_bar_config(disable=True)
+    return p
+
+
+def reference(pipe, prompt, seed, steps, size=(64, 64), negative=None, cfg=4.0, n=1) -> np.ndarray:
+    w, h = size
+    images = pipe(prompt, negative_prompt=negative, true_cfg_scale=cfg, width=w, height=h,
+                  num_inference_steps=steps, num_images_per_prompt=n,
+                  generator=torch.Generator().manual_seed(seed), output_type="np").images
+    return (images * 255).round().astype(np.uint8)
+
+
+def pixels(item: dict) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(item["b64_json"]))).convert("RGB"))
+
+
+def generate(client, **body):
+    return client.post("/v1/images/generations", json={"model": MODEL, **body})
+
+
+CASES = [
+    {"prompt": "a red cat under a blue sky", "seed": 1, "num_inference_steps": 4},
+    {"prompt": "dog", "seed": 2, "num_inference_steps": 6, "negative_prompt": "blurry", "true_cfg_scale": 3.0},
+    {"prompt": "a house by the sea", "seed": 3, "num_inference_steps": 3, "size": "96x64", "n": 2},
+    {"prompt": "green tree", "seed": 4, "num_inference_steps": 8, "negative_prompt": " "},
+]
+
+
+def case_reference(pipe, case):
+    size = tuple(int(v) for v in case.get("size", "64x64").split("x"))
+    return reference(pipe, case["prompt"], case["seed"], case["num_inference_steps"], size,
+                     case.get("negative_prompt"), case.get("true_cfg_scale", 4.0), case.get("n", 1))
+
+
+def test_concurrent_requests_match_diffusers(client, pipe):
+    """Requests at different timesteps and step counts share the DiT's forwards, yet each image equals
+    diffusers' QwenImagePipeline on the same checkpoint and seed (with and without true CFG)."""
+    with ThreadPoolExecutor(len(CASES)) as pool:
+        responses = list(pool.map(lambda c: generate(client, **c), CASES))
+    for case, r in zip(CASES, responses):
+        assert r.status_code == 200, r.text
+        body = r.json()
+        got = np.stack([pixels(d) for d in body["data"]])
+        ref = case_reference(pipe, case)
+        assert got.shape == ref.shape
+        assert np.abs(got.astype(int) - ref).max() <= 2, case
+        m = body["metrics"]
+        assert m["num_inference_steps"] == case["num_inference_steps"]
+        assert m["true_cfg"] == ("negative_prompt" in case)
+        assert m["cached_steps"] == [0] * case.get("n", 1)
+    health = client.get("/health").json()
+    assert all(stage["active"] == 0 for stage in health["stages"].values())
+
+
+def test_cache_dit_reports_cached_steps(client, pipe):
+    body = {"prompt": "a red cat under a blue sky", "seed": 5, "num_inference_steps": 10}
+    cached = generate(client, **body, cache={"mode": "dbcache", "residual_diff_threshold": 0.5,
+                                              "max_warmup_steps": 1})
+    assert cached.status_code == 200, cached.text
+    m = cached.json()["metrics"]
+    assert m["cache_mode"] == "dbcache"
+    assert m["cached_steps"][0] > 0 and m["cached_steps"][0] + m["computed_steps"][0] == 10
+    exact = reference(pipe, body["prompt"], 5, 10)[0]
+    img = pixels(cached.json()["data"][0]).astype(float)
+    mse = np.mean((img - exact) ** 2)
+    assert mse > 0  # an approximation, not the exact image
+    off = generate(client, **body, cache={"mode": "off"})
+    assert np.abs(pixels(off.json()["data"][0]).astype(int) - exact).max() <= 2
+
+
+def test_openai_client_images_generate(image_app):
+    from openai import OpenAI
+
+    oa = OpenAI(base_url=image_app + "/v1", api_key="unused")
+    result = oa.images.generate(model=MODEL, prompt="a small blue bird", size="64x64", n=1,
+                                response_format="b64_json", extra_body={"seed": 3, "num_inference_steps": 2})
+    assert len(result.data) == 1
+    image = Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json)))
+    assert image.format == "PNG" and image.size == (64, 64)
+
+
+BAD = [
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": "   "}, "prompt"),
+    ({"prompt": "x", "size": "big"}, "size"),
+    ({"prompt": "x", "size": "65x64"}, "size"),
+    ({"prompt": "x", "size": "0x64"}, "size"),
+    ({"prompt": "x", "size": "4096x4096"}, "size"),
+    ({"prompt": "x", "n": 0}, "n"),
+    ({"prompt": "x", "n": 99}, "n"),
+    ({"prompt": "x", "num_inference_steps": 0}, "num_inference_steps"),
+    ({"prompt": "x", "num_inference_steps": 100000}, "num_inference_steps"),
+    ({"prompt": "x", "response_format": "url"}, "response_format"),
+    ({"prompt": "x", "model": "dall-e-3"}, "model"),
+    ({"prompt": "x", "cache": {"mode": "dbcache", "residual_diff_threshold": 5.0}}, "cache.residual_diff_threshold"),
+    ({"prompt": "x", "cache": {"mode": "fastest"}}, "cache.mode"),
+    ({"prompt": "x", "true_cfg_scale": -1}, "true_cfg_scale"),
+    ({"prompt": 5}, "prompt"),
+]
+
+
+@pytest.mark.parametrize("body,param", BAD, ids=[p for _, p in BAD])
+def test_bad_input_is_a_400_then_a_good_request_succeeds(client, body, param):
+    r = client.post("/v1/images/generations", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"]
+    ok = generate(client, prompt="a cat", num_inference_steps=1)
+    assert ok.status_code == 200, ok.text
+
+
+def test_routes_a_graph_does_not_serve_are_404(client, http):
+    r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 404 and r.json()["error"]["message"]
+    r = http.post("/v1/images/generations", json={"prompt": "a cat"})
+    assert r.status_code == 404 and "images" in r.json()["error"]["message"]
+    assert client.get("/v1/models").json()["data"][0]["id"] == MODEL
