@@ -67,7 +67,7 @@ class InProcessImage:
             latents, metrics = out.pop("downstream"), out
         images = []
         async for out in self.vae.generate(rid, P.DecodeProgram(SIZE, SIZE), one(latents)):
-            images += out["images"]
+            images += P.encode_images(out["pixels"])
         return images, metrics
 
 

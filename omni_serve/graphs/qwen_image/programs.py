@@ -11,7 +11,7 @@ over one unit of work with a grouping key, and equal keys are computed in one ca
   Noise comes from the request's seed, the schedule from a per-request diffusers scheduler, so a request's
   result does not depend on what it was batched with (up to float rounding of the batched matmuls).
   With cache acceleration (``cache``), the step goes through the request's own cache-dit context instead.
-- ``DecodeProgram`` (key: image size) -> encoded images to the caller.
+- ``DecodeProgram`` (key: image size) -> pixels to the caller, which encodes them off the engine thread.
 """
 
 from __future__ import annotations
@@ -157,8 +157,10 @@ class DenoiseCompute:
 
 # -- VAE -----------------------------------------------------------------------------------------------------
 class DecodeProgram(BatchProgram):
-    def __init__(self, height: int, width: int, image_format: str = "png"):
-        self.height, self.width, self.format = height, width, image_format
+    """Outputs ``{"pixels": uint8 [n, H, W, 3]}``; the caller encodes them (off the engine thread)."""
+
+    def __init__(self, height: int, width: int):
+        self.height, self.width = height, width
         self.latents: torch.Tensor | None = None
 
     def feed(self, item: dict[str, Any]) -> None:
@@ -172,7 +174,7 @@ class DecodeProgram(BatchProgram):
 
     def complete(self, pixels: np.ndarray) -> list[Any]:
         self.done = True
-        return [{"images": [encode_image(p, self.format) for p in pixels]}]
+        return [{"pixels": pixels}]
 
 
 class DecodeCompute:
@@ -187,6 +189,10 @@ class DecodeCompute:
             out.append(pixels[start:start + latents.shape[0]])
             start += latents.shape[0]
         return out
+
+
+def encode_images(pixels: np.ndarray, image_format: str = "png") -> list[bytes]:
+    return [encode_image(p, image_format) for p in pixels]
 
 
 def encode_image(pixels: np.ndarray, image_format: str = "png") -> bytes:

@@ -7,6 +7,7 @@ the connector named for the edge in the spec. Every stage runs a ``BatchEngine``
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, AsyncIterator
 
 import torch
@@ -109,6 +110,8 @@ class VAERunner(_ImageRunner):
         return self.batch_engine(P.DecodeCompute(self.model))
 
     async def run(self, engine, request) -> AsyncIterator[dict[str, Any]]:
-        program = P.DecodeProgram(request["height"], request["width"], request.get("output_format") or "png")
+        program = P.DecodeProgram(request["height"], request["width"])
+        fmt = request.get("output_format") or "png"
         async for out in self.drive(engine, request["request_id"], program, source=self.source(EDGE_DIT_VAE)):
-            yield out
+            # Encoding (zlib, GIL released) runs in a worker thread so the VAE engine keeps decoding.
+            yield {"images": await asyncio.to_thread(P.encode_images, out["pixels"], fmt)}
