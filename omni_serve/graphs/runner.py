@@ -20,6 +20,7 @@ from omni_serve.transport.base import ChunkWriter, Connector, get_connector, rea
 
 class StageRunner(abc.ABC):
     stage: str
+    spec: Any  # the graph's validated spec (has ``edges`` and ``data_timeout_s``)
     engine_spec: EngineSpec
 
     def make_engine(self) -> LoopEngine:
@@ -53,3 +54,15 @@ class StageRunner(abc.ABC):
     @staticmethod
     def connector(name: str) -> Connector:
         return get_connector(name)
+
+    def edge_field(self, edge: str) -> str:
+        """The ``spec.edges`` field whose connector carries ``edge`` ("a.b" -> "a_b"; graphs may remap)."""
+        return edge.replace(".", "_")
+
+    def source(self, edge: str) -> tuple[Connector, str, float]:
+        """``drive``'s ``source`` for reading ``edge``: its connector, name and the graph's data timeout."""
+        return self.sink(edge) + (self.spec.data_timeout_s,)
+
+    def sink(self, edge: str) -> tuple[Connector, str]:
+        """``drive``'s ``sink`` for writing ``edge``."""
+        return self.connector(getattr(self.spec.edges, self.edge_field(edge)).connector), edge

@@ -26,6 +26,12 @@ class EngineSpec(BaseModel):
     ar: ARConfig = Field(default_factory=ARConfig, description=(
         "Continuous batching and paged KV cache settings (autoregressive stages only)."))
 
+    def torch_dtype(self):
+        """``dtype`` as a torch dtype (torch is imported only by the stages that load weights)."""
+        import torch
+
+        return getattr(torch, self.dtype)
+
 
 class StageSpec(BaseModel):
     """One stage = one Ray Serve deployment."""

@@ -58,7 +58,7 @@ class InProcessImage:
         async for out in self.text.generate(rid, program):
             embeds = out["downstream"]
         session = self.cache_factory(cache) if cache else None
-        dit = P.DenoiseProgram(self.dn, P.DenoiseRequest(n, SIZE, SIZE, steps, seed, cfg, cache=cache), session)
+        dit = P.DenoiseProgram(self.dn, P.DenoiseRequest(n, SIZE, SIZE, steps, seed, cfg), session)
 
         async def one(item):
             yield item
@@ -161,8 +161,7 @@ def test_abort_between_steps_leaves_others_intact(parts):
 def _cache_settings(mode, threshold=0.5, warmup=1):
     from omni_serve.graphs.qwen_image.spec import CacheSpec
 
-    return CacheSpec(mode=mode, residual_diff_threshold=threshold, max_warmup_steps=warmup).model_dump(
-        exclude={"allow_request_override", "max_request_threshold"})
+    return CacheSpec(mode=mode, residual_diff_threshold=threshold, max_warmup_steps=warmup).settings()
 
 
 @pytest.fixture(scope="module")

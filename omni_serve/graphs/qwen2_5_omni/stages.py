@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any, AsyncIterator
 
 import numpy as np
-import torch
 
 from omni_serve.engines.ar import AREngine
 from omni_serve.engines.batch import BatchEngine
@@ -26,9 +25,6 @@ EDGE_ENCODER_THINKER = "encoder.thinker"
 EDGE_THINKER_TALKER = "thinker.talker"
 EDGE_TALKER_CODE2WAV = "talker.code2wav"
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 class _OmniRunner(StageRunner):
     adapter: Any = None
 
@@ -37,22 +33,15 @@ class _OmniRunner(StageRunner):
         self.spec = OmniGraphSpec.model_validate(graph_spec)
         self.stage_spec = getattr(self.spec.stages, stage)
         self.engine_spec = self.stage_spec.engine
-        dtype = _DTYPES[self.engine_spec.dtype]
-        self.model = self.adapter(self.spec.checkpoint, dtype=dtype, device=self.engine_spec.device)
+        self.model = self.adapter(self.spec.checkpoint, dtype=self.engine_spec.torch_dtype(),
+                                  device=self.engine_spec.device)
 
     def modules(self) -> dict[str, Any]:
         return self.model.modules
 
-    def _edge_connector(self, edge: str):
+    def edge_field(self, edge: str) -> str:
         # The ingress->encoder edge rides the same backend as encoder->thinker.
-        field = EDGE_ENCODER_THINKER if edge == EDGE_INGRESS_ENCODER else edge
-        return self.connector(getattr(self.spec.edges, field.replace(".", "_")).connector)
-
-    def source(self, edge: str):
-        return self._edge_connector(edge), edge, self.spec.data_timeout_s
-
-    def sink(self, edge: str):
-        return self._edge_connector(edge), edge
+        return super().edge_field(EDGE_ENCODER_THINKER if edge == EDGE_INGRESS_ENCODER else edge)
 
 
 def _sampling(values: dict[str, Any]) -> SamplingParams:

@@ -99,7 +99,7 @@ class CacheSession:
     def __init__(self, cache: DiTCache, settings: dict[str, Any], num_images: int):
         from cache_dit.caching import CachedContext
 
-        self.cache, self.settings, self.num_images = cache, dict(settings), num_images
+        self.cache, self.num_images = cache, num_images
         cache_cfg, calibrator = _configs(settings)
         self.contexts = {
             branch: CachedContext(name=cache.slot, cache_config=copy.deepcopy(cache_cfg),

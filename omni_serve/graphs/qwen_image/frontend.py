@@ -49,7 +49,7 @@ class QwenImageFrontend:
 
     def _cache(self, req: ImageGenerationRequest) -> dict[str, Any] | None:
         cfg = self.spec.stages.dit.params.cache
-        settings = cfg.model_dump(exclude={"allow_request_override", "max_request_threshold"})
+        settings = cfg.settings()
         if req.cache is not None:
             asked = req.cache.model_dump(exclude_none=True)
             if asked and not cfg.allow_request_override:
@@ -60,6 +60,13 @@ class QwenImageFrontend:
                                   param="cache.residual_diff_threshold")
             settings.update(asked)
         return None if settings["mode"] == "off" else settings
+
+    def _count_tokens(self, text: str, param: str) -> int:
+        tokens = len(self.tokenizer(text).input_ids)
+        if tokens > self.max_prompt_tokens:
+            raise bad_request(f"{param} has {tokens} tokens; at most {self.max_prompt_tokens} are accepted.",
+                              param=param, code="context_length_exceeded")
+        return tokens
 
     def _prepare(self, req: ImageGenerationRequest) -> tuple[str, dict[str, dict[str, Any]], int]:
         s = self.spec
@@ -74,13 +81,9 @@ class QwenImageFrontend:
         if steps > s.max_steps:
             raise bad_request(f"num_inference_steps must be between 1 and {s.max_steps}.",
                               param="num_inference_steps")
-        tokens = len(self.tokenizer(req.prompt).input_ids)
-        if tokens > self.max_prompt_tokens:
-            raise bad_request(f"The prompt has {tokens} tokens; at most {self.max_prompt_tokens} are accepted.",
-                              param="prompt", code="context_length_exceeded")
-        if req.negative_prompt is not None and len(self.tokenizer(req.negative_prompt).input_ids) > self.max_prompt_tokens:
-            raise bad_request(f"The negative prompt has more than {self.max_prompt_tokens} tokens.",
-                              param="negative_prompt", code="context_length_exceeded")
+        tokens = self._count_tokens(req.prompt, "prompt")
+        if req.negative_prompt is not None:
+            self._count_tokens(req.negative_prompt, "negative_prompt")
         # Non-distilled transformers (Qwen-Image) take guidance_scale as the true-CFG scale.
         cfg_scale = req.true_cfg_scale
         if cfg_scale is None and not self.guidance_embeds:

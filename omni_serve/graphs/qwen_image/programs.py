@@ -64,7 +64,6 @@ class DenoiseRequest:
     seed: int
     true_cfg_scale: float = 1.0  # CFG runs when > 1 and negative embeddings arrive
     guidance_scale: float | None = None  # guidance-distilled transformers only
-    cache: dict[str, Any] | None = None  # resolved cache-dit settings, None = off
 
 
 @dataclass

@@ -34,6 +34,10 @@ class CacheSpec(BaseModel):
     allow_request_override: bool = Field(True, description="Requests may pick the mode and threshold.")
     max_request_threshold: float = Field(0.5, gt=0, description="Largest residual_diff_threshold a request may ask.")
 
+    def settings(self) -> dict:
+        """What the DiT stage needs to set up caching (a request may override some), without the limits."""
+        return self.model_dump(exclude={"allow_request_override", "max_request_threshold"})
+
 
 class DiTParams(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator
 
-import torch
-
 from omni_serve.engines.batch import BatchEngine
 from omni_serve.graphs.qwen_image import programs as P
 from omni_serve.graphs.qwen_image.spec import QwenImageGraphSpec
@@ -21,16 +19,13 @@ from omni_serve.models.qwen_image import QwenImageDecoder, QwenImageDenoiser, Qw
 EDGE_TEXT_DIT = "text_encoder.dit"
 EDGE_DIT_VAE = "dit.vae"
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 class _ImageRunner(StageRunner):
     def __init__(self, stage: str, graph_spec: dict[str, Any]):
         self.stage = stage
         self.spec = QwenImageGraphSpec.model_validate(graph_spec)
         self.stage_spec = getattr(self.spec.stages, stage)
         self.engine_spec = self.stage_spec.engine
-        self.dtype = _DTYPES[self.engine_spec.dtype]
+        self.dtype = self.engine_spec.torch_dtype()
         self.model = self.load()
 
     def load(self):
@@ -43,13 +38,6 @@ class _ImageRunner(StageRunner):
         s = self.engine_spec
         return BatchEngine(self.stage, compute, max_batch=self.stage_spec.params.max_batch,
                            max_active=s.max_active_requests, torch_threads=s.torch_threads)
-
-    def source(self, edge: str):
-        return self.connector(getattr(self.spec.edges, edge.replace(".", "_")).connector), edge, \
-            self.spec.data_timeout_s
-
-    def sink(self, edge: str):
-        return self.connector(getattr(self.spec.edges, edge.replace(".", "_")).connector), edge
 
 
 class TextEncoderRunner(_ImageRunner):
@@ -76,7 +64,7 @@ class DiTRunner(_ImageRunner):
         if cache.mode != "off" or cache.allow_request_override:
             from omni_serve.graphs.qwen_image.cache import DiTCache
 
-            self.cache = DiTCache(model, cache.model_dump())
+            self.cache = DiTCache(model, cache.settings())
         return model
 
     def make_engine(self) -> BatchEngine:
@@ -93,8 +81,8 @@ class DiTRunner(_ImageRunner):
         req = P.DenoiseRequest(
             num_images=request["n"], height=request["height"], width=request["width"],
             num_steps=request["num_steps"], seed=request["seed"], true_cfg_scale=request["true_cfg_scale"],
-            guidance_scale=request.get("guidance_scale"), cache=request.get("cache"))
-        program = P.DenoiseProgram(self.model, req, self.cache_session(req.cache, req.num_images))
+            guidance_scale=request.get("guidance_scale"))
+        program = P.DenoiseProgram(self.model, req, self.cache_session(request.get("cache"), req.num_images))
         async for out in self.drive(engine, request["request_id"], program,
                                     source=self.source(EDGE_TEXT_DIT), sink=self.sink(EDGE_DIT_VAE)):
             yield out
