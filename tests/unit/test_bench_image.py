@@ -9,7 +9,6 @@ import base64
 import io
 import json
 import math
-import os
 from pathlib import Path
 
 import httpx
@@ -26,7 +25,6 @@ from omni_serve.bench.image_report import (
 )
 from omni_serve.cli import main
 
-TMP_CHECKPOINT = "/tmp/qi_tiny"
 
 
 def _png(pixels: np.ndarray) -> str:
@@ -169,18 +167,10 @@ def test_report_ratios_parity_and_cache(tmp_path):
     assert Path(png_path).read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.fixture
-def image_checkpoint(request) -> str:
-    """/tmp/qi_tiny when it is there (the quick path), else the session's tiny checkpoint (made if missing)."""
-    if os.path.exists(os.path.join(TMP_CHECKPOINT, "omni_serve_checkpoint.json")):
-        return TMP_CHECKPOINT
-    return request.getfixturevalue("qwen_image_tiny_dir")
-
-
-def test_diffusers_baseline_on_the_tiny_checkpoint(image_checkpoint):
-    cfg = ImageBenchConfig(url="http://x", checkpoint=image_checkpoint, num_requests=2, size="64x64", steps=2)
+def test_diffusers_baseline_on_the_tiny_checkpoint(qwen_image_tiny_dir):
+    cfg = ImageBenchConfig(url="http://x", checkpoint=qwen_image_tiny_dir, num_requests=2, size="64x64", steps=2)
     requests = build_image_workload(cfg)
-    baseline = DiffusersImageBaseline(image_checkpoint, threads=2)
+    baseline = DiffusersImageBaseline(qwen_image_tiny_dir, threads=2)
     run = baseline.run(requests, warmup=0, progress_every=0)
     assert run.system == "diffusers" and run.num_errors == 0 and run.concurrency == 1
     for rec in run.records:
