@@ -9,13 +9,18 @@ IMAGE_CHECKPOINT ?= checkpoints/qwen_image-tiny
 PORT ?= 8000
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: setup checkpoint run run-image test unit integration bench bench-image clean
+.PHONY: setup checkpoint run run-image test unit integration bench bench-image bench-transport clean
 
 $(VENV)/.installed: pyproject.toml
+	scripts/install_system_deps.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[test,bench]"
+	# GPU machines: the CUDA build of Mooncake (same module) instead of the CPU wheel.
+	if command -v nvidia-smi >/dev/null 2>&1; then \
+	  $(PY) -m pip uninstall --quiet -y mooncake-transfer-engine-non-cuda && \
+	  $(PY) -m pip install --quiet mooncake-transfer-engine; fi
 	touch $@
 
 setup: $(VENV)/.installed
@@ -53,6 +58,10 @@ bench: setup
 # The issue-4 benchmark (Qwen-Image, small checkpoint, ~5 min): see docs/qwen_image.md.
 bench-image: setup
 	loadtests/run_image_bench.sh bench_image
+
+# Data-plane backends (shm, ray, mooncake, mooncake_store) vs memcpy, 4 KiB to 512 MiB: docs/data_plane.md.
+bench-transport: setup
+	$(VENV)/bin/omni-serve bench transport --out bench_transport
 
 clean:
 	rm -rf $(VENV) checkpoints *.egg-info

@@ -4,6 +4,7 @@ Commands:
   omni-serve make-checkpoint qwen2_5_omni|qwen_image --size tiny|small DIR
   omni-serve serve [--graph qwen2_5_omni|qwen_image] [--config FILE.yaml] [key=value ...]
   omni-serve bench --url URL --checkpoint DIR [--concurrency 1,16] [--mode omni|text|image] ... (see bench --help)
+  omni-serve bench transport [--backends shm,ray,mooncake,mooncake_store] [--sizes 4KiB,1MiB,64MiB,512MiB]
 """
 
 from __future__ import annotations
@@ -153,6 +154,10 @@ def _float_list(text: str) -> list[float]:
     return values
 
 
+def _str_list(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
 def _cache_modes(text: str) -> list[str]:
     modes = [] if text.strip() == "none" else [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in modes if m not in ("dbcache", "taylorseer")]
@@ -178,10 +183,30 @@ def _image_bench_config(args):
         timeout_s=args.timeout, progress_every=args.progress_every)
 
 
+def cmd_bench_transport(args) -> int:
+    from omni_serve.bench.transport import SIZES, TransportBenchConfig, run_transport_bench
+    from omni_serve.transport.base import known_connectors
+
+    bad = [b for b in args.backends if b not in known_connectors()] + [s for s in args.sizes if s not in SIZES]
+    if bad:
+        print(f"omni-serve bench transport: unknown backend or size {', '.join(bad)} (backends: "
+              f"{', '.join(known_connectors())}; sizes: {', '.join(SIZES)})", file=sys.stderr)
+        return 2
+    cfg = TransportBenchConfig(backends=args.backends, sizes=args.sizes, reps=args.reps, warmup=max(args.warmup, 1),
+                               out=args.out)
+    report = run_transport_bench(cfg)
+    print(f"report: {report['path']}")
+    failed = [b for b, per in report["backends"].items() if any("error" in row for row in per.values())]
+    return 1 if failed else 0
+
+
 def cmd_bench(args) -> int:
     from pydantic import ValidationError
 
     from omni_serve.bench.runner import BenchConfig, run_bench
+
+    if args.target == "transport":
+        return cmd_bench_transport(args)
 
     if args.mode == "image":
         from omni_serve.bench.image import run_image_bench
@@ -251,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     sv.set_defaults(func=cmd_serve)
     bn = sub.add_parser("bench", help="benchmark a running endpoint against an in-process transformers baseline",
                         description=BENCH_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bn.add_argument("target", nargs="?", choices=["serving", "transport"], default="serving",
+                    help="serving: a running endpoint vs in-process baselines (default); transport: data-plane "
+                         "backends vs memcpy on this machine (starts its own local Ray)")
     bn.add_argument("--url", help="base URL of the running server, e.g. http://127.0.0.1:8000 (omni, image modes)")
     bn.add_argument("--checkpoint", metavar="DIR",
                     help="local checkpoint directory for the baselines (text mode: required)")
@@ -311,6 +339,13 @@ def main(argv: list[str] | None = None) -> int:
                          "baseline runs on a quiet machine")
     im.add_argument("--cache-concurrency", type=int, default=None,
                     help="concurrency of the cached runs (default: the largest --concurrency)")
+    tr = bn.add_argument_group("transport")
+    tr.add_argument("--backends", type=_str_list, default=["shm", "ray", "mooncake", "mooncake_store"],
+                    metavar="B[,B...]", help="connectors to measure (default shm,ray,mooncake,mooncake_store)")
+    tr.add_argument("--sizes", type=_str_list, default=["4KiB", "1MiB", "64MiB", "512MiB"], metavar="S[,S...]",
+                    help="payload sizes (default 4KiB,1MiB,64MiB,512MiB)")
+    tr.add_argument("--reps", type=int, default=0,
+                    help="measured payloads per size (default 0: 50 up to 1 MiB, 10 at 64 MiB, 4 above)")
     bn.set_defaults(func=cmd_bench)
     args = parser.parse_args(argv)
     return args.func(args)

@@ -5,7 +5,8 @@ from the validated graph spec (loading only that stage's weights) and serves:
 - ``generate(request)``: a streaming call; yields the runner's small outputs for one request. Cancelling
   the call (client gone, ingress error) aborts the request in the engine and frees its state.
 - ``ready()``: cheap liveness/identity probe used by the ingress' ``/health``, with the engine's stats
-  (active requests; for AR stages running/waiting requests and KV block counts).
+  (active requests; for AR stages running/waiting requests and KV block counts) and, under
+  ``data_plane``, the counters of the connectors this replica uses (payloads held, buffer use).
 - ``parameter_names()``: names of the parameters this replica holds (for tests and operators).
 Ray Serve calls ``check_health`` periodically; a dead engine thread marks the replica unhealthy.
 """
@@ -45,7 +46,9 @@ class StageDeployment:
             yield out
 
     async def ready(self) -> dict[str, Any]:
-        return {"stage": self.stage, "pid": os.getpid(), **self.engine.stats()}
+        from omni_serve.transport.base import connector_stats
+
+        return {"stage": self.stage, "pid": os.getpid(), **self.engine.stats(), "data_plane": connector_stats()}
 
     def parameter_names(self) -> list[str]:
         return [f"{prefix}.{name}" for prefix, module in self.runner.modules().items()

@@ -1,11 +1,11 @@
 """Ingress side of a request's stage calls: open them all at once, merge their outputs, clean up always.
 
-Contract: ``stage_events(handles, payloads, request_id=..., timeout_s=..., connector=...)`` opens one
+Contract: ``stage_events(handles, payloads, request_id=..., timeout_s=..., connectors=...)`` opens one
 streaming ``generate`` call per entry of ``payloads`` (stage name -> small metadata dict) and yields
 ``(stage, output)`` in arrival order until every call has ended. A stage failure raises a 500
 ``OpenAIError`` naming the stage; passing the deadline raises a 504. Whatever ends the iteration
 (success, error, the client going away), every open call is cancelled (which aborts the request in the
-stage's engine) and the request's data-plane payloads are freed.
+stage's engine) and the request's data-plane payloads are freed on every connector the graph uses.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def short_error(exc: BaseException) -> str:
 
 
 async def stage_events(handles: dict[str, Any], payloads: dict[str, dict[str, Any]], *, request_id: str,
-                       timeout_s: float, connector: Connector) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+                       timeout_s: float, connectors: list[Connector]) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     calls = {stage: handles[stage].options(stream=True).generate.remote(payload)
              for stage, payload in payloads.items()}
     queue: asyncio.Queue = asyncio.Queue()
@@ -65,10 +65,11 @@ async def stage_events(handles: dict[str, Any], payloads: dict[str, dict[str, An
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        try:
-            await connector.free_request(request_id)
-        except Exception:  # noqa: BLE001 - never mask the request's own outcome
-            log.exception("request %s: freeing data-plane payloads failed", request_id)
+        for connector in connectors:
+            try:
+                await connector.free_request(request_id)
+            except Exception:  # noqa: BLE001 - never mask the request's own outcome
+                log.exception("request %s: freeing %s data-plane payloads failed", request_id, connector.name)
 
 
 async def probe_stages(handles: dict[str, Any], timeout_s: float = 5.0) -> dict[str, Any]:

@@ -51,9 +51,8 @@ class StageRunner(abc.ABC):
             if out:
                 yield out
 
-    @staticmethod
-    def connector(name: str) -> Connector:
-        return get_connector(name)
+    def connector(self, name: str) -> Connector:
+        return get_connector(name, self.spec.data_plane)
 
     def edge_field(self, edge: str) -> str:
         """The ``spec.edges`` field whose connector carries ``edge`` ("a.b" -> "a_b"; graphs may remap)."""

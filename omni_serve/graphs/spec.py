@@ -70,7 +70,10 @@ class StageSpec(BaseModel):
 class EdgeSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    connector: Literal["ray"] = Field("ray", description="Data-plane backend carrying this edge's tensors.")
+    connector: Literal["ray", "shm", "mooncake", "mooncake_store"] = Field("ray", description=(
+        "Data-plane backend carrying this edge's tensors: 'ray' (Ray object store, any node), 'shm' (shared "
+        "memory: producer and consumer on one node, zero-copy), 'mooncake' (Mooncake Transfer Engine, P2P "
+        "over tcp/rdma), 'mooncake_store' (Mooncake Store behind a master). See docs/data_plane.md."))
     chunk_size: int = Field(8, ge=1, description="Items (tokens/states) per streamed chunk.")
     first_chunk_size: int = Field(1, ge=1, description="Items in the first chunk (smaller cuts time to first output).")
 

@@ -14,8 +14,13 @@ Contract:
 from __future__ import annotations
 
 import abc
+import asyncio
 import importlib
+import inspect
+import logging
 from typing import Any, AsyncIterator
+
+log = logging.getLogger(__name__)
 
 
 class DataPlaneError(RuntimeError):
@@ -30,8 +35,22 @@ def chunk_key(request_id: str, edge: str, index: int) -> str:
     return f"{request_id}/{edge}/{index}"
 
 
+def split_key(key: str) -> tuple[str, str, int] | None:
+    """``chunk_key``'s parts, or None for a key not made by it."""
+    rid, _, rest = key.partition("/")
+    edge, _, index = rest.rpartition("/")
+    if not rid or not edge or not index.isdigit():
+        return None
+    return rid, edge, int(index)
+
+
 class Connector(abc.ABC):
     name: str = "abstract"
+
+    @classmethod
+    def from_spec(cls, spec: Any = None) -> "Connector":
+        """Build from the backend's ``DataPlaneSpec`` section (None: defaults)."""
+        return cls()
 
     @abc.abstractmethod
     async def put(self, key: str, payload: dict[str, Any]) -> None: ...
@@ -44,6 +63,40 @@ class Connector(abc.ABC):
 
     @abc.abstractmethod
     async def free_request(self, request_id: str) -> None: ...
+
+
+async def in_thread(fn, *args):
+    """``fn(*args)`` in a worker thread. If the caller is cancelled meanwhile, the call still finishes
+    before the cancellation propagates: transport memory is never freed while a copy or transfer uses it."""
+    fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        await asyncio.wait([fut])
+        raise
+
+
+class PeriodicSweep:
+    """Calls a connector's ``sweep()`` (sync or async) every ``min(ttl_s / 4, 5 s)`` on the event loop of
+    the first ``ensure()`` call (the loop its puts run on); a failing sweep is logged, never raised."""
+
+    def __init__(self, name: str, ttl_s: float, sweep):
+        self.name, self.ttl_s, self.sweep = name, ttl_s, sweep
+        self._task: asyncio.Task | None = None
+
+    def ensure(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(min(self.ttl_s / 4, 5.0))
+            try:
+                result = self.sweep()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:  # noqa: BLE001 - housekeeping never takes the replica down
+                log.exception("%s: sweep failed", self.name)
 
 
 class ChunkWriter:
@@ -72,7 +125,12 @@ async def read_chunks(connector: Connector, request_id: str, edge: str,
         index += 1
 
 
-_REGISTRY: dict[str, str] = {"ray": "omni_serve.transport.ray_store:RayObjectStoreConnector"}
+_REGISTRY: dict[str, str] = {
+    "ray": "omni_serve.transport.ray_store:RayObjectStoreConnector",
+    "shm": "omni_serve.transport.shm:SharedMemoryConnector",
+    "mooncake": "omni_serve.transport.mooncake:MooncakeTransferConnector",
+    "mooncake_store": "omni_serve.transport.mooncake:MooncakeStoreConnector",
+}
 _INSTANCES: dict[str, Connector] = {}
 
 
@@ -81,11 +139,27 @@ def register_connector(name: str, path: str) -> None:
     _REGISTRY[name] = path
 
 
-def get_connector(name: str) -> Connector:
-    """The process-wide connector instance of a backend."""
+def connector_stats() -> dict[str, dict]:
+    """Counters of the connectors this process has built (leak checks, /health)."""
+    return {name: c.stats() for name, c in _INSTANCES.items() if hasattr(c, "stats")}
+
+
+def known_connectors() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def edge_connectors(edges, data_plane=None) -> list[Connector]:
+    """The distinct connectors named by a graph's edge specs (any object whose fields have ``connector``)."""
+    names = sorted({edge.connector for edge in vars(edges).values() if hasattr(edge, "connector")})
+    return [get_connector(name, data_plane) for name in names]
+
+
+def get_connector(name: str, data_plane=None) -> Connector:
+    """The process-wide connector of a backend, built on first use from ``data_plane`` (a ``DataPlaneSpec``)."""
     if name not in _INSTANCES:
         if name not in _REGISTRY:
             raise ValueError(f"unknown connector {name!r}; known: {sorted(_REGISTRY)}")
         module, _, cls = _REGISTRY[name].partition(":")
-        _INSTANCES[name] = getattr(importlib.import_module(module), cls)()
+        spec = data_plane.section(name) if data_plane is not None else None
+        _INSTANCES[name] = getattr(importlib.import_module(module), cls).from_spec(spec)
     return _INSTANCES[name]

@@ -27,6 +27,7 @@ class DataDirectory:
         self.ttl_s = ttl_s
         self.entries: dict[str, tuple[list, float]] = {}
         self.waiters: dict[str, asyncio.Event] = {}
+        self.owned: set[str] = set()  # keys whose producer frees them itself after the TTL (it owns the bytes)
         self._sweeper = None
 
     def _ensure_sweeper(self):
@@ -37,17 +38,21 @@ class DataDirectory:
         while True:
             await asyncio.sleep(min(self.ttl_s / 4, 5.0))
             now = time.monotonic()
-            for key in [k for k, (_, t) in self.entries.items() if now - t > self.ttl_s]:
+            for key in [k for k, (_, t) in self.entries.items() if now - t > self.ttl_s and k not in self.owned]:
                 self.entries.pop(key, None)
 
-    async def put(self, key: str, ref_box: list) -> None:
+    async def put(self, key: str, value, owned: bool = False) -> None:
         self._ensure_sweeper()
-        self.entries[key] = (ref_box, time.monotonic())
+        self.entries[key] = (value, time.monotonic())
+        if owned:
+            self.owned.add(key)
         event = self.waiters.pop(key, None)
         if event is not None:
             event.set()
 
-    async def wait(self, key: str, timeout: float):
+    async def wait(self, key: str, timeout: float, take: bool = False):
+        """The value under ``key`` once it is there (None after ``timeout``); ``take`` removes it atomically,
+        so exactly one caller gets it."""
         self._ensure_sweeper()
         if key not in self.entries:
             event = self.waiters.setdefault(key, asyncio.Event())
@@ -56,20 +61,40 @@ class DataDirectory:
             except asyncio.TimeoutError:
                 self.waiters.pop(key, None)
                 return None
+        entry = self.entries.pop(key, None) if take else self.entries.get(key)
+        if take:
+            self.owned.discard(key)
+        return None if entry is None else entry[0]
+
+    async def lookup(self, key: str):
+        """The value under ``key`` now, or None (never waits)."""
         entry = self.entries.get(key)
         return None if entry is None else entry[0]
 
     async def free(self, key: str) -> None:
         self.entries.pop(key, None)
+        self.owned.discard(key)
 
     async def free_prefix(self, prefix: str) -> int:
-        keys = [k for k in self.entries if k.startswith(prefix)]
-        for key in keys:
-            self.entries.pop(key, None)
-        return len(keys)
+        return len(await self.take_prefix(prefix))
+
+    async def take_prefix(self, prefix: str) -> dict:
+        """Remove and return every entry whose key starts with ``prefix``."""
+        out = {}
+        for key in [k for k in self.entries if k.startswith(prefix)]:
+            out[key] = self.entries.pop(key)[0]
+            self.owned.discard(key)
+        return out
 
     async def size(self) -> int:
         return len(self.entries)
+
+
+def data_directory():
+    """The cluster's data directory actor (created on first use; shared by every connector that needs one)."""
+    return DataDirectory.options(
+        name=DIRECTORY_NAME, namespace=settings.RAY_NAMESPACE, get_if_exists=True, lifetime="detached",
+    ).remote(settings.DATA_TTL_S)
 
 
 class RayObjectStoreConnector(Connector):
@@ -81,9 +106,7 @@ class RayObjectStoreConnector(Connector):
     @property
     def directory(self):
         if self._directory is None:
-            self._directory = DataDirectory.options(
-                name=DIRECTORY_NAME, namespace=settings.RAY_NAMESPACE, get_if_exists=True, lifetime="detached",
-            ).remote(settings.DATA_TTL_S)
+            self._directory = data_directory()
         return self._directory
 
     async def put(self, key: str, payload: dict[str, Any]) -> None:

@@ -37,6 +37,26 @@ def omni_app(ray_serve, omni_tiny_dir):
     return ray_serve
 
 
+# The disaggregated-thinker Omni graph at /disagg (same oracle settings), reserving no CPUs so it fits next
+# to the aggregated one in the session's 2 logical CPUs.
+DISAGG_STAGES = ("encoder", "thinker_prefill", "thinker_decode", "talker", "code2wav")
+
+
+@pytest.fixture(scope="session")
+def omni_disagg_app(ray_serve, omni_tiny_dir):
+    from ray import serve
+
+    from omni_serve.graphs.qwen2_5_omni import build_app
+
+    serve.run(build_app({
+        "checkpoint": omni_tiny_dir, "thinker_layout": "disaggregated", "ingress.num_cpus": 0,
+        **{f"stages.{s}.num_cpus": 0 for s in DISAGG_STAGES},
+        "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"],
+        "stages.code2wav.params.num_steps": ORACLE["steps"],
+    }), name="omni_disagg", route_prefix="/disagg")
+    return ray_serve + "/disagg"
+
+
 # Both graphs share the session's 2 logical CPUs: the image graph's stages reserve little.
 IMAGE_APP_ARGS = {f"stages.{s}.num_cpus": 0 for s in ("text_encoder", "dit", "vae")}
 

@@ -200,3 +200,27 @@ def test_upstream_failure_fails_the_request_and_frees_its_blocks(omni_tiny_dir):
             await engine.cleanup()
     stats = asyncio.run(main())
     assert stats["kv_blocks_used"] == 0 and stats["running"] == 0 and stats["active"] == 0
+
+
+def test_a_sequence_failing_on_its_inputs_fails_alone_and_the_engine_keeps_serving(thinker):
+    """A request whose upstream inputs are invalid (``poll`` raises, e.g. a talker fed one thinker token)
+    fails with its own error; requests batched with it finish, and the engine serves the next ones."""
+    class BadInputs(type(sequence(thinker))):
+        def poll(self):
+            raise ValueError("bad upstream input")
+
+    async def main():
+        engine = AREngine("thinker", thinker[0])
+        try:
+            good = asyncio.create_task(collect(engine, "good", sequence(thinker, max_new=8)))
+            bad = sequence(thinker, max_new=8)
+            bad.__class__ = BadInputs
+            with pytest.raises(ValueError, match="bad upstream input"):
+                await collect(engine, "bad", bad)
+            first = await good
+            after = await collect(engine, "after", sequence(thinker, max_new=8))
+            return first, after, engine.alive
+        finally:
+            await engine.cleanup()
+    first, after, alive = asyncio.run(main())
+    assert alive and first == after and len(first) > 0

@@ -12,6 +12,7 @@ from omni_serve.graphs.qwen2_5_omni import build_spec
 from omni_serve.graphs.spec import apply_overrides
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "omni_serve", "configs", "qwen2_5_omni.yaml")
+DISAGG_CONFIG = os.path.join(os.path.dirname(CONFIG), "qwen2_5_omni_disagg.yaml")
 
 
 def test_dotted_overrides_nest():
@@ -37,11 +38,31 @@ def test_autoscaling_replaces_fixed_replicas(omni_tiny_dir):
     assert opts["autoscaling_config"] == auto and "num_replicas" not in opts
 
 
-def test_default_resources_fit_a_two_core_machine(omni_tiny_dir):
-    spec = build_spec({"checkpoint": omni_tiny_dir})
-    stages = spec.stages
-    total = spec.ingress.num_cpus + sum(getattr(stages, s).num_cpus for s in stages.model_fields)
+@pytest.mark.parametrize("layout", ["aggregated", "disaggregated"])
+def test_default_resources_fit_a_two_core_machine(omni_tiny_dir, layout):
+    spec = build_spec({"checkpoint": omni_tiny_dir, "thinker_layout": layout})
+    total = spec.ingress.num_cpus + sum(getattr(spec.stages, s).num_cpus for s in spec.deployed_stages())
     assert total <= 2
+
+
+def test_thinker_layout_chooses_the_deployed_stages(omni_tiny_dir):
+    agg = build_spec({"checkpoint": omni_tiny_dir})
+    assert agg.deployed_stages() == ["encoder", "thinker", "talker", "code2wav"]
+    assert agg.text_stage() == "thinker"
+    dis = build_spec({"checkpoint": omni_tiny_dir, "thinker_layout": "disaggregated",
+                      "stages.thinker_decode.params.default_max_tokens": 9,
+                      "edges.thinker_prefill_thinker_decode.connector": "shm"})
+    assert dis.deployed_stages() == ["encoder", "thinker_prefill", "thinker_decode", "talker", "code2wav"]
+    assert dis.text_stage() == "thinker_decode" and dis.thinker_params().default_max_tokens == 9
+    assert dis.edges.thinker_prefill_thinker_decode.connector == "shm"
+    # every deployed stage has a runner and the edge field the runners resolve
+    from omni_serve.graphs.qwen2_5_omni import STAGE_RUNNERS
+    from omni_serve.graphs.qwen2_5_omni.stages import EDGE_PREFILL_DECODE
+
+    assert set(dis.deployed_stages()) | set(agg.deployed_stages()) <= set(STAGE_RUNNERS)
+    assert hasattr(dis.edges, EDGE_PREFILL_DECODE.replace(".", "_"))
+    with pytest.raises(ValidationError, match="thinker_layout"):
+        build_spec({"checkpoint": omni_tiny_dir, "thinker_layout": "split"})
 
 
 @pytest.mark.parametrize("args, match", [
@@ -54,15 +75,18 @@ def test_bad_specs_fail_clearly(args, match):
         build_spec(args)
 
 
-def test_shipped_serve_config_validates(omni_tiny_dir):
+@pytest.mark.parametrize("config_file, layout", [(CONFIG, "aggregated"), (DISAGG_CONFIG, "disaggregated")])
+def test_shipped_serve_config_validates(omni_tiny_dir, config_file, layout):
     from ray.serve.schema import ServeDeploySchema
 
-    with open(CONFIG) as f:
+    with open(config_file) as f:
         config = yaml.safe_load(f)
     ServeDeploySchema.model_validate(config)
     app = config["applications"][0]
     assert app["import_path"] == "omni_serve.graphs.qwen2_5_omni:build_app"
-    build_spec({**app["args"], "checkpoint": omni_tiny_dir})
+    spec = build_spec({**app["args"], "checkpoint": omni_tiny_dir})
+    assert spec.thinker_layout == layout
+    assert spec.ingress.num_cpus + sum(getattr(spec.stages, s).num_cpus for s in spec.deployed_stages()) <= 2
 
 
 IMAGE_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "omni_serve", "configs", "qwen_image.yaml")

@@ -1,6 +1,7 @@
 """The stages on their real engines, wired in-process, reproduce transformers' Qwen2.5-Omni generate exactly.
 
 No Ray: engines, programs and models as served; edges are asyncio queues (see tests/omni_inprocess.py).
+Both thinker layouts (aggregated, and prefill -> decode disaggregated) are held to the same oracle.
 """
 
 from __future__ import annotations
@@ -63,23 +64,33 @@ def references(models):
     return inputs, {kind: reference(ref, inputs[kind]) for kind in CASES}
 
 
-async def _serve(models, ar, jobs):
+LAYOUTS = ("aggregated", "disaggregated")
+
+
+async def _serve(models, ar, jobs, layout="aggregated"):
     _, proc, enc, thk, tlk, c2w = models
-    omni = InProcessOmni(proc, enc, thk, tlk, c2w, ar, steps=STEPS)
+    omni = InProcessOmni(proc, enc, thk, tlk, c2w, ar, steps=STEPS, thinker_layout=layout)
     try:
         results = await asyncio.gather(*(omni.run(f"r{i}", x, THINKER_TOKENS, TALKER_TOKENS, SEED)
                                          for i, x in enumerate(jobs)))
         stats = (omni.thinker.stats(), omni.talker.stats())
+        if omni.thinker_prefill is not None:
+            stats += (omni.thinker_prefill.stats(),)
     finally:
         await omni.close()
     return results, stats
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("kind", CASES)
-def test_stages_match_transformers_generate(models, references, kind):
+def test_stages_match_transformers_generate(models, references, kind, layout):
     inputs, refs = references
-    (result,), _ = run(_serve(models, ARConfig(), [inputs[kind]]))
+    (result,), stats = run(_serve(models, ARConfig(), [inputs[kind]], layout))
     check(result, refs[kind], models[-1].samples_per_code)
+    if layout == "disaggregated":  # decode computed only the generated tokens' rows: the prompt came as KV
+        decode, _, prefill = stats
+        assert prefill["batched_rows"] == inputs[kind].input_ids.shape[1]
+        assert decode["batched_rows"] == len(result.tokens) - 1
 
 
 def test_eight_in_flight_match_batch_of_one(models, references):
@@ -93,18 +104,19 @@ def test_eight_in_flight_match_batch_of_one(models, references):
     assert talker["kv_blocks_used"] == thinker["kv_blocks_used"] == 0
 
 
-def test_kv_pressure_queues_and_preempts_without_loss(models, references):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_kv_pressure_queues_and_preempts_without_loss(models, references, layout):
     """A cache far smaller than 8 requests need: all complete exactly, blocks all come back."""
     inputs, refs = references
     kinds = [CASES[i % len(CASES)] for i in range(8)]
     ar = ARConfig(num_kv_blocks=24, block_size=4, max_batch_tokens=32)
     longest = max(inputs[k].input_ids.shape[1] for k in kinds) + THINKER_TOKENS + 2 + TALKER_TOKENS
     assert 8 * longest > ar.num_kv_blocks * ar.block_size  # the pressure is real
-    results, (thinker, talker) = run(_serve(models, ar, [inputs[k] for k in kinds]))
+    results, engines = run(_serve(models, ar, [inputs[k] for k in kinds], layout))
     for kind, result in zip(kinds, results):
         check(result, refs[kind], models[-1].samples_per_code)
-    assert thinker["preemptions"] + talker["preemptions"] > 0
-    for stats in (thinker, talker):
+    assert engines[0]["preemptions"] + engines[1]["preemptions"] > 0
+    for stats in engines:
         assert stats["kv_blocks_used"] == 0 and stats["kv_blocks_free"] == ar.num_kv_blocks
 
 

@@ -12,6 +12,11 @@ Contract (see ``omni_serve.engines.loop.LoopEngine`` for the request lifecycle):
    could never fit in the whole cache is refused with a clear error at admission;
 4. runs one packed forward for all scheduled rows and hands each request its hidden states / logits.
 
+KV hand-off (prefill/decode disaggregation, see ``ARSequence``): a sequence with ``export_kv_rows`` gets
+its rows' keys/values gathered from the cache (``kv_exported``) in the step that computes the last of them;
+a sequence admitted with ``kv_import`` gets that KV written into freshly allocated blocks instead of a
+forward, is handed the imported logits, and is scheduled on in the same step.
+
 Requests join and leave between steps. Memory is bounded by ``ARConfig.num_kv_blocks``; requests beyond
 what fits wait (queue) or are preempted, never lost.
 """
@@ -28,7 +33,7 @@ import torch
 from omni_serve.engines.ar.attention import PagedBatch
 from omni_serve.engines.ar.config import ARConfig
 from omni_serve.engines.ar.kv_cache import BlockAllocator, PagedKVCache
-from omni_serve.engines.ar.sequence import ARSequence
+from omni_serve.engines.ar.sequence import ARSequence, KVTransfer
 from omni_serve.engines.loop import END, LoopEngine, Slot
 
 log = logging.getLogger(__name__)
@@ -128,6 +133,8 @@ class AREngine(LoopEngine):
 
     def _fail(self, slot: Slot, exc: BaseException) -> None:
         self._drop(slot)
+        with slot.lock:
+            slot.program.release()
         self.finish(slot, exc)
 
     def _preempt(self, slot: Slot) -> None:
@@ -141,12 +148,22 @@ class AREngine(LoopEngine):
 
     # -- scheduling ---------------------------------------------------------------------------------------
     def _poll(self, slot: Slot) -> int:
-        seq: ARSequence = slot.program
+        """Rows ``slot`` could compute now (its upstream inputs were turned into rows by ``_poll_all``)."""
         with slot.lock:
-            seq.poll()
-            return seq.num_pending()
+            return slot.program.num_pending()
+
+    def _poll_all(self) -> None:
+        """Let every sequence turn arrived inputs into rows; one that raises fails alone (not the engine)."""
+        for slot in [*self.running, *self.waiting]:
+            try:
+                with slot.lock:
+                    slot.program.poll()
+            except Exception as exc:  # noqa: BLE001 - reported to the request's caller
+                log.exception("%s: request %s failed", self.name, slot.request_id)
+                self._fail(slot, exc)
 
     def _schedule(self) -> list[_Work]:
+        self._poll_all()
         budget, plan = self.config.max_batch_tokens, []
         i = 0
         while i < len(self.running) and budget > 0:
@@ -182,13 +199,16 @@ class AREngine(LoopEngine):
             work = self._admit(slot, budget)
             if work is None:
                 break  # FIFO: later requests do not jump a request waiting for blocks
-            plan.append(work)
-            budget -= work.end - work.start
+            if work.end > work.start:  # an imported request may have nothing left to compute this step
+                plan.append(work)
+                budget -= work.end - work.start
         return plan
 
     def _admit(self, slot: Slot, budget: int) -> _Work | None:
         seq: ARSequence = slot.program
         rid = slot.request_id
+        if seq.kv_import is not None:
+            return self._admit_imported(slot, budget)
         if seq.num_computed == 0 and seq.prefix_hashes and self.config.enable_prefix_caching:
             with slot.lock:
                 seq.num_computed = self.blocks.match_prefix(rid, seq.prefix_hashes)
@@ -203,6 +223,45 @@ class AREngine(LoopEngine):
         self.waiting.remove(slot)
         self.running.append(slot)
         return _Work(slot, seq.num_computed, end, seq.needs_logits(end))
+
+    def _admit_imported(self, slot: Slot, budget: int) -> _Work | None:
+        """Admit a request whose first rows were computed elsewhere: write their KV into new blocks, hand the
+        sequence the imported logits, then schedule what it has left (its first sampled token's row)."""
+        seq: ARSequence = slot.program
+        rid = slot.request_id
+        kv = seq.kv_import
+        n = kv.num_rows
+        want = (self.model.num_layers, n, self.model.num_kv_heads, self.model.head_dim)
+        if tuple(kv.k.shape) != want or tuple(kv.v.shape) != want or not 0 < n <= seq.num_rows:
+            self._fail(slot, ValueError(
+                f"{self.name}: imported KV has shape {tuple(kv.k.shape)}/{tuple(kv.v.shape)}, expected {want} "
+                f"for {seq.num_rows} rows (prefill and decode must serve the same model)"))
+            return _Work(slot, 0, 0, False)
+        end = min(n + 1, max(seq.max_rows, seq.num_rows))  # the imported rows + the first sampled token
+        free_after = self.blocks.num_free_blocks - self.blocks.blocks_for(end)
+        if free_after < self.watermark or not self.blocks.allocate(rid, end):
+            self.blocks.free(rid)
+            return None
+        slots = self.blocks.slots(rid, 0, n).to(self.cache.k.device)
+        self.cache.k[:, slots] = kv.k.to(self.cache.k.device, self.cache.k.dtype)
+        self.cache.v[:, slots] = kv.v.to(self.cache.v.device, self.cache.v.dtype)
+        self.waiting.remove(slot)
+        self.running.append(slot)
+        with slot.lock:
+            seq.kv_import = None  # from now on a preempted request recomputes these rows from its embeddings
+        self._deliver(_Work(slot, 0, n, kv.logits is not None), None, kv.logits)
+        if slot not in self.running or slot.aborted or slot.finished:  # ended on the imported logits alone
+            return _Work(slot, n, n, False)
+        start = seq.num_computed
+        take = min(self._poll(slot), budget)
+        if take == 0 or not self.blocks.allocate(rid, start + take):
+            return _Work(slot, start, start, False)  # running: the next step schedules it
+        return _Work(slot, start, start + take, seq.needs_logits(start + take))
+
+    def _export(self, rid: str, n: int) -> KVTransfer:
+        """Copies of the cached keys/values of ``rid``'s rows ``[0, n)``."""
+        slots = self.blocks.slots(rid, 0, n).to(self.cache.k.device)
+        return KVTransfer(self.cache.k[:, slots], self.cache.v[:, slots])
 
     # -- execution ----------------------------------------------------------------------------------------
     def _execute(self, plan: list[_Work]) -> None:
@@ -254,6 +313,8 @@ class AREngine(LoopEngine):
                 if slot.aborted:
                     return
                 outputs = seq.computed(w.start, w.end, hidden, logits)
+                if seq.exports_now():
+                    outputs = outputs + seq.kv_exported(self._export(slot.request_id, seq.export_kv_rows))
         except Exception as exc:  # noqa: BLE001 - reported to the request's caller
             log.exception("%s: request %s failed", self.name, slot.request_id)
             self._fail(slot, exc)

@@ -15,19 +15,47 @@ their keys/values in the KV cache. The engine, from its worker thread and under 
   produced twice, so outputs are exactly those of an uninterrupted run.
 ``prefix_hashes`` (chained block hashes of prompt rows, or empty) lets the engine share cached prompt
 blocks; ``max_rows`` is the most rows the request can reach (prompt + generation limit).
+
+KV hand-off between engines (prefill/decode disaggregation), both optional:
+- export: a sequence with ``export_kv_rows = n`` is a prefill-only request. Once rows ``[0, n)`` are
+  computed (and their ``computed`` call returned), the engine gathers their keys/values from its cache and
+  calls ``kv_exported(KVTransfer)``, which returns the outputs carrying the hand-off and ends the sequence
+  (``done``). ``KVTransfer.logits`` is left None by the engine: the sequence attaches what it needs.
+- import: a sequence whose ``kv_import`` is set when it is admitted has rows ``[0, kv_import.num_rows)``
+  computed elsewhere. The engine writes that KV into its cache instead of computing the rows, drops
+  ``kv_import`` and calls ``computed(0, n, None, kv_import.logits)`` as if it had run the forward
+  itself (``logits``: those of row ``n - 1``, or None). After a preemption the rows are simply recomputed
+  from the sequence's embeddings, like any other rows.
 """
 
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 
 import torch
 
 from omni_serve.engines.base import StageProgram
 
 
+@dataclass
+class KVTransfer:
+    """Keys/values of rows ``[0, n)`` of one request: ``k``/``v`` ``[layers, n, kv_heads, head_dim]``, and the
+    next-token ``logits`` ``[V]`` of row ``n - 1`` when the receiving sequence samples from them."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    logits: torch.Tensor | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.k.shape[1]
+
+
 class ARSequence(StageProgram):
     wants_hidden: bool = False
+    export_kv_rows: int | None = None  # prefill-only: hand rows [0, n) off once computed (see module doc)
+    kv_import: KVTransfer | None = None  # rows computed elsewhere, written into the cache on admission
 
     def __init__(self, embed_dim: int, position_rows: int, dtype: torch.dtype = torch.float32):
         self._emb = torch.empty(0, embed_dim, dtype=dtype)
@@ -81,6 +109,14 @@ class ARSequence(StageProgram):
         if logits is not None:
             self.logits_done = end
         return self.on_computed(start, end, hidden, logits)
+
+    def exports_now(self) -> bool:
+        """Whether the rows to hand off are all computed (the engine then calls ``kv_exported``)."""
+        return self.export_kv_rows is not None and not self.done and self.num_computed >= self.export_kv_rows
+
+    def kv_exported(self, kv: KVTransfer) -> list[dict]:
+        """The KV of rows ``[0, export_kv_rows)``; returns the outputs carrying the hand-off, sets ``done``."""
+        raise NotImplementedError(f"{type(self).__name__} exports no KV")
 
     # StageProgram: the AR engine drives sequences through the hooks above, not step().
     def ready(self) -> bool:

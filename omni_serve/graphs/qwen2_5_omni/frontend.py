@@ -3,10 +3,11 @@
 Contract: ``OmniFrontend(spec, handles)``; ``await prepare(request)`` validates and preprocesses (400s are
 raised here, before any stage is called) and returns a ``Prepared`` request; ``complete(p)`` returns a
 ``ChatCompletionResponse``; ``stream(p)`` yields SSE lines. Per request the frontend opens one streaming
-call per stage it needs (encoder if media, thinker, and talker + code2wav for audio) at once: stages find
-their inputs on the data plane by key, so the talker starts on the thinker's first chunk. Whatever ends
-the request (completion, error, client gone) cancels every open stage call and frees the request's
-data-plane payloads.
+call per stage it needs (encoder if media, the thinker stages of the spec's layout — ``thinker``, or
+``thinker_prefill`` and ``thinker_decode`` with the same metadata — and talker + code2wav for audio) at
+once: stages find their inputs on the data plane by key, so the talker starts on the thinker's first chunk.
+The text comes from ``spec.text_stage()``. Whatever ends the request (completion, error, client gone)
+cancels every open stage call and frees the request's data-plane payloads.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
 from omni_serve.graphs.qwen2_5_omni.stages import EDGE_INGRESS_ENCODER
 from omni_serve.models.qwen2_5_omni import SAMPLE_RATE, load_config, load_speakers
 from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
-from omni_serve.transport.base import chunk_key, get_connector
+from omni_serve.transport.base import chunk_key, edge_connectors, get_connector
 
 log = logging.getLogger(__name__)
 AUDIO_TTL_S = 3600
@@ -59,11 +60,13 @@ class OmniFrontend:
         self.voices = {name: int(v["bos_token"]) for name, v in load_speakers(spec.checkpoint).items()}
         if spec.default_voice not in self.voices:
             raise ValueError(f"default_voice {spec.default_voice!r} not in the checkpoint's voices {sorted(self.voices)}")
-        tparams = spec.stages.thinker.params
+        tparams = spec.thinker_params()
+        self.text_stage = spec.text_stage()
         self.max_model_len = tparams.max_model_len or self.thinker_cfg.text_config.max_position_embeddings
         eos = self.inputs.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.stop_token_ids = [eos]
-        self.connector = get_connector(spec.edges.encoder_thinker.connector)
+        self.media_connector = get_connector(spec.edges.encoder_thinker.connector, spec.data_plane)
+        self.connectors = edge_connectors(spec.edges, spec.data_plane)
 
     # -- validation and preprocessing ---------------------------------------------------------------------
     async def prepare(self, req: P.ChatCompletionRequest) -> Prepared:
@@ -86,7 +89,7 @@ class OmniFrontend:
         except Exception as exc:  # preprocessing rejected the media (e.g. too small an image)
             raise bad_request(f"Could not process the request's media: {exc}", param="messages") from exc
         prompt_len = int(inputs.input_ids.shape[1])
-        max_new = req.max_new_tokens(self.spec.stages.thinker.params.default_max_tokens)
+        max_new = req.max_new_tokens(self.spec.thinker_params().default_max_tokens)
         if prompt_len + max_new > self.max_model_len:
             raise bad_request(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
@@ -96,7 +99,7 @@ class OmniFrontend:
             raise bad_request("Speech output needs max_tokens >= 2.", param="max_tokens")
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         temperature = req.temperature if req.temperature is not None else \
-            self.spec.stages.thinker.params.default_temperature
+            self.spec.thinker_params().default_temperature
         seed = req.seed if req.seed is not None else random.randrange(2**31)
         media = None
         if inputs.input_features is not None or inputs.pixel_values is not None:
@@ -155,7 +158,8 @@ class OmniFrontend:
         payloads = {}
         if p.media is not None:
             payloads["encoder"] = {"request_id": p.request_id}
-        payloads["thinker"] = p.thinker
+        for stage in self.spec.thinker_stages():
+            payloads[stage] = p.thinker
         if p.audio is not None:
             payloads["talker"] = {"request_id": p.request_id, "seed": p.audio["seed"], "greedy": p.audio["greedy"]}
             payloads["code2wav"] = {"request_id": p.request_id, "voice": p.audio["voice"], "seed": p.audio["seed"]}
@@ -164,15 +168,15 @@ class OmniFrontend:
     async def _events(self, p: Prepared) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Merged (stage, output) events of every stage call of the request, as they arrive."""
         if p.media is not None:
-            await self.connector.put(chunk_key(p.request_id, EDGE_INGRESS_ENCODER, 0), p.media)
+            await self.media_connector.put(chunk_key(p.request_id, EDGE_INGRESS_ENCODER, 0), p.media)
         async for event in stage_events(self.handles, self._stage_payloads(p), request_id=p.request_id,
-                                        timeout_s=self.spec.ingress.request_timeout_s, connector=self.connector):
+                                        timeout_s=self.spec.ingress.request_timeout_s, connectors=self.connectors):
             yield event
 
     async def complete(self, p: Prepared) -> P.ChatCompletionResponse:
         text, tokens, codes, pcm, finish = [], [], [], [], None
         async for stage, out in self._events(p):
-            if stage == "thinker":
+            if stage == self.text_stage:
                 text.append(out.get("text", ""))
                 tokens.extend(out.get("token_ids", []))
                 finish = out.get("finish_reason", finish)
@@ -207,7 +211,7 @@ class OmniFrontend:
         audio_id = f"audio_{p.request_id}"
         try:
             async for stage, out in self._events(p):
-                if stage == "thinker":
+                if stage == self.text_stage:
                     tokens += len(out.get("token_ids", []))
                     finish = out.get("finish_reason", finish)
                     if out.get("text"):

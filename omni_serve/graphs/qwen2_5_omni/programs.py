@@ -11,6 +11,20 @@ Data each program exchanges (dicts; tensors travel through the connector, never 
   voice's text-bos, tts end and tts pad tokens) and ``first_token``; every chunk has ``states`` ([k, H]:
   hidden + embedding of each generated token the thinker fed back) and the last ``end: True``.
 - talker -> code2wav, a chunk stream: ``{"codes": [int], "end": bool}`` (see ``code2wav.py``).
+- thinker_prefill -> thinker_decode (disaggregated thinker), one payload, the prompt's hand-off:
+  ``k``/``v`` ([layers, L, kv_heads, head_dim]: the KV of every prompt row), ``logits`` ([V]: next-token
+  logits of the last prompt row), ``embeds`` ([L, E]) and ``positions`` ([4, L]: the prompt rows, so decode
+  can recompute them after a preemption), ``delta`` (M-RoPE offset of generated positions) and, when a talker
+  consumes the request, ``prompt_states`` ([L, H], complete). Built by ``ThinkerSequence.kv_exported``,
+  adopted by ``ThinkerSequence.feed`` in the decode role.
+
+The thinker runs in one of three roles (``ThinkerRole``), two graph layouts of the same code:
+``aggregated`` (one stage: prompt and generation), or ``prefill`` + ``decode``. Prefill computes every
+prompt row (the same forward, chunking and prefix caching as the aggregated thinker), never samples, and
+hands off as above; decode writes the imported KV into its own cache, samples the first token from the
+imported logits with the request's seeded sampler and continues exactly as the aggregated thinker (text
+outputs and the thinker -> talker stream). Sampling happens in one place only, so the outputs are those
+of the aggregated thinker.
 
 This is exactly the hand-off that transformers' ``Qwen2_5OmniForConditionalGeneration.generate`` builds in
 one process, cut so the talker can start on the thinker's first chunk.
@@ -18,12 +32,13 @@ one process, cut so the talker can start on the thinker's first chunk.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import torch
 
 from omni_serve.engines.ar.kv_cache import block_hashes
-from omni_serve.engines.ar.sequence import ARSequence
+from omni_serve.engines.ar.sequence import ARSequence, KVTransfer
 from omni_serve.engines.base import StageProgram
 from omni_serve.engines.sampling import Sampler, SamplingParams
 from omni_serve.models.qwen2_5_omni import OmniEncoder, OmniTalker, OmniThinker
@@ -71,17 +86,31 @@ class ThinkerRequest:
     block_size: int = 16  # KV block size of the engine (for prefix-sharing hashes)
 
 
+class ThinkerRole(str, enum.Enum):
+    """What a thinker stage does with a request (see the module doc)."""
+
+    AGGREGATED = "aggregated"  # prompt and generation in one stage
+    PREFILL = "prefill"  # prompt only; hands its KV off to decode
+    DECODE = "decode"  # adopts the hand-off; generation
+
+
 class ThinkerSequence(ARSequence):
     """Prompt (text + media embeddings, M-RoPE positions) in; text tokens and talker states out."""
 
-    def __init__(self, model: OmniThinker, tokenizer, req: ThinkerRequest):
+    def __init__(self, model: OmniThinker, tokenizer, req: ThinkerRequest,
+                 role: ThinkerRole = ThinkerRole.AGGREGATED):
         super().__init__(model.hidden_size, model.position_rows, model.dtype)
-        self.model, self.tok, self.req = model, tokenizer, req
+        self.model, self.tok, self.req, self.role = model, tokenizer, req, ThinkerRole(role)
         self.sampler = Sampler(req.sampling)
-        self.media: dict | None = None if req.expects_media else {}
+        # the prompt is built once media arrived (none expected: at once); decode adopts it from prefill
+        self.media: dict | None = None if req.expects_media or self.role is ThinkerRole.DECODE else {}
         self.prompt_len = len(req.input_ids)
         self.max_rows = self.prompt_len + req.max_new_tokens
         self.wants_hidden = req.talker_voice_token is not None
+        self.last_logits: torch.Tensor | None = None  # prefill: next-token logits of the last prompt row
+        if self.role is ThinkerRole.PREFILL:
+            self.max_rows = self.prompt_len
+            self.export_kv_rows = self.prompt_len
         self.generated: list[int] = []
         self.text = ""
         self.sent = 0
@@ -93,12 +122,16 @@ class ThinkerSequence(ARSequence):
         self.first_extra: dict = {}
         self.finish_reason: str | None = None
         self.max_stop = max((len(s) for s in req.stop), default=0)
-        if not req.expects_media and not self.wants_hidden:
+        if not req.expects_media and not self.wants_hidden and self.role is not ThinkerRole.DECODE:
             # Prompt-prefix sharing needs no prompt hidden states and media-free prompts (token id = content).
+            # Decode computes no prompt rows: it imports them (and does not offer them for sharing).
             self.prefix_hashes = block_hashes(req.input_ids[:self.prompt_len - 1], req.block_size)
 
     def feed(self, item: dict) -> None:
-        self.media = item
+        if self.role is ThinkerRole.DECODE:
+            self._adopt(item)
+        else:
+            self.media = item
 
     def ready(self) -> bool:
         return not self.done and ((self.num_rows == 0 and self.media is not None) or self.num_pending() > 0)
@@ -106,6 +139,8 @@ class ThinkerSequence(ARSequence):
     def release(self) -> None:
         self.pending_states = []
         self.prompt_states = None
+        self.last_logits = None
+        self.kv_import = None
 
     def poll(self) -> None:
         if self.num_rows == 0 and self.media is not None:
@@ -130,8 +165,43 @@ class ThinkerSequence(ARSequence):
         if self.wants_hidden:
             media_mask = torch.isin(ids[0], torch.tensor(req.media_token_ids)).view(-1, 1)
             self.prompt_states = embeds[0].masked_fill(media_mask.to(embeds.device), 0.0).clone()
-            special = m.embed(torch.tensor([[req.talker_voice_token, *req.talker_tokens]]))[0]
-            self.first_extra = {"bos": special[0], "eos": special[1], "pad": special[2]}
+            self._talker_extras()
+
+    def _talker_extras(self) -> None:
+        req = self.req
+        special = self.model.embed(torch.tensor([[req.talker_voice_token, *req.talker_tokens]]))[0]
+        self.first_extra = {"bos": special[0], "eos": special[1], "pad": special[2]}
+
+    # -- prefill/decode hand-off (see the module doc) -------------------------------------------------------
+    def kv_exported(self, kv: KVTransfer) -> list[dict]:
+        """Prefill: every prompt row is computed; hand the prompt off to decode and end the request."""
+        n = self.prompt_len
+        emb, pos = self.rows(0, n)
+        handoff = {"k": kv.k, "v": kv.v, "logits": self.last_logits, "embeds": emb.clone(),
+                   "positions": pos.clone(), "delta": self.delta, "end": True}
+        if self.wants_hidden:
+            handoff["prompt_states"] = self.prompt_states
+        self.done = True
+        return [{"downstream": handoff}]
+
+    def _adopt(self, handoff: dict) -> None:
+        """Decode: take over a prompt prefilled elsewhere (rows, M-RoPE delta, KV to import, talker prompt)."""
+        if self.num_rows:
+            raise ValueError("the thinker's prompt hand-off arrived twice")
+        emb, pos, k = handoff["embeds"], handoff["positions"], handoff["k"]
+        if emb.shape[0] != self.prompt_len or pos.shape[1] != self.prompt_len or k.shape[1] != self.prompt_len:
+            raise ValueError(f"prompt hand-off has {emb.shape[0]} rows / {k.shape[1]} KV rows for a "
+                             f"{self.prompt_len}-token prompt")
+        if self.wants_hidden and handoff.get("prompt_states") is None:
+            raise ValueError("prompt hand-off lacks the prompt states the talker needs")
+        self.append(emb, pos)
+        self.delta = int(handoff["delta"])
+        # logits where the aggregated thinker's are (the model's device), so sampling runs the same way
+        self.kv_import = KVTransfer(k, handoff["v"], handoff["logits"].to(self.model.device))
+        if self.wants_hidden:
+            self.prompt_states = handoff["prompt_states"].to(self.model.device, copy=True)
+            self.hidden_done = self.prompt_len  # prompt hidden states came with the hand-off
+            self._talker_extras()
 
     def _collect_hidden(self, start: int, end: int, hidden: torch.Tensor) -> None:
         lo, prompt_end = max(start, self.hidden_done), min(end, self.prompt_len)
@@ -146,6 +216,9 @@ class ThinkerSequence(ARSequence):
         if hidden is not None and self.wants_hidden:
             self._collect_hidden(start, end, hidden)
         if logits is None:
+            return []
+        if self.role is ThinkerRole.PREFILL:  # decode samples (once, with the request's seeded sampler)
+            self.last_logits = logits.clone()  # a row of the batch's logits: do not ship the whole batch
             return []
         token = self.sampler.select(logits, self.generated)
         self.generated.append(token)
@@ -241,7 +314,9 @@ class TalkerSequence(ARSequence):
         self.fresh = True
 
     def release(self) -> None:
+        # Drop every upstream tensor now: zero-copy connectors return their memory when the last view dies.
         self.states = []
+        self.head = None
 
     def ready(self) -> bool:
         return not self.done and (self.fresh or self.num_pending() > 0)

@@ -1,10 +1,20 @@
-"""The Qwen2.5-Omni graph spec: stages, edges and defaults (overridable from Python, CLI or YAML)."""
+"""The Qwen2.5-Omni graph spec: stages, edges and defaults (overridable from Python, CLI or YAML).
+
+Two layouts of the thinker (``OmniGraphSpec.thinker_layout``), the same code either way:
+``aggregated`` deploys one ``thinker`` stage; ``disaggregated`` deploys ``thinker_prefill`` (computes the
+prompt's KV) and ``thinker_decode`` (generates), joined by the ``thinker_prefill.thinker_decode`` edge.
+``deployed_stages()`` lists what ``build_app`` deploys; ``text_stage()`` names the stage whose outputs are
+the response text and whose ``params`` hold the text-generation settings.
+"""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from omni_serve.graphs.spec import EdgeSpec, IngressSpec, StageSpec
+from omni_serve.transport.config import DataPlaneSpec
 
 
 class ThinkerParams(BaseModel):
@@ -50,6 +60,10 @@ class ThinkerStage(StageSpec):
     params: ThinkerParams = Field(default_factory=ThinkerParams, description="Thinker settings.")
 
 
+class ThinkerPrefillStage(StageSpec):
+    pass
+
+
 class TalkerStage(StageSpec):
     params: TalkerParams = Field(default_factory=TalkerParams, description="Talker settings.")
 
@@ -62,7 +76,15 @@ class OmniStages(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     encoder: EncoderStage = Field(default_factory=lambda: EncoderStage(num_cpus=0.25), description="Audio + vision towers.")
-    thinker: ThinkerStage = Field(default_factory=ThinkerStage, description="Text decoder (autoregressive).")
+    thinker: ThinkerStage = Field(default_factory=ThinkerStage, description=(
+        "Text decoder (autoregressive): prompt and generation. Deployed in the aggregated thinker layout."))
+    thinker_prefill: ThinkerPrefillStage = Field(
+        default_factory=lambda: ThinkerPrefillStage(num_cpus=0.25), description=(
+            "Disaggregated thinker layout: computes each prompt's KV cache (media embeddings from the encoder) "
+            "and hands it to thinker_decode; never generates."))
+    thinker_decode: ThinkerStage = Field(default_factory=ThinkerStage, description=(
+        "Disaggregated thinker layout: adopts prefilled prompts and generates text and talker states. Its "
+        "params are the text-generation settings in that layout."))
     talker: TalkerStage = Field(default_factory=TalkerStage, description="Codec decoder (autoregressive).")
     code2wav: Code2WavStage = Field(default_factory=lambda: Code2WavStage(num_cpus=0.25), description="DiT + BigVGAN vocoder.")
 
@@ -73,6 +95,9 @@ class OmniEdges(BaseModel):
     encoder_thinker: EdgeSpec = Field(default_factory=EdgeSpec, description="Media embeddings to the thinker.")
     thinker_talker: EdgeSpec = Field(default_factory=lambda: EdgeSpec(chunk_size=8, first_chunk_size=1),
                                      description="Thinker states to the talker (chunk = generated tokens).")
+    thinker_prefill_thinker_decode: EdgeSpec = Field(default_factory=EdgeSpec, description=(
+        "Disaggregated thinker layout: one prompt hand-off per request (prompt KV, embeddings, last logits, "
+        "prompt states) from thinker_prefill to thinker_decode; chunk sizes do not apply."))
     talker_code2wav: EdgeSpec = Field(default_factory=lambda: EdgeSpec(chunk_size=12, first_chunk_size=24),
                                       description=("Codec tokens to code2wav (the first chunk covers code2wav's "
                                                    "first audio chunk and its right context)."))
@@ -89,6 +114,28 @@ class OmniGraphSpec(BaseModel):
     max_audio_seconds: float = Field(60.0, gt=0, description="Longest input audio clip accepted.")
     max_image_pixels: int = Field(4096 * 4096, gt=0, description="Largest input image accepted (pixels).")
     data_timeout_s: float = Field(60.0, gt=0, description="How long a stage waits for an upstream chunk.")
+    thinker_layout: Literal["aggregated", "disaggregated"] = Field("aggregated", description=(
+        "'aggregated': one thinker stage runs prompt and generation. 'disaggregated': thinker_prefill computes "
+        "the prompt's KV and hands it through the thinker_prefill_thinker_decode edge to thinker_decode, which "
+        "generates (each scales and is placed on its own); outputs are identical."))
     ingress: IngressSpec = Field(default_factory=IngressSpec, description="HTTP ingress deployment.")
     stages: OmniStages = Field(default_factory=OmniStages, description="One deployment per stage.")
     edges: OmniEdges = Field(default_factory=OmniEdges, description="Data-plane settings per edge.")
+    data_plane: DataPlaneSpec = Field(default_factory=DataPlaneSpec, description=(
+        "Settings of the data-plane backends the edges use (shared memory, Mooncake)."))
+
+    def thinker_stages(self) -> list[str]:
+        """The deployed thinker stages, in data-flow order."""
+        return ["thinker"] if self.thinker_layout == "aggregated" else ["thinker_prefill", "thinker_decode"]
+
+    def deployed_stages(self) -> list[str]:
+        """Every stage ``build_app`` deploys for this layout, in data-flow order."""
+        return ["encoder", *self.thinker_stages(), "talker", "code2wav"]
+
+    def text_stage(self) -> str:
+        """The stage whose outputs are the response's text tokens."""
+        return self.thinker_stages()[-1]
+
+    def thinker_params(self) -> ThinkerParams:
+        """Text-generation settings (those of ``text_stage()``)."""
+        return getattr(self.stages, self.text_stage()).params

@@ -3,6 +3,9 @@
 Each runner loads its own component, and per request builds the program from the ingress' metadata
 (``request``: plain ids and settings, no tensors), reads its upstream edge and writes its downstream edge.
 Edges: ``ingress.encoder`` (media features), ``encoder.thinker``, ``thinker.talker``, ``talker.code2wav``.
+In the disaggregated thinker layout the thinker is two stages, ``ThinkerPrefillRunner`` (reads
+``encoder.thinker``, writes the prompt hand-off on ``thinker_prefill.thinker_decode``) and
+``ThinkerDecodeRunner`` (reads that hand-off, writes ``thinker.talker`` and yields the text).
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ from omni_serve.graphs.qwen2_5_omni.code2wav import Code2WavCompute, Code2WavReq
 from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
 from omni_serve.graphs.runner import StageRunner
 from omni_serve.models.qwen2_5_omni import OmniCode2Wav, OmniEncoder, OmniTalker, OmniThinker
+from omni_serve.transport.base import chunk_key
 
 EDGE_INGRESS_ENCODER = "ingress.encoder"
 EDGE_ENCODER_THINKER = "encoder.thinker"
 EDGE_THINKER_TALKER = "thinker.talker"
 EDGE_TALKER_CODE2WAV = "talker.code2wav"
+EDGE_PREFILL_DECODE = "thinker_prefill.thinker_decode"
+
 
 class _OmniRunner(StageRunner):
     adapter: Any = None
@@ -68,7 +74,10 @@ class EncoderRunner(_OmniRunner):
 
 
 class ThinkerRunner(_ARRunner):
+    """The thinker in the aggregated layout; its subclasses are the two halves of the disaggregated one."""
+
     adapter = OmniThinker
+    role = P.ThinkerRole.AGGREGATED
 
     def __init__(self, stage, graph_spec):
         super().__init__(stage, graph_spec)
@@ -78,9 +87,9 @@ class ThinkerRunner(_ARRunner):
         cfg = self.model.config
         self.media_token_ids = (cfg.audio_token_index, cfg.image_token_index, cfg.video_token_index)
 
-    async def run(self, engine, request) -> AsyncIterator[dict[str, Any]]:
+    def thinker_request(self, request: dict[str, Any]) -> P.ThinkerRequest:
         edge = self.spec.edges.thinker_talker
-        req = P.ThinkerRequest(
+        return P.ThinkerRequest(
             input_ids=request["input_ids"], max_new_tokens=request["max_new_tokens"],
             sampling=_sampling(request["sampling"]), stop_token_ids=tuple(request["stop_token_ids"]),
             stop=tuple(request.get("stop") or ()), image_grid_thw=request.get("image_grid_thw"),
@@ -89,16 +98,43 @@ class ThinkerRunner(_ARRunner):
             chunk_size=edge.chunk_size, first_chunk_size=edge.first_chunk_size,
             media_token_ids=self.media_token_ids, block_size=self.engine_spec.ar.block_size,
         )
-        program = P.ThinkerSequence(self.model, self.tokenizer, req)
+
+    async def _feed_once(self, program: P.ThinkerSequence, request_id: str, edge: str) -> None:
+        """Feed the program the single payload of ``edge`` (media embeddings, or the prompt hand-off)."""
+        conn, edge_name, timeout = self.source(edge)
+        key = chunk_key(request_id, edge_name, 0)
+        payload = await conn.get(key, timeout)
+        await conn.free(key)
+        program.feed(payload)
+
+    async def run(self, engine, request) -> AsyncIterator[dict[str, Any]]:
+        req = self.thinker_request(request)
+        program = P.ThinkerSequence(self.model, self.tokenizer, req, role=self.role)
         rid = request["request_id"]
-        if req.expects_media:
-            conn, edge_name, timeout = self.source(EDGE_ENCODER_THINKER)
-            key = f"{rid}/{edge_name}/0"
-            program.feed(await conn.get(key, timeout))
-            await conn.free(key)
-        sink = self.sink(EDGE_THINKER_TALKER) if req.talker_voice_token is not None else None
+        if self.role is P.ThinkerRole.DECODE:
+            await self._feed_once(program, rid, EDGE_PREFILL_DECODE)
+        elif req.expects_media:
+            await self._feed_once(program, rid, EDGE_ENCODER_THINKER)
+        if self.role is P.ThinkerRole.PREFILL:
+            sink = self.sink(EDGE_PREFILL_DECODE)
+        else:
+            sink = self.sink(EDGE_THINKER_TALKER) if req.talker_voice_token is not None else None
         async for out in self.drive(engine, rid, program, sink=sink):
             yield out
+        if self.role is P.ThinkerRole.PREFILL:
+            yield {"done": True, "prompt_tokens": program.prompt_len}
+
+
+class ThinkerPrefillRunner(ThinkerRunner):
+    """Disaggregated layout, first half: the prompt's KV, handed to ``thinker_decode``."""
+
+    role = P.ThinkerRole.PREFILL
+
+
+class ThinkerDecodeRunner(ThinkerRunner):
+    """Disaggregated layout, second half: adopts the prefilled prompt and generates."""
+
+    role = P.ThinkerRole.DECODE
 
 
 class TalkerRunner(_ARRunner):

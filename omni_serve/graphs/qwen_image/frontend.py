@@ -21,7 +21,7 @@ from omni_serve.api.images import ImageData, ImageGenerationRequest, ImageGenera
 from omni_serve.graphs.fanout import probe_stages, stage_events
 from omni_serve.graphs.qwen_image.spec import QwenImageGraphSpec
 from omni_serve.models.qwen_image import pixel_multiple
-from omni_serve.transport.base import get_connector
+from omni_serve.transport.base import edge_connectors
 
 
 class QwenImageFrontend:
@@ -34,7 +34,7 @@ class QwenImageFrontend:
         with open(os.path.join(spec.checkpoint, "transformer", "config.json")) as f:
             self.guidance_embeds = bool(json.load(f).get("guidance_embeds", False))
         self.max_prompt_tokens = 1024  # diffusers' QwenImagePipeline.tokenizer_max_length
-        self.connector = get_connector(spec.edges.dit_vae.connector)
+        self.connectors = edge_connectors(spec.edges, spec.data_plane)
         self._check_size(*spec.default_dimensions(), param="default_size")
 
     # -- validation -----------------------------------------------------------------------------------------
@@ -111,7 +111,7 @@ class QwenImageFrontend:
         dit: dict[str, Any] = {}
         async for stage, out in stage_events(self.handles, payloads, request_id=rid,
                                              timeout_s=self.spec.ingress.request_timeout_s,
-                                             connector=self.connector):
+                                             connectors=self.connectors):
             if stage == "vae":
                 images.extend(out["images"])
             elif stage == "dit":

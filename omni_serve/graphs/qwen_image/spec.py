@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from omni_serve.graphs.spec import EdgeSpec, EngineSpec, IngressSpec, StageSpec
+from omni_serve.transport.config import DataPlaneSpec
 
 
 class TextEncoderParams(BaseModel):
@@ -103,6 +104,8 @@ class QwenImageGraphSpec(BaseModel):
     ingress: IngressSpec = Field(default_factory=IngressSpec, description="HTTP ingress deployment.")
     stages: QwenImageStages = Field(default_factory=QwenImageStages, description="One deployment per stage.")
     edges: QwenImageEdges = Field(default_factory=QwenImageEdges, description="Data-plane settings per edge.")
+    data_plane: DataPlaneSpec = Field(default_factory=DataPlaneSpec, description=(
+        "Settings of the data-plane backends the edges use (shared memory, Mooncake)."))
 
     @model_validator(mode="after")
     def _check(self) -> "QwenImageGraphSpec":

@@ -1,0 +1,530 @@
+"""Same-node shared-memory connector: pooled tmpfs segments, zero-copy reads, no Ray call per chunk.
+
+Layout under ``<OMNI_SERVE_SHM_DIR>/omni_serve.<namespace>/`` (a tmpfs, ``/dev/shm`` by default):
+
+- ``pools/<pool>/lock`` + ``pools/<pool>/seg.<n>``: one pool per producing process. The process holds an
+  ``flock`` on ``lock`` for its lifetime, so any process can tell a dead pool (the lock is free) and
+  remove it. A segment's first byte is its state (0 free, 1 busy); the payload's tensors follow.
+- ``keys/<request>/<edge>/<index>``: an *index file* per payload (segment path + the codec header),
+  published by atomic rename. ``keys/<request>/<edge>/producer`` names the pool producing that stream.
+
+Protocol:
+- ``put`` copies the payload's tensors into a free segment of the producer's pool (one memcpy; a new
+  segment only when none fits: fresh tmpfs pages cost ~8x a copy into touched ones), then publishes the
+  index file. No Ray call, no pickling of tensor bytes.
+- ``get`` *claims* the index file by renaming it (atomic, so exactly one party wins: the consumer, the TTL
+  sweeper or ``free_request``), maps the segment once per process and returns tensors that are views of
+  it (zero-copy). The segment goes back to its pool (state byte 0) when the last of those tensors dies.
+- ``free_request`` claims and releases everything a request left behind on this node. Unclaimed payloads
+  older than ``OMNI_SERVE_DATA_TTL_S`` are released by their producer's sweeper.
+- Producer gone: while a consumer waits, it checks the stream's pool lock and raises ``DataPlaneError``
+  once the producer process is dead. Another node: the producer announces its node id for each stream
+  in the Ray data directory (when Ray is up); a consumer on another node gets a ``DataPlaneError`` saying
+  the edge needs another connector, instead of waiting out its timeout.
+Why not ``multiprocessing.shared_memory``: its resource tracker unlinks segments when the creating
+process exits and warns about segments other processes still use; plain files in tmpfs give atomic
+rename (the claim) and ``flock`` (liveness) for free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import itertools
+import logging
+import mmap
+import os
+import pickle
+import shutil
+import threading
+import time
+import uuid
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from omni_serve import settings
+from omni_serve.transport import codec
+from omni_serve.transport.base import (
+    Connector, DataPlaneError, DataPlaneTimeout, PeriodicSweep, in_thread, split_key,
+)
+
+log = logging.getLogger(__name__)
+
+HEADER = 64  # bytes before a segment's payload area (byte 0: state)
+FREE, BUSY = 0, 1
+MIN_SEGMENT = 64 << 10
+COPY_IN_THREAD = 8 << 20  # payloads above this are copied off the event loop
+LIVENESS_PERIOD_S = 0.25
+MAPPED_SEGMENTS = 1024  # segments a process keeps mapped (LRU) for reading
+
+
+def _size_class(nbytes: int) -> int:
+    """Segment size for a payload: its size rounded up to a quarter of its power of two (<= 25% waste)."""
+    need = max(nbytes + HEADER, MIN_SEGMENT)
+    granule = 1 << max(need.bit_length() - 3, 12)
+    return -(-need // granule) * granule
+
+
+def _pool_alive(pool_dir: Path) -> bool:
+    """True while the pool's owner process holds its lock."""
+    try:
+        fd = os.open(pool_dir / "lock", os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also drops the lock if we just took it
+    return False
+
+
+def _rmdir(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        pass  # not empty, or already gone
+
+
+def _idle(path: Path, wall_now: float, ttl_s: float) -> bool:
+    try:
+        return wall_now - path.stat().st_mtime > ttl_s
+    except FileNotFoundError:
+        return False
+
+
+def _release(path: str) -> None:
+    """Mark a segment free from any process (its owner reuses it on a later put)."""
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except FileNotFoundError:
+        return  # its pool is gone
+    try:
+        os.pwrite(fd, bytes([FREE]), 0)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class _Segment:
+    path: str
+    size: int
+    mm: mmap.mmap
+
+    @property
+    def free(self) -> bool:
+        return self.mm[0] == FREE
+
+
+class _Pool:
+    """The producing side of one process: its segments, its lock, the keys it published."""
+
+    def __init__(self, root: Path, limit_bytes: int):
+        self.id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        staging = root / "pools" / f".new-{self.id}"
+        staging.mkdir(parents=True)
+        self.lock_fd = os.open(staging / "lock", os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+        self.dir = root / "pools" / self.id
+        os.rename(staging, self.dir)  # appears with its lock held: never mistaken for a dead pool
+        self.limit = limit_bytes
+        self.segments: list[_Segment] = []
+        self.counter = 0
+        self.lock = threading.Lock()
+        self.published: dict[str, tuple[str, float]] = {}  # index path -> (segment path, put time)
+        self.streams: dict[str, float] = {}  # producer marker path -> time
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    def acquire(self, nbytes: int) -> _Segment | None:
+        size = _size_class(nbytes)
+        with self.lock:
+            fits = [s for s in self.segments if s.size >= nbytes + HEADER and s.size <= 2 * size and s.free]
+            if fits:
+                seg = min(fits, key=lambda s: s.size)
+            else:
+                while self.nbytes + size > self.limit:
+                    idle = [s for s in self.segments if s.free]
+                    if not idle:
+                        return None
+                    self._drop(max(idle, key=lambda s: s.size))
+                seg = self._create(size)
+            seg.mm[0] = BUSY
+            return seg
+
+    def _create(self, size: int) -> _Segment:
+        self.counter += 1
+        path = str(self.dir / f"seg.{self.counter}")
+        fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        seg = _Segment(path, size, mm)
+        self.segments.append(seg)
+        return seg
+
+    def _drop(self, seg: _Segment) -> None:
+        self.segments.remove(seg)
+        os.unlink(seg.path)
+        try:
+            seg.mm.close()
+        except BufferError:
+            pass  # a view of it is still alive in this process; unmapped when that dies
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.close(self.lock_fd)
+
+
+class SharedMemoryConnector(Connector):
+    name = "shm"
+
+    def __init__(self, root: str | os.PathLike | None = None, *, ttl_s: float | None = None,
+                 pool_bytes: int | None = None, put_timeout_s: float = 30.0, directory: Any = "ray"):
+        self.root = Path(root or settings.SHM_DIR) / f"omni_serve.{settings.RAY_NAMESPACE}"
+        for sub in ("pools", "keys"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.ttl_s = settings.DATA_TTL_S if ttl_s is None else ttl_s
+        self.pool_bytes = settings.SHM_POOL_BYTES if pool_bytes is None else pool_bytes
+        self.put_timeout_s = put_timeout_s  # how long a put waits for pool space before failing
+        self._pool: _Pool | None = None
+        self._mapped: OrderedDict[str, mmap.mmap] = OrderedDict()
+        self._directory = directory  # node announcements: "ray" (when Ray is up), None, or a test double
+        self._announced: set[str] = set()
+        self._sweeper = PeriodicSweep("shm", self.ttl_s, self.sweep)
+        self._keys = str(self.root / "keys")
+        self._tag = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._seq = itertools.count()
+        self.collect_dead_pools()
+
+    # -- paths --------------------------------------------------------------------------------------------
+    @classmethod
+    def from_spec(cls, spec=None) -> "SharedMemoryConnector":
+        if spec is None:
+            return cls()
+        return cls(root=spec.dir, pool_bytes=spec.pool_bytes)
+
+    # Plain strings and os calls on the per-payload path: pathlib costs more than the tmpfs calls themselves.
+    def _index_path(self, key: str) -> str:
+        parts = split_key(key)
+        if parts is None:
+            return f"{self._keys}/_/{quote(key, safe='')}"
+        rid, edge, index = parts
+        return f"{self._keys}/{quote(rid, safe='')}/{quote(edge, safe='')}/{index}"
+
+    def _request_dir(self, request_id: str) -> Path:
+        return self.root / "keys" / quote(request_id, safe="")
+
+    def _scratch(self, directory: str, kind: str) -> str:
+        """A name no other party uses, next to the index files (renames stay within one directory)."""
+        return f"{directory}/.{kind}-{self._tag}-{next(self._seq)}"
+
+    # -- producer -----------------------------------------------------------------------------------------
+    @property
+    def pool(self) -> _Pool:
+        if self._pool is None:
+            self._pool = _Pool(self.root, self.pool_bytes)
+            weakref.finalize(self, _Pool.close, self._pool)
+        return self._pool
+
+    async def put(self, key: str, payload: dict[str, Any]) -> None:
+        self._sweeper.ensure()
+        enc = codec.encode(payload)
+        path = self._index_path(key)
+        if not enc.nbytes:  # no tensors (token ids, flags): the index file is the whole payload
+            self._publish(key, path, pickle.dumps((None, 0, enc.header), protocol=pickle.HIGHEST_PROTOCOL))
+            self.pool.published[path] = (None, time.monotonic())
+            return
+        seg = await self._acquire(enc.nbytes)
+        try:
+            view = memoryview(seg.mm)[HEADER:HEADER + enc.nbytes]
+            try:
+                if enc.nbytes > COPY_IN_THREAD:
+                    await in_thread(enc.write_into, view)
+                else:
+                    enc.write_into(view)
+            finally:
+                view.release()
+            self._publish(key, path, pickle.dumps((seg.path, enc.nbytes, enc.header),
+                                                  protocol=pickle.HIGHEST_PROTOCOL))
+        except BaseException:
+            seg.mm[0] = FREE
+            raise
+        self.pool.published[path] = (seg.path, time.monotonic())
+
+    def _publish(self, key: str, path: str, index: bytes) -> None:
+        stream = os.path.dirname(path)
+        for attempt in range(3):
+            try:
+                if stream not in self._announced:
+                    os.makedirs(stream, exist_ok=True)
+                    self._announce(key, stream)
+                tmp = self._scratch(stream, "tmp")
+                with open(tmp, "wb") as f:
+                    f.write(index)
+                os.rename(tmp, path)
+                return
+            except FileNotFoundError:
+                # An idle-directory sweep removed the stream directory between mkdir and write.
+                self._announced.discard(stream)
+                if attempt == 2:
+                    raise
+
+    async def _acquire(self, nbytes: int) -> _Segment:
+        deadline = time.monotonic() + self.put_timeout_s
+        delay = 0.001
+        while True:
+            seg = self.pool.acquire(nbytes)
+            if seg is not None:
+                return seg
+            if time.monotonic() > deadline:
+                raise DataPlaneError(
+                    f"shared-memory pool full: {self.pool.nbytes} bytes in payloads nobody has read or freed "
+                    f"(limit OMNI_SERVE_SHM_POOL_BYTES={self.pool_bytes})")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def _announce(self, key: str, stream: str) -> None:
+        """Name this pool as the stream's producer (once per stream), locally and in the Ray directory."""
+        marker = f"{stream}/producer"
+        with open(marker, "w") as f:
+            f.write(self.pool.id)
+        self._announced.add(stream)
+        self.pool.streams[marker] = time.monotonic()
+        directory = self._node_directory()
+        parts = split_key(key)
+        if directory is not None and parts is not None:
+            directory.announce(parts[0], parts[1], _node_id())
+
+    # -- consumer -----------------------------------------------------------------------------------------
+    async def get(self, key: str, timeout: float) -> dict[str, Any]:
+        path = self._index_path(key)
+        stream = os.path.dirname(path)
+        claimed = self._scratch(stream, "claimed")
+        deadline = time.monotonic() + timeout
+        next_check = time.monotonic() + LIVENESS_PERIOD_S
+        delay = 0.0002
+        while True:
+            try:
+                os.rename(path, claimed)
+                break
+            except FileNotFoundError:
+                pass
+            now = time.monotonic()
+            if now >= deadline:
+                raise DataPlaneTimeout(
+                    f"data-plane payload {key} did not arrive within {timeout:.0f} s (shared memory: the "
+                    "producer must run on this node)")
+            if now >= next_check:
+                await self._check_producer(key, stream)
+                next_check = now + LIVENESS_PERIOD_S
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.002)
+        try:
+            with open(claimed, "rb") as f:
+                seg_path, nbytes, header = pickle.loads(f.read())
+        finally:
+            os.unlink(claimed)
+        return self._open(key, seg_path, nbytes, header)
+
+    def _open(self, key: str, seg_path: str | None, nbytes: int, header: bytes) -> dict[str, Any]:
+        if seg_path is None:
+            return codec.decode(header, memoryview(b""))
+        try:
+            mm = self._map(seg_path)
+        except FileNotFoundError:
+            raise DataPlaneError(f"data-plane payload {key} is lost: its producer process died") from None
+        area = memoryview(mm)[HEADER:HEADER + nbytes]
+        try:
+            payload = codec.decode(header, area)
+        except Exception:
+            area.release()
+            mm[0] = FREE
+            raise
+        # The segment returns to its pool when the last tensor viewing ``area`` is gone (at once if none).
+        weakref.finalize(area, mm.__setitem__, 0, FREE)
+        return payload
+
+    def _map(self, seg_path: str) -> mmap.mmap:
+        mm = self._mapped.get(seg_path)
+        if mm is not None:
+            self._mapped.move_to_end(seg_path)
+            return mm
+        fd = os.open(seg_path, os.O_RDWR)
+        try:
+            mm = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+        self._mapped[seg_path] = mm
+        while len(self._mapped) > MAPPED_SEGMENTS:
+            self._mapped.popitem(last=False)  # unmapped once no view of it is alive
+        return mm
+
+    async def _check_producer(self, key: str, stream: str) -> None:
+        try:
+            with open(f"{stream}/producer") as f:
+                pool_id = f.read()
+        except FileNotFoundError:
+            pool_id = None
+        if pool_id and not _pool_alive(self.root / "pools" / pool_id):
+            raise DataPlaneError(f"data-plane payload {key} will not arrive: its producer process died")
+        directory = self._node_directory()
+        parts = split_key(key)
+        if pool_id is None and directory is not None and parts is not None:
+            node = await directory.node_of(parts[0], parts[1])
+            if node is not None and node != _node_id():
+                raise DataPlaneError(
+                    f"edge {parts[1]!r} uses the shared-memory connector but its producer runs on node "
+                    f"{node} and this consumer on {_node_id()}: use connector 'mooncake' or 'ray' for edges "
+                    "between nodes")
+
+    # -- freeing ------------------------------------------------------------------------------------------
+    def _drop_index(self, path: str) -> bool:
+        """Claim an unread index file and release its segment; False if someone else claimed it."""
+        claimed = self._scratch(os.path.dirname(path), "claimed")
+        try:
+            os.rename(path, claimed)
+        except FileNotFoundError:
+            return False
+        try:
+            with open(claimed, "rb") as f:
+                seg_path = pickle.loads(f.read())[0]
+            if seg_path is not None:
+                _release(seg_path)
+        finally:
+            os.unlink(claimed)
+        return True
+
+    async def free(self, key: str) -> None:
+        self._drop_index(self._index_path(key))
+
+    async def free_request(self, request_id: str) -> None:
+        rdir = self._request_dir(request_id)
+        if rdir.is_dir():
+            for stream in [p for p in rdir.iterdir() if p.is_dir()]:
+                for entry in list(stream.iterdir()):
+                    if entry.name.isdigit():
+                        self._drop_index(str(entry))
+                (stream / "producer").unlink(missing_ok=True)
+                self._announced.discard(str(stream))
+                _rmdir(stream)  # a reader mid-claim keeps it until it is done; the sweeper removes it later
+            _rmdir(rdir)
+        directory = self._node_directory()
+        if directory is not None:
+            directory.forget(request_id)
+
+    # -- housekeeping -------------------------------------------------------------------------------------
+    def sweep(self, now: float | None = None) -> int:
+        """Release this process' payloads unread for longer than the TTL and remove dead pools."""
+        now = time.monotonic() if now is None else now
+        expired = 0
+        pool = self._pool
+        if pool is not None:
+            for path, (_, t) in list(pool.published.items()):
+                if not os.path.exists(path):
+                    del pool.published[path]  # read or freed
+                elif now - t > self.ttl_s:
+                    expired += self._drop_index(path)
+                    del pool.published[path]
+            for marker, t in list(pool.streams.items()):
+                if now - t > self.ttl_s:
+                    del pool.streams[marker]
+                    self._announced.discard(str(Path(marker).parent))
+                    Path(marker).unlink(missing_ok=True)
+        self.remove_empty_dirs(now)
+        self.collect_dead_pools()
+        if expired:
+            log.warning("shared memory: freed %d payloads nobody read within %.0f s", expired, self.ttl_s)
+        return expired
+
+    def remove_empty_dirs(self, now: float | None = None) -> None:
+        """Remove request/stream directories left empty for longer than the TTL."""
+        wall = time.time()
+        for rdir in (self.root / "keys").iterdir():
+            for stream in [p for p in rdir.iterdir() if p.is_dir()] if rdir.is_dir() else ():
+                if _idle(stream, wall, self.ttl_s):
+                    _rmdir(stream)
+            if _idle(rdir, wall, self.ttl_s):
+                _rmdir(rdir)
+
+    def collect_dead_pools(self) -> int:
+        """Remove the pools of processes that died (their unread payloads can never be served)."""
+        removed = 0
+        for pool_dir in (self.root / "pools").iterdir():
+            if pool_dir.name.startswith(".new-"):
+                pid = pool_dir.name[5:].split("-")[0]
+                if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                    shutil.rmtree(pool_dir, ignore_errors=True)
+                continue
+            if self._pool is not None and pool_dir == self._pool.dir:
+                continue
+            if not _pool_alive(pool_dir):
+                shutil.rmtree(pool_dir, ignore_errors=True)
+                removed += 1
+        return removed
+
+    def _node_directory(self):
+        if self._directory == "ray":
+            self._directory = _RayNodeDirectory.create()
+        return self._directory
+
+    # -- introspection (tests, /health) -------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        """``busy_segments``: this process' segments holding a payload nobody read, or one whose tensors a
+        reader still uses (0 when idle); ``unread``: its payloads not claimed yet."""
+        pool = self._pool
+        if pool is None:
+            return {"segments": 0, "pool_bytes": 0, "busy_segments": 0, "unread": 0}
+        return {"segments": len(pool.segments), "pool_bytes": pool.nbytes,
+                "busy_segments": sum(not s.free for s in pool.segments),
+                "unread": sum(os.path.exists(p) for p in pool.published)}
+
+
+def _node_id() -> str:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001
+        pass
+    return os.uname().nodename
+
+
+class _RayNodeDirectory:
+    """Stream -> producer node, kept in the Ray data directory actor (only when Ray is up)."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        self.cache: dict[tuple[str, str], str] = {}
+
+    @classmethod
+    def create(cls):
+        import ray
+
+        if not ray.is_initialized():
+            return None
+        from omni_serve.transport.ray_store import data_directory
+
+        return cls(data_directory())
+
+    def announce(self, request_id: str, edge: str, node: str) -> None:
+        self.directory.put.remote(f"{request_id}/{edge}/@node", node)  # fire and forget: off the fast path
+
+    async def node_of(self, request_id: str, edge: str) -> str | None:
+        try:
+            return await asyncio.wait_for(self.directory.lookup.remote(f"{request_id}/{edge}/@node"), 1.0)
+        except asyncio.TimeoutError:
+            return None
+
+    def forget(self, request_id: str) -> None:
+        self.directory.free_prefix.remote(f"{request_id}/")

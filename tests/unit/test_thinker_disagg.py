@@ -1,0 +1,273 @@
+"""Thinker prefill/decode disaggregation: prefill -> connector -> decode returns exactly the aggregated thinker's outputs.
+
+No Ray: the real stage runners (``ThinkerRunner``, ``ThinkerPrefillRunner``, ``ThinkerDecodeRunner``) on real
+AR engines, with every edge on one in-process shared-memory connector (the prompt hand-off and the
+thinker -> talker stream travel through it encoded, as between replicas). Requests are the metadata the
+frontend sends; media embeddings come from the encoder on the ``encoder.thinker`` edge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from omni_serve.checkpoints.qwen2_5_omni import TOKEN_ID
+from omni_serve.graphs.qwen2_5_omni.stages import (
+    EDGE_ENCODER_THINKER, EDGE_PREFILL_DECODE, EDGE_THINKER_TALKER, ThinkerDecodeRunner, ThinkerPrefillRunner,
+    ThinkerRunner,
+)
+from omni_serve.models.qwen2_5_omni import OmniEncoder
+from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
+from omni_serve.transport.base import chunk_key, read_chunks
+from omni_serve.transport.shm import SharedMemoryConnector
+from tests.omni_cases import CASES, template_messages
+
+EOS = TOKEN_ID["<|im_end|>"]
+VOICE = TOKEN_ID["<|spk_chelsie|>"]
+TIMEOUT = 30.0
+
+
+@pytest.fixture(scope="module")
+def inputs(omni_tiny_dir):
+    proc, enc = OmniInputProcessor(omni_tiny_dir), OmniEncoder(omni_tiny_dir)
+    out = {}
+    for kind in CASES:
+        x = proc(*template_messages(kind))
+        media = {}
+        if x.input_features is not None:
+            media["audio"] = enc.encode_audio(x.input_features, x.feature_attention_mask)
+        if x.pixel_values is not None:
+            media["image"] = enc.encode_image(x.pixel_values, x.image_grid_thw)
+        out[kind] = (x, media)
+    return out
+
+
+def make_runners(checkpoint: str, ar: dict | None = None, decode_ar: dict | None = None):
+    """(aggregated, prefill, decode) runners of one graph spec; ``ar`` applies to every thinker stage."""
+    engine = {"ar": ar or {}}
+    spec = {"checkpoint": checkpoint, "thinker_layout": "disaggregated",
+            "stages": {"thinker": {"engine": engine}, "thinker_prefill": {"engine": engine},
+                       "thinker_decode": {"engine": {"ar": {**(ar or {}), **(decode_ar or {})}}}}}
+    return (ThinkerRunner("thinker", spec), ThinkerPrefillRunner("thinker_prefill", spec),
+            ThinkerDecodeRunner("thinker_decode", spec))
+
+
+@pytest.fixture(scope="module")
+def runners(omni_tiny_dir):
+    return make_runners(omni_tiny_dir)
+
+
+def request(rid: str, x, *, talker: bool, max_new: int = 10, temperature: float = 0.0, seed: int = 7,
+            min_new: int = 0) -> dict:
+    """The thinker metadata the frontend sends (``OmniFrontend.prepare``)."""
+    req = {
+        "request_id": rid, "input_ids": x.input_ids[0].tolist(), "max_new_tokens": max_new,
+        "sampling": {"temperature": temperature, "top_p": 0.9 if temperature else 1.0, "seed": seed,
+                     "min_new_tokens": min_new, "stop_token_ids": [EOS]},
+        "stop_token_ids": [EOS], "stop": [],
+        "image_grid_thw": None if x.image_grid_thw is None else x.image_grid_thw.tolist(),
+        "audio_seqlens": None if x.audio_seqlens is None else x.audio_seqlens.tolist(),
+        "expects_media": x.input_features is not None or x.pixel_values is not None,
+    }
+    if talker:
+        req["voice_token"] = VOICE
+        req["talker_tokens"] = [0, 1]
+    return req
+
+
+def use(conn, *runners_):
+    for r in runners_:
+        r.connector = lambda name, conn=conn: conn  # every edge on the test's connector
+    return conn
+
+
+async def _collect(runner, engine, req) -> list[dict]:
+    return [out async for out in runner.run(engine, req)]
+
+
+async def _thinker_result(conn, outs: list[dict], rid: str, talker: bool) -> dict:
+    chunks = [c async for c in read_chunks(conn, rid, EDGE_THINKER_TALKER, TIMEOUT)] if talker else []
+    return {"tokens": [t for o in outs for t in o.get("token_ids", [])],
+            "text": "".join(o.get("text", "") for o in outs),
+            "finish": [o["finish_reason"] for o in outs if "finish_reason" in o], "chunks": chunks}
+
+
+async def _put_media(conn, rid, media):
+    if media:
+        await conn.put(chunk_key(rid, EDGE_ENCODER_THINKER, 0), dict(media))
+
+
+async def run_both(rs, jobs: list[tuple[dict, dict]], conn, concurrent: bool = True):
+    """Each job (request, media) through the aggregated thinker and through prefill -> decode (all at once, or
+    one after the other) -> (aggregated results, disaggregated results, engine stats)."""
+    agg, pre, dec = rs
+    engines = {"aggregated": agg.make_engine(), "prefill": pre.make_engine(), "decode": dec.make_engine()}
+    talker = ["voice_token" in req for req, _ in jobs]
+
+    async def aggregated(i, req, media):
+        rid = f"agg-{i}"
+        await _put_media(conn, rid, media)
+        outs = await _collect(agg, engines["aggregated"], {**req, "request_id": rid})
+        return await _thinker_result(conn, outs, rid, talker[i])
+
+    async def disaggregated(i, req, media):
+        rid = f"dis-{i}"
+        await _put_media(conn, rid, media)
+        req = {**req, "request_id": rid}
+        # as the frontend does: both calls opened at once with the same metadata
+        pre_outs, dec_outs = await asyncio.gather(_collect(pre, engines["prefill"], req),
+                                                  _collect(dec, engines["decode"], req))
+        assert pre_outs == [{"done": True, "prompt_tokens": len(req["input_ids"])}]
+        return await _thinker_result(conn, dec_outs, rid, talker[i])
+
+    async def each(fn):
+        if concurrent:
+            return await asyncio.gather(*(fn(i, r, m) for i, (r, m) in enumerate(jobs)))
+        return [await fn(i, r, m) for i, (r, m) in enumerate(jobs)]
+
+    try:
+        a = await each(aggregated)
+        d = await each(disaggregated)
+        stats = {name: e.stats() for name, e in engines.items()}
+    finally:
+        for e in engines.values():
+            await e.cleanup()
+    for s in stats.values():  # every block came back
+        assert s["kv_blocks_used"] == 0 and s["active"] == 0, stats
+    return a, d, stats
+
+
+def assert_same(a: dict, d: dict, atol: float = 0.0) -> None:
+    assert d["tokens"] == a["tokens"] and len(a["tokens"]) > 0
+    assert d["text"] == a["text"] and d["finish"] == a["finish"]
+    assert len(d["chunks"]) == len(a["chunks"])
+    for ca, cd in zip(a["chunks"], d["chunks"]):
+        assert ca.keys() == cd.keys()
+        for key, va in ca.items():
+            vd = cd[key]
+            if isinstance(va, torch.Tensor):
+                assert va.shape == vd.shape and va.dtype == vd.dtype, key
+                torch.testing.assert_close(vd, va, rtol=0, atol=atol, msg=key)
+            else:
+                assert vd == va, key
+
+
+# Alone, a request's tensors are bit for bit those of the aggregated thinker. Batched with others, float32
+# rounding depends on the batch's composition (aggregated batching alone moves states by ~1e-6 too):
+# tokens stay identical, states are compared to that rounding.
+BATCH_ROUNDING = 1e-5
+
+
+def run_case(rs, jobs, tmp_path, atol=0.0, concurrent=True):
+    async def main():
+        conn = use(SharedMemoryConnector(root=tmp_path, directory=None), *rs)
+        return await run_both(rs, jobs, conn, concurrent)
+
+    a, d, stats = asyncio.run(main())
+    for ra, rd in zip(a, d):
+        assert_same(ra, rd, atol)
+    return a, d, stats
+
+
+@pytest.mark.parametrize("kind", CASES)
+@pytest.mark.parametrize("talker", [False, True], ids=["text", "talker"])
+def test_disaggregated_equals_aggregated(runners, inputs, tmp_path, kind, talker):
+    """Greedy, one request: tokens, text and every thinker -> talker chunk (tensors bit for bit) match."""
+    x, media = inputs[kind]
+    a, d, stats = run_case(runners, [(request("r", x, talker=talker), media)], tmp_path)
+    # decode computed only the generated tokens' rows; the prompt came as KV from prefill
+    prompt = x.input_ids.shape[1]
+    assert stats["prefill"]["batched_rows"] == prompt
+    assert stats["decode"]["batched_rows"] == len(d[0]["tokens"]) - 1
+    assert stats["aggregated"]["batched_rows"] == prompt + len(a[0]["tokens"]) - 1
+    if talker:
+        first = d[0]["chunks"][0]
+        assert first["prompt"].shape[0] == prompt and {"bos", "eos", "pad", "first_token"} <= first.keys()
+
+
+def test_sampled_with_seed_equals_aggregated(runners, inputs, tmp_path):
+    """Sampling (temperature, top-p, seeded) happens once, in decode, from the prefill's logits."""
+    jobs = [(request(f"s{i}", inputs[kind][0], talker=i % 2 == 0, temperature=0.9, seed=100 + i, max_new=12,
+                     min_new=4), inputs[kind][1])
+            for i, kind in enumerate(CASES)]
+    a, _, _ = run_case(runners, jobs, tmp_path, concurrent=False)
+    assert len({tuple(r["tokens"]) for r in a}) == len(jobs)  # really sampled: different seeds differ
+
+
+def test_concurrent_requests_equal_aggregated(runners, inputs, tmp_path):
+    """Six requests in flight (mixed media, with and without talker): each matches its aggregated run."""
+    jobs = [(request(f"c{i}", inputs[CASES[i % 3]][0], talker=i % 2 == 1, max_new=8 + i), inputs[CASES[i % 3]][1])
+            for i in range(6)]
+    _, _, stats = run_case(runners, jobs, tmp_path, atol=BATCH_ROUNDING)
+    assert stats["decode"]["batched_rows"] > stats["decode"]["steps"], "decode never batched requests"
+
+
+def test_preempted_decode_recomputes_and_still_matches(omni_tiny_dir, inputs, tmp_path):
+    """A decode cache too small for the requests in flight: imported KV is dropped on preemption and the
+    prompt recomputed from the handed-off embeddings; tokens are identical, states equal to batch rounding."""
+    # prefill takes every prompt in one step, so the hand-offs reach decode together
+    rs = make_runners(omni_tiny_dir, ar={"block_size": 4, "max_batch_tokens": 512},
+                      decode_ar={"num_kv_blocks": 28})
+    jobs = [(request(f"p{i}", inputs[CASES[i % 3]][0], talker=i % 2 == 0, max_new=16, min_new=16),
+             inputs[CASES[i % 3]][1]) for i in range(6)]
+    longest = max(len(r["input_ids"]) for r, _ in jobs) + 16
+    assert 28 * 4 >= longest and 6 * longest > 28 * 4  # each fits alone; together they cannot
+    _, _, stats = run_case(rs, jobs, tmp_path, atol=BATCH_ROUNDING)
+    assert stats["decode"]["preemptions"] > 0
+    assert stats["decode"]["kv_blocks_free"] == 28
+
+
+def test_prefix_cache_on_prefill_keeps_outputs(omni_tiny_dir, inputs, tmp_path):
+    """Prefill shares cached prompt prefixes (text-only, no talker) and still hands off the right KV."""
+    rs = make_runners(omni_tiny_dir, ar={"block_size": 4})
+    x, _ = inputs["text"]
+    req = request("x", x, talker=False, max_new=6)
+    (reference,), _, _ = run_case(rs, [(req, {})], tmp_path / "ref")
+
+    async def sequential():
+        use(SharedMemoryConnector(root=tmp_path, directory=None), *rs)
+        pre, dec = rs[1].make_engine(), rs[2].make_engine()
+        try:
+            results = []
+            for i in range(2):  # one after the other: the second finds the first's prompt blocks
+                r = {**req, "request_id": f"seq-{i}"}
+                _, outs = await asyncio.gather(_collect(rs[1], pre, r), _collect(rs[2], dec, r))
+                results.append([t for o in outs for t in o.get("token_ids", [])])
+            return results, pre.stats()
+        finally:
+            await pre.cleanup()
+            await dec.cleanup()
+
+    (first, second), prefill = asyncio.run(sequential())
+    assert first == second == reference["tokens"]
+    assert prefill["prefix_hit_tokens"] > 0 and prefill["kv_blocks_used"] == 0
+
+
+def test_mismatched_handoff_fails_the_request_clearly(runners, inputs, tmp_path):
+    """A hand-off for another prompt (or another model) fails the decode request with a clear error."""
+    x, _ = inputs["text"]
+    _, pre, dec = runners
+
+    async def main():
+        conn = use(SharedMemoryConnector(root=tmp_path, directory=None), pre, dec)
+        pe, de = pre.make_engine(), dec.make_engine()
+        try:
+            req = request("m", x, talker=False)
+            await _collect(pre, pe, req)
+            handoff = await conn.get(chunk_key("m", EDGE_PREFILL_DECODE, 0), TIMEOUT)
+            bad = {**handoff, "k": handoff["k"][:1], "v": handoff["v"][:1]}  # one layer only
+            await conn.put(chunk_key("m2", EDGE_PREFILL_DECODE, 0), bad)
+            with pytest.raises(ValueError, match="imported KV has shape"):
+                await _collect(dec, de, {**req, "request_id": "m2"})
+            short = {**handoff, "embeds": handoff["embeds"][:-1]}
+            await conn.put(chunk_key("m3", EDGE_PREFILL_DECODE, 0), short)
+            with pytest.raises(ValueError, match="prompt hand-off"):
+                await _collect(dec, de, {**req, "request_id": "m3"})
+            assert de.stats()["kv_blocks_used"] == 0
+        finally:
+            await pe.cleanup()
+            await de.cleanup()
+
+    asyncio.run(main())
