@@ -75,15 +75,21 @@ def test_bad_specs_fail_clearly(args, match):
         build_spec(args)
 
 
-@pytest.mark.parametrize("config_file, layout", [(CONFIG, "aggregated"), (DISAGG_CONFIG, "disaggregated")])
-def test_shipped_serve_config_validates(omni_tiny_dir, config_file, layout):
+def shipped_app(config_file: str, import_path: str) -> dict:
+    """The one application of a shipped Serve config, after validating the file against Ray's schema."""
     from ray.serve.schema import ServeDeploySchema
 
     with open(config_file) as f:
         config = yaml.safe_load(f)
     ServeDeploySchema.model_validate(config)
     app = config["applications"][0]
-    assert app["import_path"] == "omni_serve.graphs.qwen2_5_omni:build_app"
+    assert app["import_path"] == import_path
+    return app
+
+
+@pytest.mark.parametrize("config_file, layout", [(CONFIG, "aggregated"), (DISAGG_CONFIG, "disaggregated")])
+def test_shipped_serve_config_validates(omni_tiny_dir, config_file, layout):
+    app = shipped_app(config_file, "omni_serve.graphs.qwen2_5_omni:build_app")
     spec = build_spec({**app["args"], "checkpoint": omni_tiny_dir})
     assert spec.thinker_layout == layout
     assert spec.ingress.num_cpus + sum(getattr(spec.stages, s).num_cpus for s in spec.deployed_stages()) <= 2
@@ -93,15 +99,9 @@ IMAGE_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "omni_serve",
 
 
 def test_shipped_qwen_image_config_validates_and_fits_two_cores(qwen_image_tiny_dir):
-    from ray.serve.schema import ServeDeploySchema
-
     from omni_serve.graphs.qwen_image import build_spec as build_image_spec
 
-    with open(IMAGE_CONFIG) as f:
-        config = yaml.safe_load(f)
-    ServeDeploySchema.model_validate(config)
-    app = config["applications"][0]
-    assert app["import_path"] == "omni_serve.graphs.qwen_image:build_app"
+    app = shipped_app(IMAGE_CONFIG, "omni_serve.graphs.qwen_image:build_app")
     spec = build_image_spec({**app["args"], "checkpoint": qwen_image_tiny_dir})
     total = spec.ingress.num_cpus + sum(getattr(spec.stages, s).num_cpus for s in spec.stages.model_fields)
     assert total <= 2
