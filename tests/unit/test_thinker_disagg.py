@@ -99,9 +99,10 @@ async def _put_media(conn, rid, media):
         await conn.put(chunk_key(rid, EDGE_ENCODER_THINKER, 0), dict(media))
 
 
-async def run_both(rs, jobs: list[tuple[dict, dict]], conn, concurrent: bool = True):
+async def run_both(rs, jobs: list[tuple[dict, dict]], conn, concurrent: bool = True, prefill_first: bool = False):
     """Each job (request, media) through the aggregated thinker and through prefill -> decode (all at once, or
-    one after the other) -> (aggregated results, disaggregated results, engine stats)."""
+    one after the other; ``prefill_first``: every prefill ends before any decode call opens, so all hand-offs
+    reach decode together) -> (aggregated results, disaggregated results, engine stats)."""
     agg, pre, dec = rs
     engines = {"aggregated": agg.make_engine(), "prefill": pre.make_engine(), "decode": dec.make_engine()}
     talker = ["voice_token" in req for req, _ in jobs]
@@ -122,6 +123,14 @@ async def run_both(rs, jobs: list[tuple[dict, dict]], conn, concurrent: bool = T
         assert pre_outs == [{"done": True, "prompt_tokens": len(req["input_ids"])}]
         return await _thinker_result(conn, dec_outs, rid, talker[i])
 
+    async def prefill_then_decode():
+        reqs = [{**req, "request_id": f"dis-{i}"} for i, (req, _) in enumerate(jobs)]
+        for req, (_, media) in zip(reqs, jobs):
+            await _put_media(conn, req["request_id"], media)
+        await asyncio.gather(*(_collect(pre, engines["prefill"], r) for r in reqs))
+        outs = await asyncio.gather(*(_collect(dec, engines["decode"], r) for r in reqs))
+        return [await _thinker_result(conn, o, r["request_id"], talker[i]) for i, (o, r) in enumerate(zip(outs, reqs))]
+
     async def each(fn):
         if concurrent:
             return await asyncio.gather(*(fn(i, r, m) for i, (r, m) in enumerate(jobs)))
@@ -129,7 +138,7 @@ async def run_both(rs, jobs: list[tuple[dict, dict]], conn, concurrent: bool = T
 
     try:
         a = await each(aggregated)
-        d = await each(disaggregated)
+        d = await prefill_then_decode() if prefill_first else await each(disaggregated)
         stats = {name: e.stats() for name, e in engines.items()}
     finally:
         for e in engines.values():
@@ -160,10 +169,10 @@ def assert_same(a: dict, d: dict, atol: float = 0.0) -> None:
 BATCH_ROUNDING = 1e-5
 
 
-def run_case(rs, jobs, tmp_path, atol=0.0, concurrent=True):
+def run_case(rs, jobs, tmp_path, atol=0.0, concurrent=True, prefill_first=False):
     async def main():
         conn = use(SharedMemoryConnector(root=tmp_path, directory=None), *rs)
-        return await run_both(rs, jobs, conn, concurrent)
+        return await run_both(rs, jobs, conn, concurrent, prefill_first)
 
     a, d, stats = asyncio.run(main())
     for ra, rd in zip(a, d):
@@ -207,14 +216,14 @@ def test_concurrent_requests_equal_aggregated(runners, inputs, tmp_path):
 def test_preempted_decode_recomputes_and_still_matches(omni_tiny_dir, inputs, tmp_path):
     """A decode cache too small for the requests in flight: imported KV is dropped on preemption and the
     prompt recomputed from the handed-off embeddings; tokens are identical, states equal to batch rounding."""
-    # prefill takes every prompt in one step, so the hand-offs reach decode together
     rs = make_runners(omni_tiny_dir, ar={"block_size": 4, "max_batch_tokens": 512},
                       decode_ar={"num_kv_blocks": 28})
     jobs = [(request(f"p{i}", inputs[CASES[i % 3]][0], talker=i % 2 == 0, max_new=16, min_new=16),
              inputs[CASES[i % 3]][1]) for i in range(6)]
     longest = max(len(r["input_ids"]) for r, _ in jobs) + 16
     assert 28 * 4 >= longest and 6 * longest > 28 * 4  # each fits alone; together they cannot
-    _, _, stats = run_case(rs, jobs, tmp_path, atol=BATCH_ROUNDING)
+    # every hand-off is waiting before decode opens its calls, so they reach decode together (not timing)
+    _, _, stats = run_case(rs, jobs, tmp_path, atol=BATCH_ROUNDING, prefill_first=True)
     assert stats["decode"]["preemptions"] > 0
     assert stats["decode"]["kv_blocks_free"] == 28
 
