@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 ALIGN = 64
+COPY_IN_THREAD = 8 << 20  # payloads above this are copied off the event loop
 
 
 def _aligned(n: int) -> int:
@@ -45,6 +46,16 @@ class Encoded:
             n = tensor.numel() * tensor.element_size()
             if n:
                 area[offset:offset + n].copy_(tensor.reshape(-1).view(torch.uint8))
+
+
+async def write_into(enc: Encoded, buffer) -> None:
+    """``enc.write_into(buffer)``; large payloads are copied in a worker thread (the event loop keeps serving)."""
+    if enc.nbytes > COPY_IN_THREAD:
+        from omni_serve.transport.base import in_thread
+
+        await in_thread(enc.write_into, buffer)
+    else:
+        enc.write_into(buffer)
 
 
 class _Pickler(pickle.Pickler):

@@ -264,10 +264,7 @@ class MooncakeTransferConnector(_MooncakeConnector):
         self.pool.buffer[offset] = 1
         self.outstanding[key] = (offset, time.monotonic())  # tracked before any await: the sweep frees it
         view = self.pool.view(offset + STATE, enc.nbytes)
-        if enc.nbytes > 8 << 20:
-            await in_thread(enc.write_into, view)
-        else:
-            enc.write_into(view)
+        await codec.write_into(enc, view)
         entry.update(session=self.session, addr=self.pool.address(offset))
 
     def _fetch(self, key, entry, dst, n) -> None:
@@ -331,7 +328,7 @@ class MooncakeStoreConnector(_MooncakeConnector):
         offset = await self._allocate(enc.nbytes)
         self.outstanding[key] = (-1, time.monotonic())  # tracked before any await: the sweep removes it
         try:
-            enc.write_into(self.pool.view(offset, enc.nbytes))
+            await codec.write_into(enc, self.pool.view(offset, enc.nbytes))
             config = ReplicateConfig()
             config.preferred_segment = self.store.get_hostname()  # keep it in this process until read
             rc = await in_thread(self.store.upsert_from, key, self.pool.address(offset), enc.nbytes, config)

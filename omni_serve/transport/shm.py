@@ -49,7 +49,7 @@ from urllib.parse import quote
 from omni_serve import settings
 from omni_serve.transport import codec
 from omni_serve.transport.base import (
-    Connector, DataPlaneError, DataPlaneTimeout, PeriodicSweep, in_thread, split_key,
+    Connector, DataPlaneError, DataPlaneTimeout, PeriodicSweep, split_key,
 )
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,6 @@ log = logging.getLogger(__name__)
 HEADER = 64  # bytes before a segment's payload area (byte 0: state)
 FREE, BUSY = 0, 1
 MIN_SEGMENT = 64 << 10
-COPY_IN_THREAD = 8 << 20  # payloads above this are copied off the event loop
 LIVENESS_PERIOD_S = 0.25
 MAPPED_SEGMENTS = 1024  # segments a process keeps mapped (LRU) for reading
 
@@ -248,10 +247,7 @@ class SharedMemoryConnector(Connector):
         try:
             view = memoryview(seg.mm)[HEADER:HEADER + enc.nbytes]
             try:
-                if enc.nbytes > COPY_IN_THREAD:
-                    await in_thread(enc.write_into, view)
-                else:
-                    enc.write_into(view)
+                await codec.write_into(enc, view)
             finally:
                 view.release()
             self._publish(key, path, pickle.dumps((seg.path, enc.nbytes, enc.header),
@@ -440,13 +436,13 @@ class SharedMemoryConnector(Connector):
                     del pool.streams[marker]
                     self._announced.discard(str(Path(marker).parent))
                     Path(marker).unlink(missing_ok=True)
-        self.remove_empty_dirs(now)
+        self.remove_empty_dirs()
         self.collect_dead_pools()
         if expired:
             log.warning("shared memory: freed %d payloads nobody read within %.0f s", expired, self.ttl_s)
         return expired
 
-    def remove_empty_dirs(self, now: float | None = None) -> None:
+    def remove_empty_dirs(self) -> None:
         """Remove request/stream directories left empty for longer than the TTL."""
         wall = time.time()
         for rdir in (self.root / "keys").iterdir():
