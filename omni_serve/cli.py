@@ -3,6 +3,7 @@
 Commands:
   omni-serve make-checkpoint qwen2_5_omni|qwen_image --size tiny|small DIR
   omni-serve serve [--graph qwen2_5_omni|qwen_image] [--config FILE.yaml] [key=value ...]
+  omni-serve build qwen2_5_omni|qwen_image [key=value ...] [--config FILE.yaml] [-o serve_config.yaml]
   omni-serve bench --url URL --checkpoint DIR [--concurrency 1,16] [--mode omni|text|image] ... (see bench --help)
   omni-serve bench transport [--backends shm,ray,mooncake,mooncake_store] [--sizes 4KiB,1MiB,64MiB,512MiB]
 """
@@ -89,6 +90,33 @@ def cmd_serve(args) -> int:
     print("shutting down ...", flush=True)
     serve.shutdown()
     ray.shutdown()
+    return 0
+
+
+def cmd_build(args) -> int:
+    from omni_serve.graphs.serve_config import build_serve_config, render
+
+    values = _parse_overrides(args.overrides)
+    if args.config:
+        import yaml
+
+        with open(args.config) as f:
+            values = {**(yaml.safe_load(f) or {}), **values}
+    try:
+        config, notes = build_serve_config(args.graph, values, app_name=args.name,
+                                           route_prefix=args.route_prefix, host=args.host, port=args.port)
+    except ValueError as exc:
+        print(f"omni-serve build: invalid {args.graph} graph values:\n{exc}", file=sys.stderr)
+        return 2
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    text = render(config, args.graph, "-" if args.output == "-" else args.output)
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        with open(args.output, "w") as f:
+            f.write(text)
+        print(f"wrote {args.output}: serve deploy {args.output}  (or: serve run {args.output})", file=sys.stderr)
     return 0
 
 
@@ -274,6 +302,17 @@ def main(argv: list[str] | None = None) -> int:
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--num-cpus", type=int, default=None, help="CPUs Ray may use (default: all)")
     sv.set_defaults(func=cmd_serve)
+    bd = sub.add_parser("build", help="write a complete Ray Serve config (serve run / serve deploy) for a graph")
+    bd.add_argument("graph", choices=sorted(GRAPHS))
+    bd.add_argument("overrides", nargs="*", help="graph spec values, key=value (e.g. checkpoint=DIR "
+                    "stages.talker.autoscaling_config.max_replicas=4)")
+    bd.add_argument("--config", help="YAML file with graph spec values (key=value overrides win)")
+    bd.add_argument("-o", "--output", default="-", help="file to write (default: stdout)")
+    bd.add_argument("--name", default=None, help="application name (default: the graph's)")
+    bd.add_argument("--route-prefix", default="/", help="HTTP route prefix (default /)")
+    bd.add_argument("--host", default="0.0.0.0", help="Serve HTTP host (default 0.0.0.0)")
+    bd.add_argument("--port", type=int, default=8000, help="Serve HTTP port (default 8000)")
+    bd.set_defaults(func=cmd_build)
     bn = sub.add_parser("bench", help="benchmark a running endpoint against an in-process transformers baseline",
                         description=BENCH_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     bn.add_argument("target", nargs="?", choices=["serving", "transport"], default="serving",
@@ -347,7 +386,14 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--reps", type=int, default=0,
                     help="measured payloads per size (default 0: 50 up to 1 MiB, 10 at 64 MiB, 4 above)")
     bn.set_defaults(func=cmd_bench)
-    args = parser.parse_args(argv)
+    # key=value overrides may come before or after options (argparse stops a positional list at the first
+    # option); anything else unknown is an error.
+    args, extra = parser.parse_known_args(argv)
+    stray = [a for a in extra if a.startswith("-") or "=" not in a or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     return args.func(args)
 
 

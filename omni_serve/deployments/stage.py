@@ -7,6 +7,9 @@ from the validated graph spec (loading only that stage's weights) and serves:
 - ``ready()``: cheap liveness/identity probe used by the ingress' ``/health``, with the engine's stats
   (active requests; for AR stages running/waiting requests and KV block counts) and, under
   ``data_plane``, the counters of the connectors this replica uses (payloads held, buffer use).
+- ``record_autoscaling_stats()``: Ray Serve's custom-metrics hook, the engine's ``load()`` (utilization,
+  backlog, queued, KV use, batch occupancy, diffusion steps in flight); the ``omni_serve.autoscaling``
+  policies scale the stage on them.
 - ``parameter_names()``: names of the parameters this replica holds (for tests and operators).
 Ray Serve calls ``check_health`` periodically; a dead engine thread marks the replica unhealthy.
 """
@@ -48,7 +51,11 @@ class StageDeployment:
     async def ready(self) -> dict[str, Any]:
         from omni_serve.transport.base import connector_stats
 
-        return {"stage": self.stage, "pid": os.getpid(), **self.engine.stats(), "data_plane": connector_stats()}
+        return {"stage": self.stage, "pid": os.getpid(), **self.engine.stats(), "load": self.engine.load(),
+                "data_plane": connector_stats()}
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        return self.engine.load()
 
     def parameter_names(self) -> list[str]:
         return [f"{prefix}.{name}" for prefix, module in self.runner.modules().items()

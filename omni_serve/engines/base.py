@@ -37,6 +37,10 @@ class StageProgram(abc.ABC):
     def release(self) -> None:  # noqa: B027
         pass
 
+    def work_left(self) -> float | None:
+        """Units of work this request still needs (e.g. denoising steps), for load reporting; None: unknown."""
+        return None
+
 
 class Engine(abc.ABC):
     @abc.abstractmethod
@@ -51,3 +55,7 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     async def cleanup(self) -> None: ...
+
+    def load(self) -> dict[str, float]:
+        """Autoscaling signals of this replica (numbers only); see ``omni_serve.engines.loop.LoopEngine``."""
+        return {}

@@ -18,6 +18,7 @@ from collections import defaultdict
 from typing import Any, Callable, Hashable
 
 from omni_serve.engines.base import StageProgram
+from omni_serve.engines.load import DecayingMean
 from omni_serve.engines.loop import LoopEngine, Slot
 
 log = logging.getLogger(__name__)
@@ -38,19 +39,38 @@ class BatchProgram(StageProgram):
 
 class BatchEngine(LoopEngine):
     def __init__(self, name: str, compute: Callable[[list[Any]], list[Any]], max_batch: int = 16,
-                 max_active: int = 64, torch_threads: int | None = None):
+                 max_active: int = 64, torch_threads: int | None = None, work_unit: str | None = None):
         super().__init__(name, max_active=max_active, torch_threads=torch_threads)
         self.compute = compute
         self.max_batch = max_batch
         self.counters = {"calls": 0, "items": 0, "compute_s": 0.0}
+        # ``work_unit`` names what programs' ``work_left()`` counts (e.g. "diffusion_steps"): load() then
+        # reports "<work_unit>_in_flight", the units every live request still needs.
+        self.work_unit = work_unit
+        self._occupancy = DecayingMean()  # items per call / max_batch
+        self._ready = 0  # items ready at the last tick
+        self._work_left = 0.0
+
+    def backlog(self) -> float:
+        """Items ready beyond one full batch, in full batches."""
+        return max(0, self._ready - self.max_batch) / self.max_batch
+
+    def extra_load(self) -> dict[str, float]:
+        out = {"batch_occupancy": self._occupancy.value(), "ready": float(self._ready)}
+        if self.work_unit:
+            out[f"{self.work_unit}_in_flight"] = self._work_left
+        return out
 
     def stats(self) -> dict:
         return {**super().stats(), **self.counters}
 
-    def tick(self) -> None:
+    def tick(self) -> bool:
         groups: dict[Hashable, list[tuple[Slot, Any]]] = defaultdict(list)
+        work_left = 0.0
         for slot in self.live_slots():
             with slot.lock:
+                if self.work_unit:
+                    work_left += slot.program.work_left() or 0
                 if not slot.program.ready():
                     continue
                 try:
@@ -60,9 +80,12 @@ class BatchEngine(LoopEngine):
                     self.finish(slot, exc)
                     continue
             groups[key].append((slot, payload))
+        self._ready, self._work_left = sum(len(items) for items in groups.values()), work_left
         for _, items in sorted(groups.items(), key=lambda kv: kv[0]):
             for i in range(0, len(items), self.max_batch):
+                self._occupancy.add(len(items[i:i + self.max_batch]) / self.max_batch)
                 self._compute_group(items[i:i + self.max_batch])
+        return bool(groups)
 
     def _compute_group(self, items: list[tuple[Slot, Any]]) -> None:
         start = time.perf_counter()

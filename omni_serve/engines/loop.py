@@ -8,6 +8,14 @@ thread emits. The worker loops ``while has_work(): tick()``; subclasses implemen
 there); ``cleanup`` aborts everything and joins the worker (idempotent). ``max_active`` bounds the requests
 a replica accepts at once; more wait in ``generate`` (admission control before any state is built).
 
+Load (autoscaling): ``load()`` reports this replica's signals (see ``omni_serve.engines.load``):
+``utilization`` (busy fraction of the worker over the last ``load_window_s``), ``backlog`` (work waiting
+beyond what one step serves, in units of full steps; subclasses define ``backlog()``), ``queued``
+(requests waiting for admission), ``active`` and ``load`` = utilization + backlog + queued / max_active,
+the demand on this replica as a fraction of what it can serve (> 1: saturated with work waiting).
+Subclasses add their own (KV use, batch occupancy, diffusion steps in flight) in ``extra_load()``. A
+``tick()`` that returns ``False`` did no work (it waited) and is not counted as busy.
+
 Locking: ``slot.lock`` guards a program's state between its pump (event loop) and the worker; ``_cv``
 guards the slot table and wakes the worker.
 """
@@ -24,6 +32,7 @@ from typing import Any, AsyncIterator, Callable
 import torch
 
 from omni_serve.engines.base import Engine, StageProgram
+from omni_serve.engines.load import BusyMeter
 
 log = logging.getLogger(__name__)
 END = object()
@@ -42,10 +51,13 @@ class Slot:
 
 
 class LoopEngine(Engine):
-    def __init__(self, name: str, max_active: int = 64, torch_threads: int | None = None):
+    def __init__(self, name: str, max_active: int = 64, torch_threads: int | None = None,
+                 load_window_s: float = 5.0):
         self.name = name
         self.max_active = max_active
         self.torch_threads = torch_threads
+        self.busy = BusyMeter(load_window_s)
+        self._queued = 0  # requests waiting for admission
         self._slots: dict[str, Slot] = {}
         self._cv = threading.Condition()
         self._admission: asyncio.Semaphore | None = None
@@ -59,8 +71,16 @@ class LoopEngine(Engine):
         return any(not s.aborted and s.program.ready() for s in self._slots.values())
 
     @abc.abstractmethod
-    def tick(self) -> None:
-        """Advance the requests in flight by one unit (one batched forward)."""
+    def tick(self) -> bool | None:
+        """Advance the requests in flight by one unit (one batched forward); ``False``: nothing to run yet."""
+
+    def backlog(self) -> float:
+        """Work ready beyond what one step serves, in full steps (0 when everything ready runs at once)."""
+        return 0.0
+
+    def extra_load(self) -> dict[str, float]:
+        """Engine-specific autoscaling signals, added to ``load()``."""
+        return {}
 
     def on_abort(self, slot: Slot) -> None:
         """Called once when a request is aborted or cancelled (any thread); free its memory here."""
@@ -90,6 +110,14 @@ class LoopEngine(Engine):
     def num_active(self) -> int:
         return len(self._slots)
 
+    def load(self) -> dict[str, float]:
+        """This replica's autoscaling signals (all numbers; see the module docstring)."""
+        utilization, backlog = self.busy.value(), self.backlog()
+        queued = self._queued
+        return {"load": utilization + backlog + queued / self.max_active, "utilization": utilization,
+                "backlog": backlog, "queued": float(queued), "active": float(self.num_active),
+                **self.extra_load()}
+
     def stats(self) -> dict:
         return {"active": self.num_active}
 
@@ -104,7 +132,12 @@ class LoopEngine(Engine):
             await self.start()
         if request_id in self._slots:
             raise ValueError(f"request {request_id} is already running on {self.name}")
-        async with self._admission:
+        self._queued += 1
+        try:
+            await self._admission.acquire()
+        finally:
+            self._queued -= 1
+        try:
             slot = Slot(request_id, program, asyncio.get_running_loop(), asyncio.Queue())
             if inputs is not None:
                 slot.pump = asyncio.create_task(self._pump(slot, inputs))
@@ -123,6 +156,8 @@ class LoopEngine(Engine):
                     yield item
             finally:
                 await self.abort(request_id)
+        finally:
+            self._admission.release()
 
     async def _pump(self, slot: Slot, inputs: AsyncIterator[Any]) -> None:
         try:
@@ -210,5 +245,13 @@ class LoopEngine(Engine):
                     self._cv.wait(timeout=0.5)
                 if self._stopped:
                     return
-            with torch.inference_mode():
-                self.tick()
+            self.busy.start()
+            worked = None
+            try:
+                with torch.inference_mode():
+                    worked = self.tick()
+            finally:
+                if worked is False:  # it only waited: not busy
+                    self.busy.discard()
+                else:
+                    self.busy.stop()

@@ -40,7 +40,9 @@ def build_graph_app(spec: BaseModel, stage_runners: dict[str, str], frontend: st
         options = getattr(spec.stages, stage).deployment_options(stage)
         handles[stage] = StageDeployment.options(**options).bind(stage, runner, spec_dict)
     ing = spec.ingress
+    replicas = ({"autoscaling_config": ing.autoscaling_config} if ing.autoscaling_config
+                else {"num_replicas": ing.num_replicas})
     return OpenAIIngress.options(
-        name="ingress", num_replicas=ing.num_replicas, max_ongoing_requests=ing.max_ongoing_requests,
-        ray_actor_options={"num_cpus": ing.num_cpus},
+        name="ingress", max_ongoing_requests=ing.max_ongoing_requests,
+        ray_actor_options={"num_cpus": ing.num_cpus}, **replicas,
     ).bind(frontend, _qualified(type(spec)), spec_dict, **handles)

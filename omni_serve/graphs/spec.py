@@ -10,9 +10,35 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from omni_serve.engines.ar.config import ARConfig
+
+
+class SpecModel(BaseModel):
+    """Base of spec sections: unknown keys fail, and a field whose default comes from a ``default_factory``
+    keeps the factory's values for the keys a user leaves out. Setting ``{"code2wav": {"num_replicas": 2}}``
+    changes only that key of the code2wav stage's own defaults (its smaller ``num_cpus``, say), and
+    ``env_vars: {X: "1"}`` adds X to the default variables."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _over_factory_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, value in data.items():
+            field = cls.model_fields.get(name)
+            if field is None or field.default_factory is None or not isinstance(value, dict):
+                continue
+            default = field.default_factory()
+            if isinstance(default, BaseModel):
+                default = default.model_dump(exclude_unset=True)  # only what the factory set
+            if isinstance(default, dict):
+                out[name] = merge(default, value)
+        return out
 
 
 class EngineSpec(BaseModel):
@@ -33,16 +59,19 @@ class EngineSpec(BaseModel):
         return getattr(torch, self.dtype)
 
 
-class StageSpec(BaseModel):
+class StageSpec(SpecModel):
     """One stage = one Ray Serve deployment."""
 
-    model_config = ConfigDict(extra="forbid")
-
     num_replicas: int | None = Field(1, ge=1, description="Fixed replica count (ignored when autoscaling_config is set).")
-    autoscaling_config: dict[str, Any] | None = Field(
-        None, description="Ray Serve autoscaling_config (min_replicas, max_replicas, target_ongoing_requests, ...).")
+    autoscaling_config: dict[str, Any] | None = Field(None, description=(
+        "Ray Serve autoscaling_config (min_replicas, max_replicas, upscale_delay_s, downscale_delay_s, "
+        "look_back_period_s, policy, ...). Without a `policy`, the stage scales on its engine's load "
+        "(omni_serve.autoscaling:EngineLoadPolicy, target_load 0.7); see docs/autoscaling.md."))
     num_cpus: float = Field(0.5, ge=0, description="CPUs reserved per replica (logical, for scheduling).")
     num_gpus: float = Field(0.0, ge=0, description="GPUs reserved per replica.")
+    resources: dict[str, float] = Field(default_factory=dict, description=(
+        "Custom Ray resources reserved per replica, e.g. {'omni_ar_gpu': 1}: places the stage on the worker "
+        "group (node type) that declares them (see docs/kubernetes.md)."))
     max_ongoing_requests: int = Field(64, ge=1, description="Ray Serve cap on concurrent calls per replica.")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="Engine settings inside each replica.")
     env_vars: dict[str, str] = Field(default_factory=lambda: {"OMP_WAIT_POLICY": "PASSIVE"}, description=(
@@ -51,6 +80,11 @@ class StageSpec(BaseModel):
         "torch op of the other stages (measured: the DiT stage 10-25% faster under load)."))
     params: dict[str, Any] = Field(default_factory=dict, description="Stage-specific settings (see the graph's docs).")
 
+    @field_validator("autoscaling_config")
+    @classmethod
+    def _autoscaling_config(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if value is None else checked_autoscaling_config(value)
+
     def deployment_options(self, name: str) -> dict[str, Any]:
         opts: dict[str, Any] = {
             "name": name,
@@ -58,6 +92,8 @@ class StageSpec(BaseModel):
             "ray_actor_options": {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus},
             "health_check_period_s": 5,
         }
+        if self.resources:
+            opts["ray_actor_options"]["resources"] = dict(self.resources)
         if self.env_vars:
             opts["ray_actor_options"]["runtime_env"] = {"env_vars": dict(self.env_vars)}
         if self.autoscaling_config:
@@ -81,10 +117,67 @@ class EdgeSpec(BaseModel):
 class IngressSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    num_replicas: int = Field(1, ge=1, description="Ingress replicas.")
+    num_replicas: int = Field(1, ge=1, description="Ingress replicas (ignored when autoscaling_config is set).")
+    autoscaling_config: dict[str, Any] | None = Field(None, description=(
+        "Ray Serve autoscaling_config of the ingress (it has no engine: Serve's default policy, on ongoing "
+        "HTTP requests per replica, target_ongoing_requests)."))
     num_cpus: float = Field(0.25, ge=0, description="CPUs reserved per ingress replica.")
     max_ongoing_requests: int = Field(256, ge=1, description="Concurrent HTTP requests per ingress replica.")
     request_timeout_s: float = Field(300.0, gt=0, description="Deadline for one request across all stages.")
+
+    @field_validator("autoscaling_config")
+    @classmethod
+    def _autoscaling_config(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            from ray.serve.config import AutoscalingConfig
+
+            _importable(value.get("policy") or {}, lambda _: AutoscalingConfig.model_validate(value))
+        return value
+
+
+class GraphSpecBase(SpecModel):
+    """Fields every graph spec has."""
+
+    autoscaling_policy: dict[str, Any] | None = Field(None, description=(
+        "Application-level Ray Serve autoscaling policy ({policy_function, policy_kwargs}), e.g. "
+        "omni_serve.autoscaling:StageRatioPolicy: decides every autoscaled stage together (it overrides "
+        "their own policies). Takes effect through a Serve config file: `omni-serve build` writes it there."))
+
+    @field_validator("autoscaling_policy")
+    @classmethod
+    def _autoscaling_policy(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        from ray.serve.config import AutoscalingPolicy
+
+        from omni_serve.autoscaling import check_policy
+
+        check_policy(value, application=True)
+        _importable(value, AutoscalingPolicy.model_validate)
+        return value
+
+
+def checked_autoscaling_config(value: dict[str, Any]) -> dict[str, Any]:
+    """A stage's autoscaling_config with omni_serve's default policy filled in, validated by Ray Serve."""
+    from ray.serve.config import AutoscalingConfig
+
+    from omni_serve.autoscaling import ENGINE_LOAD_POLICY, check_policy
+
+    value = dict(value)
+    policy = dict(value.get("policy") or {"policy_function": ENGINE_LOAD_POLICY})
+    value["policy"] = policy
+    check_policy(policy, application=False)
+    _importable(policy, lambda _: AutoscalingConfig.model_validate(value))
+    return value
+
+
+def _importable(policy: dict[str, Any], validate) -> None:
+    """Run Ray's validation, which imports the policy function; a wrong path becomes a clear ValueError."""
+    try:
+        validate(policy)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"autoscaling policy_function {policy.get('policy_function')!r} cannot be "
+                         f"imported ({exc}); expected 'package.module:Name'") from exc
 
 
 def apply_overrides(values: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,8 @@ def ray_serve():
     import ray
     from ray import serve
 
-    ray.init(num_cpus=2, include_dashboard=False, namespace="omni_serve", log_to_driver=False)
+    # address="local": a new instance even if another local cluster runs (test_autoscaling_deploy starts one)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="omni_serve", log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": 8011})
     yield "http://127.0.0.1:8011"
     serve.shutdown()

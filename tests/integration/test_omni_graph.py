@@ -144,7 +144,8 @@ def test_openai_client_non_streaming_and_streaming_audio(omni_app):
 
     stream = client.chat.completions.create(
         model=MODEL, messages=messages, modalities=["text", "audio"], audio={"voice": "Chelsie", "format": "pcm16"},
-        max_tokens=8, stream=True, stream_options={"include_usage": True})
+        max_tokens=8, stream=True, stream_options={"include_usage": True},
+        extra_body={"min_tokens": 8})  # sampled (no seed): never let an early end-of-text make it shorter
     text, pcm, usage, finish = [], [], None, None
     for chunk in stream:
         if chunk.usage is not None:

@@ -8,6 +8,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from omni_serve.autoscaling import ENGINE_LOAD_POLICY, STAGE_RATIO_POLICY
 from omni_serve.graphs.qwen2_5_omni import build_spec
 from omni_serve.graphs.spec import apply_overrides
 
@@ -35,7 +36,34 @@ def test_autoscaling_replaces_fixed_replicas(omni_tiny_dir):
     auto = {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 8}
     spec = build_spec({"checkpoint": omni_tiny_dir, "stages.talker.autoscaling_config": auto})
     opts = spec.stages.talker.deployment_options("talker")
-    assert opts["autoscaling_config"] == auto and "num_replicas" not in opts
+    assert "num_replicas" not in opts
+    # the stage scales on its engine's load unless the config names another policy
+    assert opts["autoscaling_config"] == {**auto, "policy": {"policy_function": ENGINE_LOAD_POLICY}}
+    own = {**auto, "policy": {"policy_function": "ray.serve.autoscaling_policy:default_autoscaling_policy"}}
+    spec = build_spec({"checkpoint": omni_tiny_dir, "stages.talker.autoscaling_config": own})
+    assert spec.stages.talker.deployment_options("talker")["autoscaling_config"] == own
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"min_replicas": 3, "max_replicas": 2}, "max_replicas"),
+    ({"max_replicas": 2, "policy": {"policy_function": ENGINE_LOAD_POLICY, "policy_kwargs": {"target": 1}}},
+     "target"),
+    ({"max_replicas": 2, "policy": {"policy_function": STAGE_RATIO_POLICY}}, "application-level"),
+    ({"max_replicas": 2, "policy": {"policy_function": "omni_serve.autoscaling:Nope"}}, "Nope"),
+])
+def test_a_bad_autoscaling_config_fails_the_spec(omni_tiny_dir, bad, match):
+    with pytest.raises(ValueError, match=match):
+        build_spec({"checkpoint": omni_tiny_dir, "stages.talker.autoscaling_config": bad})
+
+
+def test_application_autoscaling_policy_is_checked(omni_tiny_dir):
+    ok = {"policy_function": STAGE_RATIO_POLICY,
+          "policy_kwargs": {"ratios": [{"stage": "talker", "per": "thinker", "min": 0.5, "max": 2}]}}
+    assert build_spec({"checkpoint": omni_tiny_dir, "autoscaling_policy": ok}).autoscaling_policy == ok
+    bad = {"policy_function": STAGE_RATIO_POLICY,
+           "policy_kwargs": {"ratios": [{"stage": "talker", "per": "thinker", "min": 2, "max": 1}]}}
+    with pytest.raises(ValueError, match="below min"):
+        build_spec({"checkpoint": omni_tiny_dir, "autoscaling_policy": bad})
 
 
 @pytest.mark.parametrize("layout", ["aggregated", "disaggregated"])
@@ -120,3 +148,19 @@ def test_bad_image_specs_fail_clearly(args, match):
 
     with pytest.raises((ValidationError, ValueError), match=match):
         build_image_spec(args)
+
+
+def test_overriding_some_keys_of_a_stage_keeps_its_other_defaults(omni_tiny_dir):
+    spec = build_spec({"checkpoint": omni_tiny_dir, "stages.code2wav.params.num_steps": 3,
+                       "stages.encoder.env_vars.EXTRA": "1", "edges.talker_code2wav.connector": "shm"})
+    assert spec.stages.code2wav.num_cpus == 0.25 and spec.stages.code2wav.params.num_steps == 3
+    assert spec.stages.encoder.env_vars == {"OMP_WAIT_POLICY": "PASSIVE", "EXTRA": "1"}
+    edge = spec.edges.talker_code2wav
+    assert (edge.connector, edge.chunk_size, edge.first_chunk_size) == ("shm", 12, 24)
+
+
+def test_image_stage_overrides_keep_the_stage_defaults():
+    from omni_serve.graphs.qwen_image.spec import QwenImageGraphSpec
+
+    spec = QwenImageGraphSpec.model_validate(apply_overrides({"checkpoint": "/x", "stages.dit.num_cpus": 0}))
+    assert spec.stages.dit.num_cpus == 0 and spec.stages.dit.engine.torch_threads == 2

@@ -34,6 +34,7 @@ from omni_serve.engines.ar.attention import PagedBatch
 from omni_serve.engines.ar.config import ARConfig
 from omni_serve.engines.ar.kv_cache import BlockAllocator, PagedKVCache
 from omni_serve.engines.ar.sequence import ARSequence, KVTransfer
+from omni_serve.engines.load import DecayingMean
 from omni_serve.engines.loop import END, LoopEngine, Slot
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,8 @@ class AREngine(LoopEngine):
         self._known: set[str] = set()
         self._released: list[Slot] = []
         self.counters = {"steps": 0, "batched_rows": 0, "preemptions": 0}
+        self._occupancy = DecayingMean()  # sequences per step / max_num_seqs
+        self._blocked = 0  # waiting requests with work ready at the last step
         log.info("%s: KV cache %d blocks x %d tokens (%.1f MiB)", name, c.num_kv_blocks, c.block_size,
                  self.cache.nbytes / 2**20)
 
@@ -103,8 +106,20 @@ class AREngine(LoopEngine):
         if not plan:  # everything waits on upstream or on blocks: sleep until something changes
             with self._cv:
                 self._cv.wait(timeout=0.01)
-            return
+            return False
         self._execute(plan)
+        self._occupancy.add(len(plan) / self.config.max_num_seqs)
+        return True
+
+    def backlog(self) -> float:
+        """Requests ready to compute but left waiting at the last step (no batch slot or KV blocks), in
+        full batches; requests waiting only for upstream inputs do not count."""
+        return self._blocked / self.config.max_num_seqs
+
+    def extra_load(self) -> dict[str, float]:
+        return {"kv_used_fraction": self.blocks.num_used_blocks / self.blocks.num_blocks,
+                "batch_occupancy": self._occupancy.value(), "running": float(len(self.running)),
+                "waiting": float(len(self.waiting))}
 
     # -- bookkeeping --------------------------------------------------------------------------------------
     def _drop(self, slot: Slot) -> None:
@@ -202,6 +217,8 @@ class AREngine(LoopEngine):
             if work.end > work.start:  # an imported request may have nothing left to compute this step
                 plan.append(work)
                 budget -= work.end - work.start
+        # ready to compute but left waiting (no batch slot, token budget or blocks): the backlog
+        self._blocked = sum(1 for s in self.waiting if self._poll(s) > 0)
         return plan
 
     def _admit(self, slot: Slot, budget: int) -> _Work | None:

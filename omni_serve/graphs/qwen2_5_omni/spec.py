@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from omni_serve.graphs.spec import EdgeSpec, IngressSpec, StageSpec
+from omni_serve.graphs.spec import EdgeSpec, GraphSpecBase, IngressSpec, SpecModel, StageSpec
 from omni_serve.transport.config import DataPlaneSpec
 
 
@@ -72,8 +72,7 @@ class Code2WavStage(StageSpec):
     params: Code2WavParams = Field(default_factory=Code2WavParams, description="code2wav settings.")
 
 
-class OmniStages(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class OmniStages(SpecModel):
 
     encoder: EncoderStage = Field(default_factory=lambda: EncoderStage(num_cpus=0.25), description="Audio + vision towers.")
     thinker: ThinkerStage = Field(default_factory=ThinkerStage, description=(
@@ -89,8 +88,7 @@ class OmniStages(BaseModel):
     code2wav: Code2WavStage = Field(default_factory=lambda: Code2WavStage(num_cpus=0.25), description="DiT + BigVGAN vocoder.")
 
 
-class OmniEdges(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class OmniEdges(SpecModel):
 
     encoder_thinker: EdgeSpec = Field(default_factory=EdgeSpec, description="Media embeddings to the thinker.")
     thinker_talker: EdgeSpec = Field(default_factory=lambda: EdgeSpec(chunk_size=8, first_chunk_size=1),
@@ -103,9 +101,7 @@ class OmniEdges(BaseModel):
                                                    "first audio chunk and its right context)."))
 
 
-class OmniGraphSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class OmniGraphSpec(GraphSpecBase):
     checkpoint: str = Field(..., description="Local Qwen2.5-Omni checkpoint directory (Hugging Face layout).")
     model_name: str = Field("qwen2.5-omni", description="Model id served at /v1/models and accepted in requests.")
     default_voice: str = Field("Chelsie", description="Voice used when a request asks for audio without one.")

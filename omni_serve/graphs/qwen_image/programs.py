@@ -110,6 +110,11 @@ class DenoiseProgram(BatchProgram):
             return ("cached", id(self)), DenoiseWork(self, rows, self.grid, cached=True)
         return ("grid", *self.grid), DenoiseWork(self, rows, self.grid)
 
+    def work_left(self) -> float:
+        """Denoising steps this request still runs (times its images, true CFG doubling the rows)."""
+        rows = self.req.num_images * (2 if self.true_cfg else 1)
+        return float((len(self.timesteps) - self.step_index) * rows)
+
     def complete(self, prediction: torch.Tensor) -> list[Any]:
         n = self.req.num_images
         noise = prediction[:n]

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from omni_serve.graphs.spec import EdgeSpec, EngineSpec, IngressSpec, StageSpec
+from omni_serve.graphs.spec import EdgeSpec, EngineSpec, GraphSpecBase, IngressSpec, SpecModel, StageSpec
 from omni_serve.transport.config import DataPlaneSpec
 
 
@@ -69,8 +69,7 @@ class VAEStage(StageSpec):
     params: VAEParams = Field(default_factory=VAEParams, description="VAE decoder settings.")
 
 
-class QwenImageStages(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class QwenImageStages(SpecModel):
 
     text_encoder: TextEncoderStage = Field(default_factory=lambda: TextEncoderStage(num_cpus=0.25),
                                            description="Prompt -> embeddings (Qwen2.5-VL).")
@@ -79,16 +78,13 @@ class QwenImageStages(BaseModel):
     vae: VAEStage = Field(default_factory=lambda: VAEStage(num_cpus=0.25), description="Latents -> pixels.")
 
 
-class QwenImageEdges(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class QwenImageEdges(SpecModel):
 
     text_encoder_dit: EdgeSpec = Field(default_factory=EdgeSpec, description="Prompt embeddings to the DiT.")
     dit_vae: EdgeSpec = Field(default_factory=EdgeSpec, description="Final latents to the VAE.")
 
 
-class QwenImageGraphSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class QwenImageGraphSpec(GraphSpecBase):
     checkpoint: str = Field(..., description="Local Qwen-Image checkpoint directory (diffusers layout).")
     model_name: str = Field("qwen-image", description="Model id served at /v1/models and accepted in requests.")
     default_size: str = Field("256x256", description="Image size when a request gives none ('WIDTHxHEIGHT').")

@@ -34,10 +34,10 @@ class _ImageRunner(StageRunner):
     def modules(self) -> dict[str, Any]:
         return self.model.modules
 
-    def batch_engine(self, compute) -> BatchEngine:
+    def batch_engine(self, compute, work_unit: str | None = None) -> BatchEngine:
         s = self.engine_spec
         return BatchEngine(self.stage, compute, max_batch=self.stage_spec.params.max_batch,
-                           max_active=s.max_active_requests, torch_threads=s.torch_threads)
+                           max_active=s.max_active_requests, torch_threads=s.torch_threads, work_unit=work_unit)
 
 
 class TextEncoderRunner(_ImageRunner):
@@ -68,7 +68,7 @@ class DiTRunner(_ImageRunner):
         return model
 
     def make_engine(self) -> BatchEngine:
-        return self.batch_engine(P.DenoiseCompute(self.model))
+        return self.batch_engine(P.DenoiseCompute(self.model), work_unit="diffusion_steps")
 
     def cache_session(self, settings: dict[str, Any] | None, num_images: int):
         if not settings or settings.get("mode", "off") == "off":

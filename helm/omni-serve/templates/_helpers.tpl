@@ -1,0 +1,375 @@
+{{/*
+Names and labels (Helm conventions).
+*/}}
+
+{{/* Chart name. */}}
+{{- define "omni-serve.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name of the release's resources. KubeRay rejects RayService names over 47 characters (it appends a
+6-character suffix to name the RayCluster, whose Services get "-serve-svc" and must stay within 63).
+*/}}
+{{- define "omni-serve.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 47 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 47 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 47 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Chart label value. */}}
+{{- define "omni-serve.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Common labels. */}}
+{{- define "omni-serve.labels" -}}
+helm.sh/chart: {{ include "omni-serve.chart" . }}
+{{ include "omni-serve.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: omni-serve
+{{- end }}
+
+{{/* Selector labels (also on every Ray pod). */}}
+{{- define "omni-serve.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "omni-serve.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The Service KubeRay creates in front of the Serve proxies of a RayService. */}}
+{{- define "omni-serve.serveServiceName" -}}
+{{- printf "%s-serve-svc" (include "omni-serve.fullname" .) }}
+{{- end }}
+
+{{/* Image reference. */}}
+{{- define "omni-serve.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{/*
+The graphs this chart knows: the app builder's import path, the checkpoint family of
+`omni-serve make-checkpoint`, and every stage name the graph's spec accepts under `stages`
+(tests/unit/test_helm_chart.py checks these against the pydantic specs).
+*/}}
+{{- define "omni-serve.graphs" -}}
+qwen2_5_omni:
+  importPath: omni_serve.graphs.qwen2_5_omni:build_app
+  checkpointFamily: qwen2_5_omni
+  stages: [encoder, thinker, thinker_prefill, thinker_decode, talker, code2wav]
+qwen_image:
+  importPath: omni_serve.graphs.qwen_image:build_app
+  checkpointFamily: qwen_image
+  stages: [text_encoder, dit, vae]
+{{- end }}
+
+{{/* The selected graph's entry of omni-serve.graphs (YAML). */}}
+{{- define "omni-serve.graph" -}}
+{{- $graphs := include "omni-serve.graphs" . | fromYaml }}
+{{- $graph := get $graphs .Values.graph.name }}
+{{- if not $graph }}
+{{- fail (printf "graph.name %q is not one of: %s" .Values.graph.name (keys $graphs | sortAlpha | join ", ")) }}
+{{- end }}
+{{- toYaml $graph }}
+{{- end }}
+
+{{/* Serve application name. */}}
+{{- define "omni-serve.appName" -}}
+{{- .Values.graph.appName | default .Values.graph.name }}
+{{- end }}
+
+{{/* Checkpoint directory inside the Ray containers (args.checkpoint). */}}
+{{- define "omni-serve.checkpointPath" -}}
+{{- .Values.checkpoint.mountPath }}
+{{- end }}
+
+{{/*
+Configuration checks that the values schema cannot express; rendered (empty) by the RayService template.
+*/}}
+{{- define "omni-serve.validate" -}}
+{{- $ck := .Values.checkpoint }}
+{{- $sources := list }}
+{{- if $ck.existingClaim }}{{ $sources = append $sources "checkpoint.existingClaim" }}{{ end }}
+{{- if $ck.hostPath }}{{ $sources = append $sources "checkpoint.hostPath" }}{{ end }}
+{{- if $ck.generate.enabled }}{{ $sources = append $sources "checkpoint.generate.enabled" }}{{ end }}
+{{- if ne (len $sources) 1 }}
+{{- fail (printf "set exactly one checkpoint source (checkpoint.existingClaim, checkpoint.hostPath or checkpoint.generate.enabled; set checkpoint.generate.enabled=false when using a volume), got: [%s]" (join ", " $sources)) }}
+{{- end }}
+{{- if and $ck.generate.enabled $ck.subPath }}
+{{- fail "checkpoint.subPath applies to existingClaim and hostPath, not to a generated checkpoint" }}
+{{- end }}
+{{- range $key := list "checkpoint" "stages" }}
+{{- if hasKey ($.Values.args | default dict) $key }}
+{{- fail (printf "args.%s: set it with the chart's `%s` value instead (the chart fills args.%s)" $key $key $key) }}
+{{- end }}
+{{- end }}
+{{- $graph := include "omni-serve.graph" . | fromYaml }}
+{{- range $stage, $_ := .Values.stages }}
+{{- if not (has $stage $graph.stages) }}
+{{- fail (printf "stages.%s: graph %s has no stage %q (its stages: %s)" $stage $.Values.graph.name $stage (join ", " $graph.stages)) }}
+{{- end }}
+{{- end }}
+{{- $groupNames := list }}
+{{- range .Values.workerGroups }}
+{{- if has .name $groupNames }}
+{{- fail (printf "workerGroups: duplicate group name %q" .name) }}
+{{- end }}
+{{- $groupNames = append $groupNames .name }}
+{{- if gt (int .minReplicas) (int .maxReplicas) }}
+{{- fail (printf "workerGroups[%s]: minReplicas %v is above maxReplicas %v" .name .minReplicas .maxReplicas) }}
+{{- end }}
+{{- $replicas := hasKey . "replicas" | ternary .replicas .minReplicas }}
+{{- if or (lt (int $replicas) (int .minReplicas)) (gt (int $replicas) (int .maxReplicas)) }}
+{{- fail (printf "workerGroups[%s]: replicas %v is outside [minReplicas %v, maxReplicas %v]" .name $replicas .minReplicas .maxReplicas) }}
+{{- end }}
+{{- end }}
+{{- $autoscalerV2 := and .Values.rayAutoscaler.enabled (eq (toString (dig "version" "" (.Values.rayAutoscaler.options | default dict))) "v2") }}
+{{- range .Values.workerGroups }}
+{{- if and (hasKey . "idleTimeoutSeconds") (not $autoscalerV2) }}
+{{- fail (printf "workerGroups[%s].idleTimeoutSeconds needs the Ray autoscaler v2 (rayAutoscaler.enabled=true, rayAutoscaler.options.version=v2); otherwise use rayAutoscaler.options.idleTimeoutSeconds" .name) }}
+{{- end }}
+{{- end }}
+{{- /* KubeRay rejects Ray resources given both in `resources` and in rayStartParams, and rayStartParams.labels. */}}
+{{- $groups := list (dict "label" "head" "group" .Values.head) }}
+{{- range .Values.workerGroups }}
+{{- $groups = append $groups (dict "label" (printf "workerGroups[%s]" .name) "group" .) }}
+{{- end }}
+{{- range $groups }}
+{{- $label := .label }}
+{{- $params := .group.rayStartParams | default dict }}
+{{- if hasKey $params "labels" }}
+{{- fail (printf "%s.rayStartParams.labels: KubeRay rejects it (Ray node labels go in the group's `labels` field)" $label) }}
+{{- end }}
+{{- if .group.rayResources }}
+{{- range $param := list "num-cpus" "num-gpus" "memory" "resources" }}
+{{- if hasKey $params $param }}
+{{- fail (printf "%s: Ray resources set both in rayResources and in rayStartParams.%s; KubeRay accepts only one of them" $label $param) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $_ := include "omni-serve.sharedMemory" (dict "root" . "group" .Values.head "groupName" "head") }}
+{{- range .Values.workerGroups }}
+{{- $_ := include "omni-serve.sharedMemory" (dict "root" $ "group" . "groupName" (printf "workerGroups[%s]" .name)) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Effective shared-memory settings of a group (global `sharedMemory` overridden by the group's), checked for
+consistency. Args: dict root, group, groupName. Output: YAML {sizeMiB, objectStoreMiB, poolMiB}.
+*/}}
+{{- define "omni-serve.sharedMemory" -}}
+{{- $shm := mergeOverwrite (deepCopy .root.Values.sharedMemory) (deepCopy (.group.sharedMemory | default dict)) }}
+{{- if gt (add (int $shm.objectStoreMiB) (int $shm.poolMiB)) (int $shm.sizeMiB) }}
+{{- fail (printf "%s sharedMemory: objectStoreMiB (%v) + poolMiB (%v) exceed sizeMiB (%v): the Ray object store and the shm connector's pool both live in /dev/shm" .groupName $shm.objectStoreMiB $shm.poolMiB $shm.sizeMiB) }}
+{{- end }}
+{{- toYaml $shm }}
+{{- end }}
+
+{{/*
+Graph args (Serve config `args`): `args`, plus the checkpoint path and `stages`.
+*/}}
+{{- define "omni-serve.appArgs" -}}
+{{- $args := deepCopy (.Values.args | default dict) }}
+{{- $_ := set $args "checkpoint" (include "omni-serve.checkpointPath" .) }}
+{{- if .Values.stages }}
+{{- $_ := set $args "stages" (deepCopy .Values.stages) }}
+{{- end }}
+{{- toYaml $args }}
+{{- end }}
+
+{{/*
+Ray Serve config (ServeDeploySchema) of the RayService's serveConfigV2, as YAML.
+*/}}
+{{- define "omni-serve.serveConfig" -}}
+{{- $graph := include "omni-serve.graph" . | fromYaml }}
+{{- $app := dict
+      "name" (include "omni-serve.appName" .)
+      "route_prefix" .Values.graph.routePrefix
+      "import_path" $graph.importPath
+      "args" (include "omni-serve.appArgs" . | fromYaml) }}
+{{- if .Values.autoscalingPolicy.enabled }}
+{{- $_ := set $app "autoscaling_policy" (dict
+      "policy_function" .Values.autoscalingPolicy.policyFunction
+      "policy_kwargs" (deepCopy (.Values.autoscalingPolicy.policyKwargs | default dict))) }}
+{{- end }}
+{{- /* Proxies listen on every interface of the pod: the Service reaches them through the pod IP. */}}
+{{- $config := dict
+      "proxy_location" .Values.serve.proxyLocation
+      "http_options" (dict "host" "0.0.0.0" "port" .Values.serve.port)
+      "applications" (list $app) }}
+{{- toYaml $config }}
+{{- end }}
+
+{{/*
+rayStartParams of a group: metrics port, object store size (from its shared memory), the group's own.
+Args: dict root, group, groupName, head (bool).
+*/}}
+{{- define "omni-serve.rayStartParams" -}}
+{{- $shm := include "omni-serve.sharedMemory" . | fromYaml }}
+{{- $params := dict
+      "metrics-export-port" (toString .root.Values.metrics.port)
+      "object-store-memory" (toString (mul (int $shm.objectStoreMiB) 1048576)) }}
+{{- if .head }}
+{{- $_ := set $params "dashboard-host" "0.0.0.0" }}
+{{- end }}
+{{- range $key, $value := (.group.rayStartParams | default dict) }}
+{{- $_ := set $params $key (toString $value) }}
+{{- end }}
+{{- toYaml $params }}
+{{- end }}
+
+{{/* KubeRay group `resources` (Ray logical resources): quantities as strings. Args: group. */}}
+{{- define "omni-serve.rayResources" -}}
+{{- $out := dict }}
+{{- range $key, $value := (.rayResources | default dict) }}
+{{- $_ := set $out $key (toString $value) }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}
+
+{{/*
+Pod template of a Ray group (head or worker). Args: dict root, group, groupName, head (bool).
+*/}}
+{{- define "omni-serve.podTemplate" -}}
+{{- $root := .root }}
+{{- $v := $root.Values }}
+{{- $group := .group }}
+{{- $shm := include "omni-serve.sharedMemory" . | fromYaml }}
+{{- $graph := include "omni-serve.graph" $root | fromYaml -}}
+metadata:
+  labels:
+    {{- include "omni-serve.selectorLabels" $root | nindent 4 }}
+    app.kubernetes.io/component: {{ ternary "ray-head" "ray-worker" .head }}
+    {{- with $group.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- with $group.podAnnotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  {{- with $v.image.pullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $v.serviceAccountName }}
+  serviceAccountName: {{ . }}
+  {{- end }}
+  {{- with $v.podSecurityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if $v.checkpoint.generate.enabled }}
+  initContainers:
+    - name: make-checkpoint
+      image: {{ include "omni-serve.image" $root }}
+      imagePullPolicy: {{ $v.image.pullPolicy }}
+      command:
+        - omni-serve
+        - make-checkpoint
+        - {{ $graph.checkpointFamily }}
+        - --size
+        - {{ $v.checkpoint.generate.size }}
+        - --seed
+        - {{ $v.checkpoint.generate.seed | quote }}
+        - {{ include "omni-serve.checkpointPath" $root }}
+      {{- with $v.checkpoint.generate.resources }}
+      resources:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      volumeMounts:
+        - name: checkpoint
+          mountPath: {{ include "omni-serve.checkpointPath" $root }}
+  {{- end }}
+  containers:
+    # KubeRay runs Ray in the first container.
+    - name: {{ ternary "ray-head" "ray-worker" .head }}
+      image: {{ include "omni-serve.image" $root }}
+      imagePullPolicy: {{ $v.image.pullPolicy }}
+      ports:
+        {{- if .head }}
+        {{- with $group.ports }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+        {{- end }}
+        - name: serve
+          containerPort: {{ $v.serve.port }}
+        - name: metrics
+          containerPort: {{ $v.metrics.port }}
+      env:
+        - name: OMNI_SERVE_SHM_DIR
+          value: /dev/shm
+        - name: OMNI_SERVE_SHM_POOL_BYTES
+          value: {{ mul (int $shm.poolMiB) 1048576 | quote }}
+        - name: OMNI_SERVE_DATA_TTL_S
+          value: {{ $v.dataPlane.dataTtlSeconds | toString | quote }}
+        - name: OMNI_SERVE_RAY_NAMESPACE
+          value: {{ $v.dataPlane.rayNamespace | quote }}
+        {{- with $v.env }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+        {{- with $group.env }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- with $group.resources }}
+      resources:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $group.securityContext }}
+      securityContext:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      lifecycle:
+        preStop:
+          exec:
+            command: ["/bin/sh", "-c", "ray stop"]
+      volumeMounts:
+        - name: shm
+          mountPath: /dev/shm
+        - name: checkpoint
+          mountPath: {{ include "omni-serve.checkpointPath" $root }}
+          {{- if and (not $v.checkpoint.generate.enabled) $v.checkpoint.subPath }}
+          subPath: {{ $v.checkpoint.subPath }}
+          {{- end }}
+          {{- if not $v.checkpoint.generate.enabled }}
+          readOnly: {{ $v.checkpoint.readOnly }}
+          {{- end }}
+  volumes:
+    - name: shm
+      emptyDir:
+        medium: Memory
+        sizeLimit: {{ printf "%dMi" (int $shm.sizeMiB) }}
+    - name: checkpoint
+      {{- if $v.checkpoint.existingClaim }}
+      persistentVolumeClaim:
+        claimName: {{ $v.checkpoint.existingClaim }}
+        readOnly: {{ $v.checkpoint.readOnly }}
+      {{- else if $v.checkpoint.hostPath }}
+      hostPath:
+        path: {{ $v.checkpoint.hostPath }}
+        type: {{ $v.checkpoint.hostPathType }}
+      {{- else }}
+      emptyDir:
+        sizeLimit: {{ $v.checkpoint.generate.sizeLimit }}
+      {{- end }}
+  {{- with $group.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $group.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $group.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}

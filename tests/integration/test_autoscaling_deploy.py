@@ -1,0 +1,132 @@
+"""The operator's path on a real local Ray cluster (``ray start --head``, its own, not the session's):
+``omni-serve build`` writes a Serve config, ``serve deploy`` deploys it, it serves; then a load wave
+drives code2wav into a bottleneck and Serve scales that stage up on its engine load and back down when the
+load stops, with every request answered."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+BIN = os.path.dirname(sys.executable)
+GCS_PORT, DASHBOARD_PORT, HTTP_PORT = 6391, 8266, 8012
+DASHBOARD = f"http://127.0.0.1:{DASHBOARD_PORT}"
+URL = f"http://127.0.0.1:{HTTP_PORT}"
+APP = "omni_autoscale"
+FAST_AUTOSCALING = {  # seconds, so the wave fits a test; production values are in docs/autoscaling.md
+    "min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 3, "downscale_delay_s": 10,
+    "look_back_period_s": 4, "metrics_interval_s": 0.5}
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray cluster with its dashboard (Serve's REST API, what `serve deploy`/`serve status` use)."""
+    temp_dir = "/tmp/omni_serve_cluster"  # short: Ray's socket paths have a length limit
+    proc = subprocess.Popen(
+        [f"{BIN}/ray", "start", "--head", "--block", f"--port={GCS_PORT}", "--num-cpus=3",
+         "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={DASHBOARD_PORT}",
+         "--dashboard-agent-listen-port=52366", f"--temp-dir={temp_dir}",
+         "--disable-usage-stats"],
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"}, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, "ray start exited"
+            try:
+                if httpx.get(f"{DASHBOARD}/api/serve/applications/", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the dashboard did not come up"
+            time.sleep(1)
+        yield DASHBOARD
+    finally:
+        _cli(f"{BIN}/serve", "shutdown", "-y", "-a", DASHBOARD, timeout=120)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        subprocess.run(["pkill", "-9", "-f", temp_dir], check=False)  # anything the cluster left behind
+
+
+def _wait_running(app: str, timeout: float = 300) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        apps = httpx.get(f"{DASHBOARD}/api/serve/applications/", timeout=10).json()["applications"]
+        status = apps.get(app, {}).get("status")
+        if status == "RUNNING":
+            return apps[app]
+        assert status != "DEPLOY_FAILED", apps[app].get("message")
+        assert time.monotonic() < deadline, f"{app} is {status}"
+        time.sleep(2)
+
+
+@pytest.fixture(scope="module")
+def deployed(cluster, omni_tiny_dir, tmp_path_factory):
+    config = tmp_path_factory.mktemp("build") / "serve_config.yaml"
+    auto = json.dumps(FAST_AUTOSCALING | {"policy": {
+        "policy_function": "omni_serve.autoscaling:EngineLoadPolicy", "policy_kwargs": {"target_load": 0.6}}})
+    ratio = json.dumps({"policy_function": "omni_serve.autoscaling:StageRatioPolicy", "policy_kwargs": {
+        "target_load": 0.6, "ratios": [{"stage": "talker", "per": "thinker", "min": 1}]}})
+    built = _cli(f"{BIN}/omni-serve", "build", "qwen2_5_omni", f"checkpoint={omni_tiny_dir}",
+                 "--name", APP, "--host", "127.0.0.1", "--port", str(HTTP_PORT), "-o", str(config),
+                 "stages.talker.params.max_codec_tokens=48", "stages.code2wav.params.num_steps=24",
+                 f"stages.code2wav.autoscaling_config={auto}", f"stages.thinker.autoscaling_config={auto}",
+                 f"stages.talker.autoscaling_config={auto}", f"autoscaling_policy={ratio}")
+    assert built.returncode == 0, built.stderr
+    deploy = _cli(f"{BIN}/serve", "deploy", str(config), "-a", DASHBOARD)
+    assert deploy.returncode == 0, deploy.stdout + deploy.stderr
+    _wait_running(APP)
+    return config
+
+
+def test_build_writes_a_valid_serve_config_that_serve_deploy_serves(deployed):
+    from ray.serve.schema import ServeDeploySchema
+
+    from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
+
+    config = yaml.safe_load(deployed.read_text())
+    ServeDeploySchema.model_validate(config)
+    app = config["applications"][0]
+    OmniGraphSpec.model_validate(app["args"])  # the whole spec, every default written out
+    assert app["autoscaling_policy"]["policy_function"] == "omni_serve.autoscaling:StageRatioPolicy"
+    r = httpx.post(f"{URL}/v1/chat/completions", timeout=120, json={
+        "model": "qwen2.5-omni", "modalities": ["text", "audio"], "audio": {"voice": "Ethan", "format": "wav"},
+        "messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "min_tokens": 6})
+    assert r.status_code == 200, r.text
+    assert base64.b64decode(r.json()["choices"][0]["message"]["audio"]["data"])[:4] == b"RIFF"
+    status = _cli(f"{BIN}/serve", "status", "-a", DASHBOARD)
+    assert yaml.safe_load(status.stdout)["applications"][APP]["status"] == "RUNNING"
+
+
+def test_the_bottleneck_stage_scales_up_under_load_and_back_down_after(deployed):
+    from omni_serve.bench.autoscale import WaveConfig, run_wave
+
+    wave = run_wave(WaveConfig(url=URL, dashboard=DASHBOARD, app=APP, load_s=75, concurrency=6,
+                               max_idle_s=150, poll_s=1.0))
+    print("\n" + wave.table(["thinker", "talker", "code2wav"]))
+    print(f"requests: {len(wave.outcomes)}, HTTP 200: {wave.outcomes.count(200)}")
+    assert wave.outcomes and not wave.errors and all(s == 200 for s in wave.outcomes), wave.errors[:3]
+    up = wave.first_t("code2wav", 2)
+    assert up is not None, "code2wav never scaled up"
+    down = wave.first_t("code2wav", 1, after=wave.load_end_t)
+    assert down is not None and down > up, "code2wav did not scale back down after the load stopped"

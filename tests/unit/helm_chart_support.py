@@ -1,0 +1,117 @@
+"""Shared by the Helm chart tests: the values cases and accessors of a render (fixtures: tests/unit/conftest.py)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+
+import yaml
+
+from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
+from omni_serve.graphs.qwen_image.spec import QwenImageGraphSpec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHART = os.path.join(ROOT, "helm", "omni-serve")
+CRD_SCHEMA = os.path.join(ROOT, "tests", "data", "kuberay", "rayservice.v1.schema.json")
+SPECS = {"qwen2_5_omni": OmniGraphSpec, "qwen_image": QwenImageGraphSpec}
+MiB = 1 << 20
+
+
+def _load_values(name: str) -> dict:
+    with open(os.path.join(CHART, name)) as f:
+        return yaml.safe_load(f) or {}
+
+
+def _load_render_script():
+    spec = importlib.util.spec_from_file_location("render_k8s", os.path.join(ROOT, "scripts", "render_k8s.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Values sets rendered by the structural tests: the defaults, the two shipped examples, and two layouts the
+# examples do not cover (the Qwen-Image graph; the disaggregated Omni thinker with a hostPath checkpoint).
+CASES = {
+    "default": {},
+    "cpu-demo": _load_values("values-cpu-demo.yaml"),
+    "gpu-prod": _load_values("values-gpu.yaml"),
+    "qwen-image": {
+        "graph": {"name": "qwen_image"},
+        "args": {"default_steps": 8, "edges": {"dit_vae": {"connector": "shm"}}},
+        "stages": {"text_encoder": {"resources": {"omni_cpu": 1}}, "dit": {"num_cpus": 1, "resources": {"omni_cpu": 1}},
+                   "vae": {"resources": {"omni_cpu": 1}}},
+        "workerGroups": [{"name": "cpu", "replicas": 1, "minReplicas": 1, "maxReplicas": 1,
+                          "rayResources": {"omni_cpu": 100},
+                          "resources": {"limits": {"cpu": "4", "memory": "8Gi"}}}],
+    },
+    "omni-disagg": {
+        "checkpoint": {"hostPath": "/data/models", "subPath": "qwen2_5_omni-small", "generate": {"enabled": False}},
+        "args": {"thinker_layout": "disaggregated",
+                 "edges": {"thinker_prefill_thinker_decode": {"connector": "mooncake"}}},
+        "stages": {"thinker_prefill": {"num_cpus": 1, "resources": {"omni_prefill": 1}},
+                   "thinker_decode": {"autoscaling_config": {"min_replicas": 1, "max_replicas": 3}}},
+        "workerGroups": [{"name": "prefill", "minReplicas": 0, "maxReplicas": 2, "rayResources": {"omni_prefill": 10},
+                          "idleTimeoutSeconds": 300, "resources": {"limits": {"cpu": "2", "memory": "8Gi"}}}],
+        "rayAutoscaler": {"enabled": True, "options": {"version": "v2", "idleTimeoutSeconds": 120}},
+        # Options the examples leave at their defaults, for the CRD check.
+        "ray": {"authOptions": {"mode": "token"}},
+        "serveService": {"type": "LoadBalancer", "annotations": {"example.com/lb": "internal"}},
+        "image": {"pullSecrets": [{"name": "regcred"}], "pullPolicy": "Always"},
+        "serviceAccountName": "omni-serve",
+        "podSecurityContext": {"fsGroup": 1000},
+        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
+        "head": {"nodeSelector": {"pool": "cpu"}, "podAnnotations": {"example.com/a": "b"},
+                 "rayStartParams": {"num-cpus": 2}},
+        "ingress": {"enabled": True, "className": "nginx"},
+        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
+    },
+}
+EXAMPLES = ["default", "cpu-demo", "gpu-prod"]
+
+
+def _render(chart, values: dict, release: str = "omni") -> dict[str, list[dict]]:
+    """{template path: [parsed objects]} of a render (NOTES.txt left out)."""
+    rendered = chart.render(values, name=release, namespace="omni", is_install=True)
+    return {path: [doc for doc in yaml.safe_load_all(text) if doc]
+            for path, text in rendered.items() if not path.endswith("NOTES.txt")}
+
+
+def _objects(render: dict[str, list[dict]]) -> list[dict]:
+    return [doc for docs in render.values() for doc in docs]
+
+
+def _rayservice(render) -> dict:
+    (rs,) = [o for o in _objects(render) if o["kind"] == "RayService"]
+    return rs
+
+
+def _serve_config(render) -> dict:
+    return yaml.safe_load(_rayservice(render)["spec"]["serveConfigV2"])
+
+
+def _app(render) -> dict:
+    (app,) = _serve_config(render)["applications"]
+    return app
+
+
+def _graph_spec(render):
+    app = _app(render)
+    graph = app["import_path"].partition(":")[0].rsplit(".", 1)[-1]
+    return SPECS[graph].model_validate(app["args"])
+
+
+def _deployed(spec) -> list[str]:
+    """Stages build_app deploys (the Omni spec knows its layout; Qwen-Image deploys every stage)."""
+    if hasattr(spec, "deployed_stages"):
+        return spec.deployed_stages()
+    return list(type(spec.stages).model_fields)
+
+
+def _groups(rs: dict) -> list[dict]:
+    cluster = rs["spec"]["rayClusterConfig"]
+    return [{**cluster["headGroupSpec"], "groupName": "head"}, *cluster.get("workerGroupSpecs", [])]
+
+
+def _ray_containers(rs: dict) -> list[dict]:
+    return [group["template"]["spec"]["containers"][0] for group in _groups(rs)]

@@ -1,0 +1,452 @@
+"""The Helm chart (helm/omni-serve) and the plain manifests in k8s/ rendered from it.
+
+Offline, no Ray cluster: the chart is linted and rendered with the Helm v4 SDK of ``helm-python-sdk``, then
+the RayService is checked against KubeRay's v1.7.0 CRD schema (tests/data/kuberay), its serveConfigV2 against
+Ray Serve's ServeDeploySchema, the application args against the graph's pydantic spec, each stage's
+autoscaling_config against Ray's AutoscalingConfig, and the stage placement against the worker groups
+(custom resources declared, GPUs where GPU stages land, enough capacity at max replicas, shm edges inside
+one pod). Bad values must be rejected by the chart's values schema or its template checks.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import os
+import re
+import types
+
+import helm_python
+import jsonschema
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from omni_serve import cli
+from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
+from omni_serve.graphs.spec import StageSpec
+
+from tests.unit.helm_chart_support import (
+    CASES,
+    CHART,
+    CRD_SCHEMA,
+    EXAMPLES,
+    MiB,
+    ROOT,
+    SPECS,
+    _app,
+    _deployed,
+    _graph_spec,
+    _groups,
+    _load_render_script,
+    _objects,
+    _ray_containers,
+    _rayservice,
+    _render,
+    _serve_config,
+)
+
+# ---------------------------------------------------------------------------------------------- helm lint
+
+
+@pytest.mark.parametrize("case", EXAMPLES)
+def test_helm_lint_strict(case):
+    report = helm_python.lint(CHART, values=CASES[case], strict=True)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert report["total_charts_linted"] == 1
+    assert not problems and not report["errors"], (problems, report["errors"])
+
+
+# ------------------------------------------------------------------------------------ Kubernetes / KubeRay
+
+
+def _crd_validator():
+    with open(CRD_SCHEMA) as f:
+        schema = json.load(f)["openAPIV3Schema"]
+    return jsonschema.Draft7Validator(schema)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_rayservice_validates_against_kuberay_crd(renders, case):
+    rs = _rayservice(renders[case])
+    assert (rs["apiVersion"], rs["kind"]) == ("ray.io/v1", "RayService")
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in _crd_validator().iter_errors(rs)]
+    assert not errors, errors
+    assert rs["spec"]["rayClusterConfig"]["rayVersion"] == "2.60.0"
+
+
+def test_crd_validator_catches_a_broken_rayservice(renders):
+    """The CRD schema check can fail: a worker group without groupName, a non-string rayStartParam."""
+    rs = copy.deepcopy(_rayservice(renders["cpu-demo"]))
+    group = rs["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
+    del group["groupName"]
+    group["rayStartParams"]["num-cpus"] = 2
+    messages = [e.message for e in _crd_validator().iter_errors(rs)]
+    assert any("groupName" in m for m in messages), messages
+    assert any("is not of type 'string'" in m for m in messages), messages
+
+
+DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+@pytest.mark.parametrize("case", EXAMPLES)
+def test_manifests_are_sane_kubernetes_objects(renders, case):
+    objects = _objects(renders[case])
+    assert objects
+    for obj in objects:
+        assert obj.get("apiVersion") and obj.get("kind"), obj
+        name = obj["metadata"]["name"]
+        assert DNS_1123.match(name) and len(name) <= 63, name
+        labels = obj["metadata"]["labels"]
+        for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
+                    "helm.sh/chart"):
+            assert key in labels, (obj["kind"], key)
+        for value in labels.values():
+            assert len(value) <= 63 and LABEL_VALUE.match(value), value
+    rs = _rayservice(renders[case])
+    # KubeRay: a RayService name is a DNS-1035 label of at most 47 characters.
+    assert DNS_1035.match(rs["metadata"]["name"]) and len(rs["metadata"]["name"]) <= 47
+    for group in _groups(rs):
+        assert DNS_1123.match(group["groupName"])
+        container = group["template"]["spec"]["containers"][0]
+        assert container["name"] in ("ray-head", "ray-worker")
+        assert {p["name"] for p in container["ports"]} >= {"serve", "metrics"}
+
+
+def test_long_release_names_are_truncated_for_kuberay(chart):
+    rs = _rayservice(_render(chart, {}, release="a-very-long-release-name-for-the-omni-serve-chart-x"))
+    assert len(rs["metadata"]["name"]) <= 47 and DNS_1035.match(rs["metadata"]["name"])
+
+
+def test_gpu_example_ingress_and_monitors_point_at_kuberay_objects(renders):
+    objects = {o["kind"]: o for o in _objects(renders["gpu-prod"])}
+    rs = objects["RayService"]
+    name = rs["metadata"]["name"]
+    serve_svc = rs["spec"]["serveService"]["metadata"]["name"]
+    assert serve_svc == f"{name}-serve-svc"  # KubeRay's default name, set explicitly
+    assert objects["Ingress"]["apiVersion"] == "networking.k8s.io/v1"
+    for rule in objects["Ingress"]["spec"]["rules"]:
+        for path in rule["http"]["paths"]:
+            assert path["backend"]["service"] == {"name": serve_svc, "port": {"name": "serve"}}
+    # The ServiceMonitor selects the labels KubeRay puts on a RayService's head Service.
+    monitor = objects["ServiceMonitor"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["selector"]["matchLabels"] == {
+        "ray.io/originated-from-crd": "RayService", "ray.io/originated-from-cr-name": name,
+        "ray.io/node-type": "head"}
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    # The PodMonitor selects exactly the worker pods.
+    selector = objects["PodMonitor"]["spec"]["selector"]["matchLabels"]
+    for group in _groups(rs):
+        labels = group["template"]["metadata"]["labels"]
+        matches = all(labels.get(k) == v for k, v in selector.items())
+        assert matches == (group["groupName"] != "head"), group["groupName"]
+    cluster = rs["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True and cluster["autoscalerOptions"]["idleTimeoutSeconds"] > 0
+    for group in _groups(rs):
+        assert group["rayStartParams"]["metrics-export-port"] == "8080"
+
+
+def test_default_values_render_only_the_rayservice(renders):
+    kinds = [o["kind"] for o in _objects(renders["default"])]
+    assert kinds == ["RayService"]
+    assert "enableInTreeAutoscaling" not in _rayservice(renders["default"])["spec"]["rayClusterConfig"]
+
+
+# ------------------------------------------------------------------------------ data plane: shm, env vars
+
+
+def _quantity_mib(text: str) -> int:
+    match = re.fullmatch(r"(\d+)(Mi|Gi)", text)
+    assert match, text
+    return int(match.group(1)) * (1024 if match.group(2) == "Gi" else 1)
+
+
+@pytest.mark.parametrize("case", EXAMPLES)
+def test_every_ray_container_has_a_sized_dev_shm_and_the_omni_serve_env(renders, case):
+    rs = _rayservice(renders[case])
+    for group in _groups(rs):
+        pod = group["template"]["spec"]
+        container = pod["containers"][0]
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        shm = volumes[mounts["/dev/shm"]]["emptyDir"]
+        assert shm["medium"] == "Memory"
+        size = _quantity_mib(shm["sizeLimit"]) * MiB
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        pool = int(env["OMNI_SERVE_SHM_POOL_BYTES"])
+        store = int(group["rayStartParams"]["object-store-memory"])
+        assert env["OMNI_SERVE_SHM_DIR"] == "/dev/shm"
+        assert 0 < pool < size and 0 < store < size and pool + store <= size, (group["groupName"], pool, store)
+        assert float(env["OMNI_SERVE_DATA_TTL_S"]) > 0 and env["OMNI_SERVE_RAY_NAMESPACE"]
+        memory_limit = container["resources"]["limits"]["memory"]
+        assert _quantity_mib(memory_limit) * MiB > size, "tmpfs pages count against the memory limit"
+        assert "RAY_AUTH_MODE" not in env  # Ray auth is the operator's (ray.authOptions)
+
+
+# --------------------------------------------------------------------------------- Ray Serve config + spec
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_serve_config_validates_as_ray_serve_deploy_schema(renders, case):
+    from ray.serve.schema import ServeDeploySchema
+
+    config = _serve_config(renders[case])
+    ServeDeploySchema.model_validate(config)
+    assert config["proxy_location"] == "EveryNode"
+    assert config["http_options"]["host"] == "0.0.0.0"
+    serve_ports = {p["containerPort"] for c in _ray_containers(_rayservice(renders[case]))
+                   for p in c["ports"] if p["name"] == "serve"}
+    assert serve_ports == {config["http_options"]["port"]}
+    graph = (CASES[case].get("graph") or {}).get("name", "qwen2_5_omni")
+    assert _app(renders[case])["import_path"] == cli.GRAPHS[graph]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_app_args_validate_against_the_graph_spec(renders, case):
+    app = _app(renders[case])
+    spec = _graph_spec(renders[case])
+    mount = CASES[case].get("checkpoint", {}).get("mountPath", "/models/checkpoint")
+    assert spec.checkpoint == mount
+    # Settings given for a stage the layout does not deploy would be silently ignored.
+    assert set(app["args"].get("stages", {})) <= set(_deployed(spec))
+    # Values reach the spec unchanged (numbers stay numbers through Helm's JSON values).
+    for stage, settings in CASES[case].get("stages", {}).items():
+        dumped = getattr(spec.stages, stage).model_dump()
+        for key, value in settings.items():
+            if key in ("num_cpus", "num_gpus", "resources", "num_replicas"):
+                assert dumped[key] == value, (stage, key)
+
+
+def test_gpu_example_args_in_detail(renders):
+    spec = _graph_spec(renders["gpu-prod"])
+    assert spec.data_plane.mooncake.protocol == "rdma"
+    assert {spec.edges.encoder_thinker.connector, spec.edges.thinker_talker.connector,
+            spec.edges.talker_code2wav.connector} == {"mooncake"}
+    for stage in spec.deployed_stages():
+        settings = getattr(spec.stages, stage)
+        assert settings.engine.device == "cuda" and settings.engine.dtype == "bfloat16", stage
+        assert 0 < settings.num_gpus < 1 and settings.autoscaling_config, stage
+    app = _app(renders["gpu-prod"])
+    assert app["autoscaling_policy"]["policy_function"] == "omni_serve.autoscaling:StageRatioPolicy"
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda args: args["stages"]["thinker"].update(num_replica=2), "num_replica"),
+    (lambda args: args["stages"]["talker"]["engine"].update(dtyp="bfloat16"), "dtyp"),
+    (lambda args: args["stages"]["code2wav"]["params"].update(num_step=4), "num_step"),
+    (lambda args: args["edges"]["thinker_talker"].update(connector="nvlink"), "connector"),
+    (lambda args: args["stages"]["thinker"].update(num_gpus=-1), "num_gpus"),
+])
+def test_graph_spec_rejects_typos_in_rendered_args(renders, mutate, field):
+    """The spec check above is not vacuous: a typo'd or invalid field in the rendered args fails it."""
+    args = copy.deepcopy(_app(renders["gpu-prod"])["args"])
+    OmniGraphSpec.model_validate(args)
+    mutate(args)
+    with pytest.raises(ValidationError) as exc:
+        OmniGraphSpec.model_validate(args)
+    assert field in str(exc.value)
+
+
+# ------------------------------------------------------------------------------------------- autoscaling
+
+
+def _import_attr(path: str):
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _policy_checked(policy: dict):
+    """Instantiate a policy class with its kwargs (the classes validate them)."""
+    target = _import_attr(policy["policy_function"])
+    if isinstance(target, type):
+        target(**policy.get("policy_kwargs", {}))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_autoscaling_configs_validate_as_ray_autoscaling_config(renders, case):
+    from ray.serve.config import AutoscalingConfig
+
+    spec = _graph_spec(renders[case])
+    for stage in _deployed(spec):
+        config = getattr(spec.stages, stage).autoscaling_config
+        if not config:
+            continue
+        validated = AutoscalingConfig.model_validate(config)  # imports the policy
+        assert validated.min_replicas <= validated.max_replicas
+        if "policy" in config:
+            _policy_checked(config["policy"])
+    policy = _app(renders[case]).get("autoscaling_policy")
+    if policy:
+        _policy_checked(policy)
+        deployed = set(_deployed(spec))
+        for ratio in policy["policy_kwargs"].get("ratios", []):
+            assert {ratio["stage"], ratio["per"]} <= deployed, ratio
+        assert any(getattr(spec.stages, s).autoscaling_config for s in deployed)
+
+
+# ------------------------------------------------------------------------------------------- checkpoint
+
+
+def test_generated_checkpoint_init_container_runs_the_cli(renders, monkeypatch):
+    calls = []
+    fake = types.SimpleNamespace(make_checkpoint=lambda out, size, seed: calls.append((out, size, seed)))
+    monkeypatch.setattr(cli, "_import", lambda path: fake)
+    for case, family in (("cpu-demo", "qwen2_5_omni"), ("qwen-image", "qwen_image")):
+        rs = _rayservice(renders[case])
+        for group in _groups(rs):
+            pod = group["template"]["spec"]
+            (init,) = pod["initContainers"]
+            command = init["command"]
+            assert command[:3] == ["omni-serve", "make-checkpoint", family]
+            assert cli.main(command[1:]) == 0
+            mount = _app(renders[case])["args"]["checkpoint"]
+            assert calls.pop() == (mount, "tiny", 0)
+            assert {m["mountPath"] for m in init["volumeMounts"]} == {mount}
+            (volume,) = [v for v in pod["volumes"] if v["name"] == "checkpoint"]
+            assert "emptyDir" in volume
+
+
+def test_checkpoint_from_a_pvc_or_a_host_path(renders):
+    rs = _rayservice(renders["gpu-prod"])
+    for group in _groups(rs):
+        pod = group["template"]["spec"]
+        assert "initContainers" not in pod
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "checkpoint"]
+        assert volume["persistentVolumeClaim"] == {"claimName": "qwen-omni-weights", "readOnly": True}
+        (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "checkpoint"]
+        assert mount == {"name": "checkpoint", "mountPath": "/models/Qwen2.5-Omni-7B",
+                         "subPath": "Qwen2.5-Omni-7B", "readOnly": True}
+    pod = _groups(_rayservice(renders["omni-disagg"]))[0]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "checkpoint"]
+    assert volume["hostPath"] == {"path": "/data/models", "type": "Directory"}
+
+
+# ------------------------------------------------------------------------------------------- values schema
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"graph": {"name": "qwen3_omni"}}, "graph/name"),
+    ({"workerGroups": [{"name": "cpu", "minReplicas": -1, "maxReplicas": 2}]}, "minReplicas"),
+    ({"workerGroups": [{"name": "cpu", "minReplicas": 1, "maxReplicas": 2, "replicas": -3}]}, "replicas"),
+    ({"workerGroups": [{"name": "CPU_group", "minReplicas": 1, "maxReplicas": 2}]}, "name"),
+    ({"workerGroups": [{"name": "cpu", "minReplicas": 1, "maxReplicas": 2, "replica": 1}]}, "replica"),
+    ({"stages": {"thinker": {"num_replicas": 0}}}, "num_replicas"),
+    ({"stages": {"thinker": {"num_replica": 2}}}, "num_replica"),
+    ({"stages": {"thinkr": {}}}, "thinkr"),
+    ({"stages": {"thinker": {"resources": {"omni_cpu": -1}}}}, "resources"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
+    ({"sharedMemory": {"sizeMiB": 16}}, "sizeMiB"),
+    ({"checkpoint": {"generate": {"size": "huge"}}}, "size"),
+    ({"serve": {"port": 70000}}, "port"),
+    ({"replicaCount": 2}, "replicaCount"),
+])
+def test_values_schema_rejects_bad_values(chart, values, message):
+    with pytest.raises(helm_python.HelmValuesError, match=message):
+        chart.validate_schema(values)
+    with pytest.raises(helm_python.HelmValuesError):
+        chart.render(values, name="omni", namespace="omni")
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"stages": {"dit": {"num_cpus": 1}}}, "graph qwen2_5_omni has no stage"),
+    ({"args": {"checkpoint": "/elsewhere"}}, "args.checkpoint"),
+    ({"args": {"stages": {"thinker": {}}}}, "args.stages"),
+    ({"checkpoint": {"existingClaim": "weights"}}, "exactly one checkpoint source"),
+    ({"checkpoint": {"generate": {"enabled": False}}}, "exactly one checkpoint source"),
+    ({"sharedMemory": {"sizeMiB": 512, "objectStoreMiB": 256, "poolMiB": 512}}, "exceed sizeMiB"),
+    ({"workerGroups": [{"name": "cpu", "minReplicas": 3, "maxReplicas": 2}]}, "above maxReplicas"),
+    ({"workerGroups": [{"name": "cpu", "minReplicas": 1, "maxReplicas": 2, "replicas": 5}]}, "outside"),
+    ({"workerGroups": [{"name": "cpu", "minReplicas": 1, "maxReplicas": 1}] * 2}, "duplicate group name"),
+    ({"workerGroups": [{"name": "cpu", "minReplicas": 1, "maxReplicas": 2, "idleTimeoutSeconds": 60}]},
+     "needs the Ray autoscaler v2"),
+    ({"head": {"rayResources": {"CPU": 0}, "rayStartParams": {"num-cpus": "0"}}}, "both in rayResources"),
+    ({"head": {"rayStartParams": {"labels": "a=b"}}}, "rayStartParams.labels"),
+])
+def test_template_checks_reject_inconsistent_values(chart, values, message):
+    chart.validate_schema(values)  # valid per key; inconsistent together
+    with pytest.raises(helm_python.HelmRenderError, match=re.escape(message)):
+        chart.render(values, name="omni", namespace="omni")
+
+
+def test_chart_schema_follows_the_graph_specs():
+    """The chart's per-stage schema and stage/graph names follow the pydantic specs and the CLI."""
+    with open(os.path.join(CHART, "values.schema.json")) as f:
+        schema = json.load(f)
+    stages = schema["properties"]["stages"]
+    assert set(stages["additionalProperties"]["properties"]) == set(StageSpec.model_fields)
+    spec_stages = {name for cls in SPECS.values() for name in cls.model_fields["stages"].annotation.model_fields}
+    assert set(stages["propertyNames"]["enum"]) == spec_stages
+    assert set(schema["properties"]["graph"]["properties"]["name"]["enum"]) == set(cli.GRAPHS) == set(SPECS)
+    assert set(cli.CHECKPOINT_FAMILIES) >= set(SPECS)
+
+
+@pytest.mark.parametrize("graph", sorted(SPECS))
+def test_chart_accepts_every_stage_of_each_graph(chart, graph):
+    stage_names = list(SPECS[graph].model_fields["stages"].annotation.model_fields)
+    values = {"graph": {"name": graph}, "stages": {name: {"num_cpus": 0.25} for name in stage_names}}
+    app = _app(_render(chart, values))
+    assert app["import_path"] == cli.GRAPHS[graph]
+    SPECS[graph].model_validate(app["args"])
+
+
+def test_every_value_is_documented():
+    """Every key of values.yaml has a comment above it, is inside a commented value (e.g. the keys of a
+    documented `resources`), or is a block whose keys are all documented."""
+    with open(os.path.join(CHART, "values.yaml")) as f:
+        lines = f.read().splitlines()
+    nodes, stack = [], []  # node: [key, documented, is_block, children]
+    previous = ""
+    for line in lines:
+        match = re.match(r"^(\s*)([A-Za-z][\w./-]*):(.*)$", line)
+        if match:
+            indent = len(match.group(1))
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            inherited = any(node[1] for _, node in stack)
+            node = [match.group(2), previous.startswith("#") or inherited, not match.group(3).strip(), []]
+            (stack[-1][1][3] if stack else nodes).append(node)
+            stack.append((indent, node))
+        if line.strip():
+            previous = line.strip()
+
+    def undocumented(node) -> list[str]:
+        key, documented, is_block, children = node
+        if documented:
+            return []
+        missing = [f"{key}.{m}" for child in children for m in undocumented(child)]
+        return missing if is_block and children else [key]
+
+    assert not [m for node in nodes for m in undocumented(node)]
+
+
+# ------------------------------------------------------------------------------------------- k8s/ golden
+
+
+def test_k8s_manifests_are_a_fresh_render_of_the_chart():
+    script = _load_render_script()
+    for filename in script.MANIFESTS:
+        with open(os.path.join(ROOT, "k8s", filename)) as f:
+            committed = f.read()
+        assert committed == script.render(filename), (
+            f"k8s/{filename} is stale: run `.venv/bin/python scripts/render_k8s.py`")
+        docs = [d for d in yaml.safe_load_all(committed) if d]
+        assert docs[0]["kind"] == "RayService"
+        assert all(d["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "kubectl" for d in docs)
+
+
+# ------------------------------------------------------------------------------------------- Dockerfile
+
+
+def test_dockerfile_installs_what_kuberay_and_omni_serve_need():
+    with open(os.path.join(ROOT, "Dockerfile")) as f:
+        text = f.read()
+    assert re.search(r"^FROM python:3\.11-slim", text, re.M)
+    assert re.search(r"^ARG VARIANT=cpu$", text, re.M)
+    assert re.search(r"^ARG TORCH_VERSION=2\.13\.0$", text, re.M) and '"torch==${TORCH_VERSION}"' in text
+    assert "libibverbs1" in text and "wget" in text and "bash" in text
+    assert re.search(r"pip install[^\n]*\s\.(\s|$)", text)
+    assert "mooncake-transfer-engine-non-cuda" in text and "mooncake-transfer-engine==" in text
