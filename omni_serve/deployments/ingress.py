@@ -2,14 +2,14 @@
 
 Routes: ``POST /v1/chat/completions`` (graphs whose frontend has ``prepare``/``complete``/``stream``),
 ``POST /v1/images/generations`` (frontends with ``generate_images``), ``GET /v1/models``, ``GET /health``
-(200 only when every stage answers), ``GET /metrics`` (Prometheus text). A route the served graph does not
-offer answers 404 with an OpenAI-style body. Errors are OpenAI-style bodies (see ``omni_serve.api.errors``).
+(200 only when every stage answers), ``GET /metrics`` (this replica's request counters, Prometheus text;
+the cluster-wide metrics of ``omni_serve.metrics`` go through Ray's metrics endpoint). A route the served
+graph does not offer answers 404 with an OpenAI-style body. Errors are OpenAI-style bodies (see ``omni_serve.api.errors``).
 The frontend (``module:Class``) is built with ``(spec, handles)`` and owns graph-specific logic.
 """
 
-
-import time
-from typing import Any
+import asyncio
+from typing import Any, AsyncIterator
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -20,6 +20,7 @@ from omni_serve.api.errors import OpenAIError, install_error_handlers, not_found
 from omni_serve.api.images import ImageGenerationRequest
 from omni_serve.api.protocol import ChatCompletionRequest, ModelCard, ModelList
 from omni_serve.deployments.stage import import_path
+from omni_serve.metrics import IngressMetrics, RequestClock, observe_transfers
 
 app = FastAPI(title="omni_serve", description="OpenAI-compatible API over omni_serve stage graphs")
 install_error_handlers(app)
@@ -37,41 +38,68 @@ class OpenAIIngress:
                                 registry=self.registry)
         self.latency = Histogram("omni_serve_request_latency_seconds", "Request latency (non-streaming)",
                                  ["route"], registry=self.registry)
+        self.metrics = IngressMetrics()  # cluster-wide, through Ray's metrics endpoint
+        observe_transfers()
 
     def _require(self, method: str, route: str) -> None:
         if not hasattr(self.frontend, method):
             raise not_found(f"{route} is not served by the {self.model_name!r} graph.")
 
-    async def _counted(self, route: str, call):
+    def _failed(self, route: str, err: BaseException) -> None:
+        if isinstance(err, OpenAIError):
+            outcome, kind = f"http_{err.status_code}", err.type
+        else:
+            outcome, kind = "http_500", type(err).__name__
+        self.requests.labels(route=route, outcome=outcome).inc()
+        self.metrics.failed(route, kind, outcome)
+
+    async def _counted(self, route: str, call, clock: RequestClock):
         """Await ``call`` (a coroutine), counting its outcome and latency under ``route``."""
-        start = time.perf_counter()
         try:
             result = await call
-        except OpenAIError as err:
-            self.requests.labels(route=route, outcome=f"http_{err.status_code}").inc()
+        except Exception as err:
+            self._failed(route, err)
             raise
         self.requests.labels(route=route, outcome="ok").inc()
-        self.latency.labels(route=route).observe(time.perf_counter() - start)
+        self.latency.labels(route=route).observe(clock.figures()["e2e"])
+        self.metrics.finished(route, clock)
         return result
+
+    async def _timed_stream(self, lines: AsyncIterator[str], clock: RequestClock) -> AsyncIterator[str]:
+        """The SSE stream, recording its outcome and timings once it ends (or the client leaves)."""
+        try:
+            async for line in lines:
+                yield line
+        except (asyncio.CancelledError, GeneratorExit):
+            self.metrics.failed("chat", "client_disconnected", "cancelled")
+            raise
+        if clock.error is None:
+            self.metrics.finished("chat", clock)
+        else:
+            self.metrics.failed("chat", clock.error, "stream_error")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, body: ChatCompletionRequest):
+        clock = RequestClock()
         self._require("prepare", "/v1/chat/completions")
         try:
             prepared = await self.frontend.prepare(body)
         except OpenAIError as err:
-            self.requests.labels(route="chat", outcome=f"http_{err.status_code}").inc()
+            self._failed("chat", err)
             raise
+        prepared.clock = clock
         if body.stream:
             self.requests.labels(route="chat", outcome="stream").inc()
-            return StreamingResponse(self.frontend.stream(prepared), media_type="text/event-stream")
-        response = await self._counted("chat", self.frontend.complete(prepared))
+            return StreamingResponse(self._timed_stream(self.frontend.stream(prepared), clock),
+                                     media_type="text/event-stream")
+        response = await self._counted("chat", self.frontend.complete(prepared), clock)
         return JSONResponse(response.model_dump(exclude_none=True))
 
     @app.post("/v1/images/generations")
     async def images_generations(self, body: ImageGenerationRequest):
+        clock = RequestClock()
         self._require("generate_images", "/v1/images/generations")
-        response = await self._counted("images", self.frontend.generate_images(body))
+        response = await self._counted("images", self.frontend.generate_images(body), clock)
         return JSONResponse(response.model_dump(exclude_none=True))
 
     @app.get("/v1/models")

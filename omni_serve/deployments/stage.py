@@ -11,7 +11,8 @@ from the validated graph spec (loading only that stage's weights) and serves:
   backlog, queued, KV use, batch occupancy, diffusion steps in flight); the ``omni_serve.autoscaling``
   policies scale the stage on them.
 - ``parameter_names()``: names of the parameters this replica holds (for tests and operators).
-Ray Serve calls ``check_health`` periodically; a dead engine thread marks the replica unhealthy.
+Ray Serve calls ``check_health`` periodically; a dead engine thread marks the replica unhealthy. The
+replica exports its engine's metrics (``omni_serve.metrics.StageMetrics``) and its data-plane transfers.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ class StageDeployment:
         engine_spec = self.runner.engine_spec
         torch.set_num_threads(engine_spec.torch_threads)
         self.engine = self.runner.make_engine()
+        from omni_serve.metrics import StageMetrics, observe_transfers
+
+        self.metrics = StageMetrics(stage, self.engine)
+        observe_transfers()
         log.info("stage %s ready in pid %d (%s)", stage, os.getpid(), runner)
 
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
@@ -66,4 +71,5 @@ class StageDeployment:
             raise RuntimeError(f"engine thread of stage {self.stage} died")
 
     async def __del__(self):
+        self.metrics.close()
         await self.engine.cleanup()

@@ -56,7 +56,8 @@ class BatchEngine(LoopEngine):
         return max(0, self._ready - self.max_batch) / self.max_batch
 
     def extra_load(self) -> dict[str, float]:
-        out = {"batch_occupancy": self._occupancy.value(), "ready": float(self._ready)}
+        out = {"batch_occupancy": self._occupancy.value(), "ready": float(self._ready),
+               "ready_waiting": float(max(0, self._ready - self.max_batch))}
         if self.work_unit:
             out[f"{self.work_unit}_in_flight"] = self._work_left
         return out
@@ -96,8 +97,10 @@ class BatchEngine(LoopEngine):
             for slot, _ in items:
                 self.finish(slot, exc)
             return
+        seconds = time.perf_counter() - start
         self.counters["calls"] += 1
         self.counters["items"] += len(items)
-        self.counters["compute_s"] += time.perf_counter() - start
+        self.counters["compute_s"] += seconds
+        self.stepped(len(items), seconds)
         for (slot, _), result in zip(items, results):
             self.advance(slot, lambda program, r=result: program.complete(r))

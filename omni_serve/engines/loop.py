@@ -58,6 +58,9 @@ class LoopEngine(Engine):
         self.torch_threads = torch_threads
         self.busy = BusyMeter(load_window_s)
         self._queued = 0  # requests waiting for admission
+        # called by the worker after each batched computation with (requests in it, seconds); set by the
+        # replica's metrics (omni_serve.metrics.StageMetrics), None otherwise
+        self.on_step: Callable[[int, float], None] | None = None
         self._slots: dict[str, Slot] = {}
         self._cv = threading.Condition()
         self._admission: asyncio.Semaphore | None = None
@@ -81,6 +84,11 @@ class LoopEngine(Engine):
     def extra_load(self) -> dict[str, float]:
         """Engine-specific autoscaling signals, added to ``load()``."""
         return {}
+
+    def stepped(self, batch: int, seconds: float) -> None:
+        """Report one batched computation to ``on_step`` (worker thread)."""
+        if self.on_step is not None:
+            self.on_step(batch, seconds)
 
     def on_abort(self, slot: Slot) -> None:
         """Called once when a request is aborted or cancelled (any thread); free its memory here."""

@@ -7,6 +7,8 @@ program end that request only (re-raised to its caller). Autoregressive stages u
 
 from __future__ import annotations
 
+import time
+
 from omni_serve.engines.loop import LoopEngine, Slot
 
 
@@ -20,5 +22,7 @@ class StepEngine(LoopEngine):
         return ready
 
     def tick(self) -> None:
-        for slot in self._ready_slots():
+        start, ready = time.perf_counter(), self._ready_slots()
+        for slot in ready:
             self.advance(slot, lambda program: program.step())
+        self.stepped(len(ready), time.perf_counter() - start)

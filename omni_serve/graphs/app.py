@@ -35,14 +35,16 @@ def build_graph_app(spec: BaseModel, stage_runners: dict[str, str], frontend: st
     from omni_serve.deployments.stage import StageDeployment
 
     spec_dict = spec.model_dump(mode="json")
+    logging_config = spec.logging.model_dump()
     handles = {}
     for stage, runner in stage_runners.items():
         options = getattr(spec.stages, stage).deployment_options(stage)
-        handles[stage] = StageDeployment.options(**options).bind(stage, runner, spec_dict)
+        handles[stage] = StageDeployment.options(**options, logging_config=logging_config).bind(
+            stage, runner, spec_dict)
     ing = spec.ingress
     replicas = ({"autoscaling_config": ing.autoscaling_config} if ing.autoscaling_config
                 else {"num_replicas": ing.num_replicas})
     return OpenAIIngress.options(
         name="ingress", max_ongoing_requests=ing.max_ongoing_requests,
-        ray_actor_options={"num_cpus": ing.num_cpus}, **replicas,
+        ray_actor_options={"num_cpus": ing.num_cpus}, logging_config=logging_config, **replicas,
     ).bind(frontend, _qualified(type(spec)), spec_dict, **handles)

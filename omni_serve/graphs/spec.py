@@ -135,8 +135,23 @@ class IngressSpec(BaseModel):
         return value
 
 
+class LoggingSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    encoding: Literal["TEXT", "JSON"] = Field("TEXT", description=(
+        "Replica log format (Ray Serve logging_config): JSON gives one object per line with request_id, "
+        "deployment, replica and message fields."))
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Replica log level.")
+    enable_access_log: bool = Field(True, description=(
+        "Serve's per-call access lines (each stage call logs its request id, method, status and duration)."))
+
+
 class GraphSpecBase(SpecModel):
     """Fields every graph spec has."""
+
+    logging: LoggingSpec = Field(default_factory=LoggingSpec, description=(
+        "Logging of every deployment of the graph. Each line of a request carries its request id (the "
+        "client's X-Request-ID, or Serve's), in every stage: see docs/observability.md."))
 
     autoscaling_policy: dict[str, Any] | None = Field(None, description=(
         "Application-level Ray Serve autoscaling policy ({policy_function, policy_kwargs}), e.g. "

@@ -6,7 +6,8 @@ Contract:
   producer is gone) and hands ownership to the caller, which ``free``s it once read;
   ``free_request(request_id)`` drops everything a request left behind (cancellation, errors).
 - Keys are ``chunk_key(request_id, edge, index)``; ``ChunkWriter``/``read_chunks`` turn a key sequence into
-  an ordered stream that ends with a payload carrying ``end: True``.
+  an ordered stream that ends with a payload carrying ``end: True``, reporting each put/get (backend,
+  bytes, seconds) to the process' transfer observer when one is set (metrics).
 - Backends register lazily by name (``register_connector``) so optional dependencies (Mooncake, shared
   memory) load only where a graph edge asks for them.
 """
@@ -18,7 +19,8 @@ import asyncio
 import importlib
 import inspect
 import logging
-from typing import Any, AsyncIterator
+import time
+from typing import Any, AsyncIterator, Callable
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,51 @@ class PeriodicSweep:
                 log.exception("%s: sweep failed", self.name)
 
 
+# (backend, op, bytes, seconds) -> None: counts streaming-path transfers (omni_serve.metrics sets it)
+_OBSERVER: Callable[[str, str, int, float], None] | None = None
+
+
+def set_transfer_observer(observer: Callable[[str, str, int, float], None] | None) -> None:
+    global _OBSERVER
+    _OBSERVER = observer
+
+
+def transfer_observer() -> Callable[[str, str, int, float], None] | None:
+    return _OBSERVER
+
+
+def payload_nbytes(payload: Any) -> int:
+    """Bytes of the tensors, arrays and byte strings in a payload (nested dicts/lists)."""
+    if isinstance(payload, dict):
+        return sum(payload_nbytes(v) for v in payload.values())
+    if isinstance(payload, (list, tuple)):
+        return sum(payload_nbytes(v) for v in payload)
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        return len(payload)
+    if hasattr(payload, "element_size") and hasattr(payload, "numel"):  # torch.Tensor
+        return payload.element_size() * payload.numel()
+    return int(getattr(payload, "nbytes", 0) or 0)  # numpy
+
+
+async def observed_put(connector: Connector, key: str, payload: dict[str, Any]) -> None:
+    """``connector.put`` reported to the transfer observer (if any)."""
+    if _OBSERVER is None:
+        return await connector.put(key, payload)
+    start = time.perf_counter()
+    await connector.put(key, payload)
+    _OBSERVER(connector.name, "put", payload_nbytes(payload), time.perf_counter() - start)
+
+
+async def observed_get(connector: Connector, key: str, timeout: float) -> dict[str, Any]:
+    """``connector.get`` reported to the transfer observer (if any)."""
+    if _OBSERVER is None:
+        return await connector.get(key, timeout)
+    start = time.perf_counter()
+    payload = await connector.get(key, timeout)
+    _OBSERVER(connector.name, "get", payload_nbytes(payload), time.perf_counter() - start)
+    return payload
+
+
 class ChunkWriter:
     """Writes one request's stream on one edge as numbered chunks."""
 
@@ -107,7 +154,7 @@ class ChunkWriter:
         self.index = 0
 
     async def write(self, payload: dict[str, Any]) -> None:
-        await self.connector.put(chunk_key(self.request_id, self.edge, self.index), payload)
+        await observed_put(self.connector, chunk_key(self.request_id, self.edge, self.index), payload)
         self.index += 1
 
 
@@ -117,7 +164,7 @@ async def read_chunks(connector: Connector, request_id: str, edge: str,
     index = 0
     while True:
         key = chunk_key(request_id, edge, index)
-        payload = await connector.get(key, timeout)
+        payload = await observed_get(connector, key, timeout)
         await connector.free(key)
         yield payload
         if payload.get("end"):

@@ -8,6 +8,7 @@ import os
 import pytest
 
 ORACLE = {"thinker_tokens": 12, "talker_tokens": 20, "steps": 3, "seed": 7}
+METRICS_PORT = 8099  # the session's Ray metrics endpoint (Prometheus text at /metrics)
 
 
 @pytest.fixture(scope="session")
@@ -17,7 +18,8 @@ def ray_serve():
     from ray import serve
 
     # address="local": a new instance even if another local cluster runs (test_autoscaling_deploy starts one)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="omni_serve", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="omni_serve", log_to_driver=False,
+             _metrics_export_port=METRICS_PORT)
     serve.start(http_options={"host": "127.0.0.1", "port": 8011})
     yield "http://127.0.0.1:8011"
     serve.shutdown()

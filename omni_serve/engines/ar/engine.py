@@ -24,6 +24,7 @@ what fits wait (queue) or are preempted, never lost.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
@@ -107,7 +108,9 @@ class AREngine(LoopEngine):
             with self._cv:
                 self._cv.wait(timeout=0.01)
             return False
+        start = time.perf_counter()
         self._execute(plan)
+        self.stepped(len(plan), time.perf_counter() - start)
         self._occupancy.add(len(plan) / self.config.max_num_seqs)
         return True
 
@@ -119,7 +122,7 @@ class AREngine(LoopEngine):
     def extra_load(self) -> dict[str, float]:
         return {"kv_used_fraction": self.blocks.num_used_blocks / self.blocks.num_blocks,
                 "batch_occupancy": self._occupancy.value(), "running": float(len(self.running)),
-                "waiting": float(len(self.waiting))}
+                "waiting": float(len(self.waiting)), "ready_waiting": float(self._blocked)}
 
     # -- bookkeeping --------------------------------------------------------------------------------------
     def _drop(self, slot: Slot) -> None:

@@ -17,7 +17,6 @@ import base64
 import logging
 import random
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
@@ -31,9 +30,11 @@ from omni_serve.checkpoints.qwen2_5_omni import DEFAULT_SYSTEM_PROMPT
 from omni_serve.graphs.fanout import probe_stages, stage_events
 from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
 from omni_serve.graphs.qwen2_5_omni.stages import EDGE_INGRESS_ENCODER
+from omni_serve.metrics import RequestClock
+from omni_serve.request_ids import new_request_id
 from omni_serve.models.qwen2_5_omni import SAMPLE_RATE, load_config, load_speakers
 from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
-from omni_serve.transport.base import chunk_key, edge_connectors, get_connector
+from omni_serve.transport.base import chunk_key, edge_connectors, get_connector, observed_put
 
 log = logging.getLogger(__name__)
 AUDIO_TTL_S = 3600
@@ -48,6 +49,7 @@ class Prepared:
     media: dict[str, Any] | None
     audio: dict[str, Any] | None  # talker + code2wav settings when speech is requested
     created: int = field(default_factory=lambda: int(time.time()))
+    clock: RequestClock = field(default_factory=RequestClock)  # the ingress sets its own (from arrival)
 
 
 class OmniFrontend:
@@ -97,7 +99,7 @@ class OmniFrontend:
                 param="messages", code="context_length_exceeded")
         if audio is not None and max_new < 2:
             raise bad_request("Speech output needs max_tokens >= 2.", param="max_tokens")
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        rid = new_request_id("chatcmpl")
         temperature = req.temperature if req.temperature is not None else \
             self.spec.thinker_params().default_temperature
         seed = req.seed if req.seed is not None else random.randrange(2**31)
@@ -168,7 +170,7 @@ class OmniFrontend:
     async def _events(self, p: Prepared) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Merged (stage, output) events of every stage call of the request, as they arrive."""
         if p.media is not None:
-            await self.media_connector.put(chunk_key(p.request_id, EDGE_INGRESS_ENCODER, 0), p.media)
+            await observed_put(self.media_connector, chunk_key(p.request_id, EDGE_INGRESS_ENCODER, 0), p.media)
         async for event in stage_events(self.handles, self._stage_payloads(p), request_id=p.request_id,
                                         timeout_s=self.spec.ingress.request_timeout_s, connectors=self.connectors):
             yield event
@@ -177,12 +179,15 @@ class OmniFrontend:
         text, tokens, codes, pcm, finish = [], [], [], [], None
         async for stage, out in self._events(p):
             if stage == self.text_stage:
+                if out.get("text"):
+                    p.clock.text()
                 text.append(out.get("text", ""))
                 tokens.extend(out.get("token_ids", []))
                 finish = out.get("finish_reason", finish)
             elif stage == "talker":
                 codes.extend(out.get("codes", []))
             elif stage == "code2wav":
+                p.clock.audio(_pcm_seconds(out["pcm16"]))
                 pcm.append(out["pcm16"])
         transcript = "".join(text)
         audio = None
@@ -216,13 +221,16 @@ class OmniFrontend:
                     finish = out.get("finish_reason", finish)
                     if out.get("text"):
                         transcript.append(out["text"])
+                        p.clock.text()
                         yield chunk(P.ChatCompletionDelta(content=out["text"]))
                 elif stage == "code2wav" and out["pcm16"]:
+                    p.clock.audio(_pcm_seconds(out["pcm16"]))
                     # Streamed audio is always raw pcm16 (24 kHz mono), as OpenAI streams it.
                     yield chunk(P.ChatCompletionDelta(audio=P.DeltaAudio(
                         id=audio_id, data=base64.b64encode(out["pcm16"]).decode(),
                         transcript="".join(transcript), expires_at=int(time.time()) + AUDIO_TTL_S)))
         except OpenAIError as err:
+            p.clock.error = err.type
             yield sse_error(err)
             yield SSE_DONE
             return
@@ -237,6 +245,10 @@ class OmniFrontend:
 
     async def health(self) -> dict[str, Any]:
         return await probe_stages(self.handles)
+
+
+def _pcm_seconds(pcm16: bytes) -> float:
+    return len(pcm16) / 2 / SAMPLE_RATE
 
 
 def _stops(stop) -> list[str]:

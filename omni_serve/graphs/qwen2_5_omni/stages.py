@@ -22,7 +22,7 @@ from omni_serve.graphs.qwen2_5_omni.code2wav import Code2WavCompute, Code2WavReq
 from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
 from omni_serve.graphs.runner import StageRunner
 from omni_serve.models.qwen2_5_omni import OmniCode2Wav, OmniEncoder, OmniTalker, OmniThinker
-from omni_serve.transport.base import chunk_key
+from omni_serve.transport.base import chunk_key, observed_get
 
 EDGE_INGRESS_ENCODER = "ingress.encoder"
 EDGE_ENCODER_THINKER = "encoder.thinker"
@@ -103,7 +103,7 @@ class ThinkerRunner(_ARRunner):
         """Feed the program the single payload of ``edge`` (media embeddings, or the prompt hand-off)."""
         conn, edge_name, timeout = self.source(edge)
         key = chunk_key(request_id, edge_name, 0)
-        payload = await conn.get(key, timeout)
+        payload = await observed_get(conn, key, timeout)
         await conn.free(key)
         program.feed(payload)
 

@@ -13,7 +13,6 @@ import base64
 import json
 import os
 import random
-import uuid
 from typing import Any
 
 from omni_serve.api.errors import bad_request
@@ -21,6 +20,7 @@ from omni_serve.api.images import ImageData, ImageGenerationRequest, ImageGenera
 from omni_serve.graphs.fanout import probe_stages, stage_events
 from omni_serve.graphs.qwen_image.spec import QwenImageGraphSpec
 from omni_serve.models.qwen_image import pixel_multiple
+from omni_serve.request_ids import new_request_id
 from omni_serve.transport.base import edge_connectors
 
 
@@ -91,7 +91,7 @@ class QwenImageFrontend:
         cfg_scale = s.default_true_cfg_scale if cfg_scale is None else cfg_scale
         guidance = (req.guidance_scale if req.guidance_scale is not None else s.default_guidance_scale) \
             if self.guidance_embeds else None
-        rid = f"img-{uuid.uuid4().hex}"
+        rid = new_request_id("img")
         seed = req.seed if req.seed is not None else random.randrange(2**31)
         # CFG needs the negative prompt's embeddings; without CFG it is not encoded at all.
         negative = req.negative_prompt if cfg_scale > 1 else None
