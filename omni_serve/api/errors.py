@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +35,7 @@ __all__ = [
     "bad_request",
     "not_found",
     "service_unavailable",
+    "too_many_requests",
     "internal_error",
     "from_validation_errors",
     "install_error_handlers",
@@ -51,6 +53,7 @@ class OpenAIError(Exception):
         type: str = "invalid_request_error",  # noqa: A002 - mirrors the OpenAI field name
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -58,6 +61,7 @@ class OpenAIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers  # extra response headers (e.g. Retry-After)
 
     def body(self) -> dict[str, Any]:
         """The OpenAI error body: ``{"error": {message, type, param, code}}``."""
@@ -90,6 +94,12 @@ def not_found(message: str) -> OpenAIError:
 def service_unavailable(message: str) -> OpenAIError:
     """503 ``service_unavailable``."""
     return OpenAIError(message, status_code=503, type="service_unavailable")
+
+
+def too_many_requests(message: str, retry_after_s: float) -> OpenAIError:
+    """429 ``rate_limit_error`` with a ``Retry-After`` header (whole seconds, at least 1)."""
+    return OpenAIError(message, status_code=429, type="rate_limit_error", code="rate_limit_exceeded",
+                       headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))})
 
 
 def internal_error(message: str) -> OpenAIError:
@@ -195,7 +205,7 @@ async def _openai_error_handler(request: Request, exc: Exception) -> JSONRespons
     assert isinstance(exc, OpenAIError)
     if exc.status_code >= 500:
         logger.error("%s %s -> %s", request.method, request.url.path, exc)
-    return JSONResponse(exc.body(), status_code=exc.status_code)
+    return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
 
 
 async def _validation_error_handler(request: Request, exc: Exception) -> JSONResponse:

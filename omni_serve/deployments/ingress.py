@@ -6,19 +6,27 @@ Routes: ``POST /v1/chat/completions`` (graphs whose frontend has ``prepare``/``c
 the cluster-wide metrics of ``omni_serve.metrics`` go through Ray's metrics endpoint). A route the served
 graph does not offer answers 404 with an OpenAI-style body. Errors are OpenAI-style bodies (see ``omni_serve.api.errors``).
 The frontend (``module:Class``) is built with ``(spec, handles)`` and owns graph-specific logic.
+
+Overload and deadlines (``omni_serve.deployments.admission``): beyond ``ingress.max_inflight_requests``
+per replica a request is answered 429 with ``Retry-After`` at once; Serve itself answers 503 with
+``Retry-After`` beyond ``ingress.max_queued_requests`` queued for the replicas; every request runs under
+its deadline (``ingress.request_timeout_s``, lowered by an ``X-Request-Timeout`` header) and gets a 504
+past it.
 """
 
 import asyncio
 from typing import Any, AsyncIterator
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from ray import serve
+from starlette.background import BackgroundTask
 
 from omni_serve.api.errors import OpenAIError, install_error_handlers, not_found
 from omni_serve.api.images import ImageGenerationRequest
 from omni_serve.api.protocol import ChatCompletionRequest, ModelCard, ModelList
+from omni_serve.deployments.admission import TIMEOUT_HEADER, InflightLimit, Ticket, request_deadline
 from omni_serve.deployments.stage import import_path
 from omni_serve.metrics import IngressMetrics, RequestClock, observe_transfers
 
@@ -40,6 +48,17 @@ class OpenAIIngress:
                                  ["route"], registry=self.registry)
         self.metrics = IngressMetrics()  # cluster-wide, through Ray's metrics endpoint
         observe_transfers()
+        self.inflight = InflightLimit(spec.ingress.max_inflight_requests, spec.ingress.retry_after_s)
+        self.default_timeout_s = spec.ingress.request_timeout_s
+
+    def _admit(self, route: str, request: Request) -> tuple[Ticket, float]:
+        """(the request's in-flight ticket, its deadline in seconds), or a 429/400 raised."""
+        try:
+            timeout_s = request_deadline(request.headers.get(TIMEOUT_HEADER), self.default_timeout_s)
+            return self.inflight.enter(), timeout_s
+        except OpenAIError as err:
+            self._failed(route, err)
+            raise
 
     def _require(self, method: str, route: str) -> None:
         if not hasattr(self.frontend, method):
@@ -65,7 +84,8 @@ class OpenAIIngress:
         self.metrics.finished(route, clock)
         return result
 
-    async def _timed_stream(self, lines: AsyncIterator[str], clock: RequestClock) -> AsyncIterator[str]:
+    async def _timed_stream(self, lines: AsyncIterator[str], clock: RequestClock,
+                            ticket: Ticket) -> AsyncIterator[str]:
         """The SSE stream, recording its outcome and timings once it ends (or the client leaves)."""
         try:
             async for line in lines:
@@ -73,33 +93,47 @@ class OpenAIIngress:
         except (asyncio.CancelledError, GeneratorExit):
             self.metrics.failed("chat", "client_disconnected", "cancelled")
             raise
+        finally:
+            ticket.release()
         if clock.error is None:
             self.metrics.finished("chat", clock)
         else:
             self.metrics.failed("chat", clock.error, "stream_error")
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(self, body: ChatCompletionRequest):
+    async def chat_completions(self, body: ChatCompletionRequest, request: Request):
         clock = RequestClock()
         self._require("prepare", "/v1/chat/completions")
+        ticket, timeout_s = self._admit("chat", request)
+        streaming = False
         try:
-            prepared = await self.frontend.prepare(body)
-        except OpenAIError as err:
-            self._failed("chat", err)
-            raise
-        prepared.clock = clock
-        if body.stream:
-            self.requests.labels(route="chat", outcome="stream").inc()
-            return StreamingResponse(self._timed_stream(self.frontend.stream(prepared), clock),
-                                     media_type="text/event-stream")
-        response = await self._counted("chat", self.frontend.complete(prepared), clock)
-        return JSONResponse(response.model_dump(exclude_none=True))
+            try:
+                prepared = await self.frontend.prepare(body)
+            except OpenAIError as err:
+                self._failed("chat", err)
+                raise
+            prepared.clock, prepared.timeout_s = clock, timeout_s
+            if body.stream:
+                self.requests.labels(route="chat", outcome="stream").inc()
+                streaming = True
+                return StreamingResponse(self._timed_stream(self.frontend.stream(prepared), clock, ticket),
+                                         media_type="text/event-stream", background=BackgroundTask(ticket.release))
+            response = await self._counted("chat", self.frontend.complete(prepared), clock)
+            return JSONResponse(response.model_dump(exclude_none=True))
+        finally:
+            if not streaming:
+                ticket.release()
 
     @app.post("/v1/images/generations")
-    async def images_generations(self, body: ImageGenerationRequest):
+    async def images_generations(self, body: ImageGenerationRequest, request: Request):
         clock = RequestClock()
         self._require("generate_images", "/v1/images/generations")
-        response = await self._counted("images", self.frontend.generate_images(body), clock)
+        ticket, timeout_s = self._admit("images", request)
+        try:
+            response = await self._counted("images", self.frontend.generate_images(body, timeout_s=timeout_s),
+                                           clock)
+        finally:
+            ticket.release()
         return JSONResponse(response.model_dump(exclude_none=True))
 
     @app.get("/v1/models")
@@ -110,7 +144,9 @@ class OpenAIIngress:
     async def health(self):
         stages = await self.frontend.health()
         ok = all("error" not in v for v in stages.values())
-        return JSONResponse({"status": "ok" if ok else "unavailable", "stages": stages},
+        ingress = {"inflight": self.inflight.inflight, "max_inflight": self.inflight.limit,
+                   "rejected": self.inflight.rejected}
+        return JSONResponse({"status": "ok" if ok else "unavailable", "ingress": ingress, "stages": stages},
                             status_code=200 if ok else 503)
 
     @app.get("/metrics")

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from ray import serve
+from ray.serve.config import BackpressureConfig
 
 from omni_serve.graphs.spec import apply_overrides
 
@@ -46,5 +47,7 @@ def build_graph_app(spec: BaseModel, stage_runners: dict[str, str], frontend: st
                 else {"num_replicas": ing.num_replicas})
     return OpenAIIngress.options(
         name="ingress", max_ongoing_requests=ing.max_ongoing_requests,
+        max_queued_requests=ing.max_queued_requests,
+        backpressure_config=BackpressureConfig(status_code=503, retry_after_s=ing.retry_after_s),
         ray_actor_options={"num_cpus": ing.num_cpus}, logging_config=logging_config, **replicas,
     ).bind(frontend, _qualified(type(spec)), spec_dict, **handles)

@@ -2,8 +2,9 @@
 
 Contract: ``stage_events(handles, payloads, request_id=..., timeout_s=..., connectors=...)`` opens one
 streaming ``generate`` call per entry of ``payloads`` (stage name -> small metadata dict) and yields
-``(stage, output)`` in arrival order until every call has ended. A stage failure raises a 500
-``OpenAIError`` naming the stage; passing the deadline raises a 504. Whatever ends the iteration
+``(stage, output)`` in arrival order until every call has ended. A stage failure raises an ``OpenAIError``
+naming the stage: 503 with Retry-After when the stage's replica died or is unavailable, 500 when the stage
+failed on the request; passing the deadline raises a 504. Whatever ends the iteration
 (success, error, the client going away), every open call is cancelled (which aborts the request in the
 stage's engine) and the request's data-plane payloads are freed on every connector the graph uses.
 """
@@ -25,6 +26,24 @@ def short_error(exc: BaseException) -> str:
     """The last line of an exception's text (Ray wraps remote errors in long tracebacks)."""
     text = str(exc).strip().splitlines()
     return text[-1][:300] if text else type(exc).__name__
+
+
+def _replica_lost_errors() -> tuple[type[BaseException], ...]:
+    from ray.exceptions import NodeDiedError, RayActorError, WorkerCrashedError
+    from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
+
+    return (RayActorError, WorkerCrashedError, NodeDiedError, ReplicaUnavailableError, DeploymentUnavailableError,
+            BackPressureError)
+
+
+def stage_error(stage: str, exc: BaseException) -> OpenAIError:
+    """The client's error for a failed stage call: 503 with Retry-After when the stage's replica died or is
+    unavailable (a retry reaches a healthy one), 500 when the stage failed on the request itself."""
+    if isinstance(exc, _replica_lost_errors()):
+        return OpenAIError(f"Stage {stage} is temporarily unavailable (its replica was lost or is overloaded); "
+                           "retry the request.", status_code=503, type="service_unavailable",
+                           code="stage_unavailable", headers={"Retry-After": "1"})
+    return internal_error(f"Stage {stage} failed: {short_error(exc)}")
 
 
 async def stage_events(handles: dict[str, Any], payloads: dict[str, dict[str, Any]], *, request_id: str,
@@ -56,7 +75,7 @@ async def stage_events(handles: dict[str, Any], payloads: dict[str, dict[str, An
                 open_calls.discard(stage)
             elif isinstance(item, BaseException):
                 log.error("request %s: stage %s failed: %r", request_id, stage, item)
-                raise internal_error(f"Stage {stage} failed: {short_error(item)}")
+                raise stage_error(stage, item)
             else:
                 yield stage, item
     finally:

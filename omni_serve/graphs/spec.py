@@ -123,7 +123,16 @@ class IngressSpec(BaseModel):
         "HTTP requests per replica, target_ongoing_requests)."))
     num_cpus: float = Field(0.25, ge=0, description="CPUs reserved per ingress replica.")
     max_ongoing_requests: int = Field(256, ge=1, description="Concurrent HTTP requests per ingress replica.")
-    request_timeout_s: float = Field(300.0, gt=0, description="Deadline for one request across all stages.")
+    request_timeout_s: float = Field(300.0, gt=0, description=(
+        "Deadline for one request across all stages (504 past it); a request's X-Request-Timeout header "
+        "may lower it."))
+    max_inflight_requests: int = Field(128, ge=1, description=(
+        "Requests in flight per ingress replica (a stream counts until it ends); more are answered 429 with "
+        "Retry-After at once instead of queueing into a timeout."))
+    retry_after_s: float = Field(1.0, gt=0, description="Retry-After of the 429 and 503 overload answers.")
+    max_queued_requests: int = Field(256, ge=-1, description=(
+        "Requests Ray Serve queues for the ingress while every replica is at max_ongoing_requests; more get "
+        "503 with Retry-After (-1: unbounded)."))
 
     @field_validator("autoscaling_config")
     @classmethod

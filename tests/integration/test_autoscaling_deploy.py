@@ -17,6 +17,8 @@ import httpx
 import pytest
 import yaml
 
+from tests.integration.http_waits import wait_for_200
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 BIN = os.path.dirname(sys.executable)
@@ -46,16 +48,8 @@ def cluster():
         env={**os.environ, "RAY_AUTH_MODE": "disabled"}, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, "ray start exited"
-            try:
-                if httpx.get(f"{DASHBOARD}/api/serve/applications/", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the dashboard did not come up"
-            time.sleep(1)
+        wait_for_200(f"{DASHBOARD}/api/serve/applications/", 180, "the dashboard did not come up",
+                     alive=lambda: proc.poll() is None)
         yield DASHBOARD
     finally:
         _cli(f"{BIN}/serve", "shutdown", "-y", "-a", DASHBOARD, timeout=120)

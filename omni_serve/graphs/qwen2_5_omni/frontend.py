@@ -50,6 +50,7 @@ class Prepared:
     audio: dict[str, Any] | None  # talker + code2wav settings when speech is requested
     created: int = field(default_factory=lambda: int(time.time()))
     clock: RequestClock = field(default_factory=RequestClock)  # the ingress sets its own (from arrival)
+    timeout_s: float | None = None  # the request's deadline (the ingress sets it; None: the spec's)
 
 
 class OmniFrontend:
@@ -172,7 +173,8 @@ class OmniFrontend:
         if p.media is not None:
             await observed_put(self.media_connector, chunk_key(p.request_id, EDGE_INGRESS_ENCODER, 0), p.media)
         async for event in stage_events(self.handles, self._stage_payloads(p), request_id=p.request_id,
-                                        timeout_s=self.spec.ingress.request_timeout_s, connectors=self.connectors):
+                                        timeout_s=p.timeout_s or self.spec.ingress.request_timeout_s,
+                                        connectors=self.connectors):
             yield event
 
     async def complete(self, p: Prepared) -> P.ChatCompletionResponse:

@@ -105,12 +105,13 @@ class QwenImageFrontend:
         return rid, payloads, tokens
 
     # -- running --------------------------------------------------------------------------------------------
-    async def generate_images(self, req: ImageGenerationRequest) -> ImageGenerationResponse:
+    async def generate_images(self, req: ImageGenerationRequest,
+                              timeout_s: float | None = None) -> ImageGenerationResponse:
         rid, payloads, tokens = self._prepare(req)
         images: list[bytes] = []
         dit: dict[str, Any] = {}
         async for stage, out in stage_events(self.handles, payloads, request_id=rid,
-                                             timeout_s=self.spec.ingress.request_timeout_s,
+                                             timeout_s=timeout_s or self.spec.ingress.request_timeout_s,
                                              connectors=self.connectors):
             if stage == "vae":
                 images.extend(out["images"])

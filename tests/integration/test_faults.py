@@ -1,0 +1,109 @@
+"""Faults: a replica of each stage type is killed (ray.kill) while requests run through it. Every
+in-flight request ends within its deadline with a clear answer (an error event in a stream, 503 otherwise, or
+a normal completion when it was already past that stage); Serve replaces the replica, later requests
+succeed, and no request state is left in any stage (no active request, every KV block free)."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.integration.http_waits import wait_for_200
+from tests.integration.test_omni_graph import oracle_request
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+APP = "omni_faults"
+STAGES = ("encoder", "thinker", "talker", "code2wav")
+DEADLINE_S = 60
+
+
+@pytest.fixture(scope="module")
+def faults_app(ray_serve, omni_tiny_dir):
+    from ray import serve
+
+    from omni_serve.graphs.qwen2_5_omni import build_app
+
+    serve.run(build_app({
+        "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, "ingress.request_timeout_s": DEADLINE_S,
+        **{f"stages.{s}.num_cpus": 0 for s in STAGES},
+        "stages.talker.params.max_codec_tokens": 120, "stages.code2wav.params.num_steps": 6,
+    }), name=APP, route_prefix="/faults")
+    yield ray_serve + "/faults"
+    serve.delete(APP)
+
+
+def _request(stream: bool) -> dict:
+    # audio in (the encoder works) and speech out (talker, code2wav), long enough to be killed mid-way
+    return oracle_request("audio") | {"max_tokens": 40, "min_tokens": 40, "stream": stream,
+                                      "modalities": ["text", "audio"], "audio": {"voice": "Chelsie", "format": "pcm16"}}
+
+
+def _run(url: str, stream: bool) -> tuple[str, float]:
+    """('ok' | 'error <status or type>', seconds)."""
+    start = time.monotonic()
+    if not stream:
+        r = httpx.post(f"{url}/v1/chat/completions", json=_request(False), timeout=DEADLINE_S + 30)
+        outcome = "ok" if r.status_code == 200 else f"error {r.status_code} {r.json()['error']['type']}"
+        return outcome, time.monotonic() - start
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=_request(True), timeout=DEADLINE_S + 30) as r:
+        lines = [line for line in r.iter_lines() if line]
+    errors = [json.loads(line[6:])["error"] for line in lines if line.startswith('data: {"error"')]
+    assert lines[-1] == "data: [DONE]", lines[-3:]
+    return ("ok" if not errors else f"error stream {errors[0]['type']}"), time.monotonic() - start
+
+
+def _stats() -> dict[str, dict]:
+    from ray import serve
+
+    return {s: serve.get_deployment_handle(s, app_name=APP).ready.remote().result(timeout_s=30) for s in STAGES}
+
+
+def _replica(stage: str):
+    import ray
+
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if a["name"].startswith(f"SERVE_REPLICA::{APP}#{stage}#")]
+    assert len(names) == 1, names
+    return ray.get_actor(names[0], namespace="serve")
+
+
+def _wait_healthy(url: str) -> None:
+    wait_for_200(f"{url}/health", 180, "the graph did not recover")
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_killing_a_stage_replica_mid_request_fails_fast_and_the_graph_recovers(faults_app, stage):
+    import ray
+
+    _wait_healthy(faults_app)
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(_run, faults_app, i % 2 == 0) for i in range(4)]
+        replica = _replica(stage)
+        deadline = time.monotonic() + 10
+        caught = False  # kill it while it works on the requests (the encoder's part is too short to catch)
+        while not caught and time.monotonic() < deadline:
+            caught = _stats()[stage]["active"] > 0
+        ray.kill(replica)
+        outcomes = [f.result() for f in futures]
+    print(f"\nkilled {stage} ({'mid-request' if caught else 'as requests arrived'}): "
+          + ", ".join(f"{o} in {t:.1f} s" for o, t in outcomes))
+    assert all(seconds < DEADLINE_S + 5 for _, seconds in outcomes), outcomes  # nothing hung
+    errors = [o for o, _ in outcomes if o != "ok"]
+    if caught:
+        assert errors, f"killing {stage} mid-request failed no request: {outcomes}"
+    assert all(o in ("error 503 service_unavailable", "error stream service_unavailable") for o in errors), outcomes
+    _wait_healthy(faults_app)
+    assert _run(faults_app, stream=True)[0] == "ok"  # later requests succeed
+    deadline = time.monotonic() + 60
+    while True:  # and nothing of the failed requests is left in any stage
+        now = _stats()
+        leftovers = {s: v for s, v in now.items() if v["active"] or v.get("kv_blocks_used")}
+        if not leftovers:
+            break
+        assert time.monotonic() < deadline, leftovers
+        time.sleep(0.5)
