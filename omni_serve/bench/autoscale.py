@@ -63,9 +63,6 @@ class Wave:
     load_end_t: float
     end_t: float
 
-    def peak(self, stage: str) -> int:
-        return max((s.replicas.get(stage, 0) for s in self.samples), default=0)
-
     def first_t(self, stage: str, replicas: int, after: float = 0.0) -> float | None:
         return next((s.t for s in self.samples if s.t >= after and s.replicas.get(stage) == replicas), None)
 
