@@ -8,7 +8,7 @@ Dotted keys (``stages.thinker.num_replicas=2``) override nested fields.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -140,7 +140,7 @@ class IngressSpec(BaseModel):
         if value is not None:
             from ray.serve.config import AutoscalingConfig
 
-            _importable(value.get("policy") or {}, lambda _: AutoscalingConfig.model_validate(value))
+            _importable(value.get("policy") or {}, lambda: AutoscalingConfig.model_validate(value))
         return value
 
 
@@ -177,7 +177,7 @@ class GraphSpecBase(SpecModel):
         from omni_serve.autoscaling import check_policy
 
         check_policy(value, application=True)
-        _importable(value, AutoscalingPolicy.model_validate)
+        _importable(value, lambda: AutoscalingPolicy.model_validate(value))
         return value
 
 
@@ -191,14 +191,14 @@ def checked_autoscaling_config(value: dict[str, Any]) -> dict[str, Any]:
     policy = dict(value.get("policy") or {"policy_function": ENGINE_LOAD_POLICY})
     value["policy"] = policy
     check_policy(policy, application=False)
-    _importable(policy, lambda _: AutoscalingConfig.model_validate(value))
+    _importable(policy, lambda: AutoscalingConfig.model_validate(value))
     return value
 
 
-def _importable(policy: dict[str, Any], validate) -> None:
-    """Run Ray's validation, which imports the policy function; a wrong path becomes a clear ValueError."""
+def _importable(policy: dict[str, Any], validate: Callable[[], Any]) -> None:
+    """Run Ray's ``validate()``, which imports ``policy``'s function; a wrong path becomes a clear ValueError."""
     try:
-        validate(policy)
+        validate()
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"autoscaling policy_function {policy.get('policy_function')!r} cannot be "
                          f"imported ({exc}); expected 'package.module:Name'") from exc
