@@ -9,7 +9,7 @@ IMAGE_CHECKPOINT ?= checkpoints/qwen_image-tiny
 PORT ?= 8000
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: setup checkpoint run run-image test unit integration bench bench-image bench-transport k8s clean
+.PHONY: setup checkpoint run run-image test unit integration bench bench-image bench-transport soak k8s clean
 
 $(VENV)/.installed: pyproject.toml
 	scripts/install_system_deps.sh
@@ -62,6 +62,10 @@ bench-image: setup
 # Data-plane backends (shm, ray, mooncake, mooncake_store) vs memcpy, 4 KiB to 512 MiB: docs/data_plane.md.
 bench-transport: setup
 	$(VENV)/bin/omni-serve bench transport --out bench_transport
+
+# The issue-7 soak (10 min steady) and overload (4 min) runs on the tiny checkpoint: docs/reliability.md.
+soak: setup checkpoint
+	loadtests/run_soak.sh soak_out
 
 # Regenerate k8s/*.yaml from the Helm chart (helm/omni-serve) after changing it: docs/kubernetes.md.
 k8s: setup

@@ -185,7 +185,7 @@ class ChatCompletionRequest(_Lenient):
     )
     temperature: float | None = Field(default=None, ge=0, le=2, description="Sampling temperature.")
     top_p: float | None = Field(default=None, gt=0, le=1, description="Nucleus sampling mass.")
-    seed: int | None = Field(default=None, description="Sampling seed for reproducibility.")
+    seed: int | None = Field(default=None, ge=-2**63, lt=2**63, description="Sampling seed for reproducibility (int64).")
     stop: StopSequences | None = Field(
         default=None, description="Up to 4 stop sequences."
     )

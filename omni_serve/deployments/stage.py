@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import traceback
 from typing import Any, AsyncIterator
 
 from ray import serve
@@ -50,8 +51,16 @@ class StageDeployment:
         log.info("stage %s ready in pid %d (%s)", stage, os.getpid(), runner)
 
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        async for out in self.runner.run(self.engine, request):
-            yield out
+        try:
+            async for out in self.runner.run(self.engine, request):
+                yield out
+        except BaseException as exc:
+            # The error's traceback keeps the unwound frames of the request (its program, upstream
+            # chunks) alive in a cycle that only a full garbage collection frees, which in a busy replica
+            # can be minutes away, holding zero-copy payloads (connector memory) all that time. Clear
+            # their locals; the traceback keeps its file/line entries for the error message.
+            traceback.clear_frames(exc.__traceback__)
+            raise
 
     async def ready(self) -> dict[str, Any]:
         from omni_serve.transport.base import connector_stats

@@ -145,8 +145,9 @@ class LoopEngine(Engine):
             await self._admission.acquire()
         finally:
             self._queued -= 1
+        slot = Slot(request_id, program, asyncio.get_running_loop(), asyncio.Queue())
+        del program  # from here the slot holds it (see the finally below)
         try:
-            slot = Slot(request_id, program, asyncio.get_running_loop(), asyncio.Queue())
             if inputs is not None:
                 slot.pump = asyncio.create_task(self._pump(slot, inputs))
             with self._cv:
@@ -164,23 +165,39 @@ class LoopEngine(Engine):
                     yield item
             finally:
                 await self.abort(request_id)
+                # A request that ended in the worker (finish) is no longer in the slot table: stop its pump
+                # here too, so no upstream chunk is read or fed after it ended.
+                if slot.pump is not None and not slot.pump.done():
+                    slot.pump.cancel()
+                slot.pump = None  # the cancelled task's error -> traceback -> pump frame -> slot: no cycle
         finally:
             self._admission.release()
+            # A raised error's traceback keeps this frame, and the frame the error: a cycle only the garbage
+            # collector frees, perhaps long after. Drop the request's state from the frame now, so zero-copy
+            # payloads (views into connector memory) return when the request ends.
+            slot = inputs = item = None
 
     async def _pump(self, slot: Slot, inputs: AsyncIterator[Any]) -> None:
         try:
             async for item in inputs:
                 with slot.lock:
+                    if slot.finished or slot.aborted:
+                        return  # ended (done, failed or aborted): what it was released must stay released
                     slot.program.feed(item)
                 self.wake()
             with slot.lock:
-                slot.program.close_input()
+                if not (slot.finished or slot.aborted):
+                    slot.program.close_input()
             self.wake()
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # upstream failed: fail this request with the same error
             self.finish(slot, exc)
             self.on_abort(slot)  # and free what it holds now (its later abort() finds nothing to do)
+        finally:
+            # The task keeps its error's traceback, and so this frame: let it hold no chunk (zero-copy views
+            # into connector memory) and no slot once the pump is over.
+            item = slot = inputs = None  # noqa: F841
 
     async def abort(self, request_id: str) -> None:
         with self._cv:

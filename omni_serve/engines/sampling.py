@@ -1,9 +1,9 @@
 """Per-request token selection built from transformers' logits processors.
 
-Contract: ``Sampler(params, vocab_size).select(logits, history) -> int``. ``temperature == 0`` (or
-``do_sample=False``) is greedy; otherwise temperature, top-k and top-p warpers then a draw from a
-per-request ``torch.Generator`` seeded with ``params.seed`` (reproducible per request, independent of
-other requests in the replica). Repetition penalty, suppressed tokens and a minimum length apply in both
+Contract: ``Sampler(params, vocab_size).select(logits, history) -> int``. A ``temperature`` below
+``GREEDY_BELOW`` (0, or so small that logits divided by it overflow) is greedy; otherwise temperature,
+top-k and top-p warpers then a draw from a per-request ``torch.Generator`` seeded with ``params.seed``
+(reproducible per request, independent of other requests in the replica). Repetition penalty, suppressed tokens and a minimum length apply in both
 modes, as in ``generate``.
 """
 
@@ -23,6 +23,11 @@ from transformers.generation.logits_process import (
 )
 
 
+# Temperatures below this sample greedily (as vLLM's _SAMPLING_EPS): the distribution is already a point
+# mass to float precision, and logits / 1e-300 overflow to inf and NaN probabilities.
+GREEDY_BELOW = 1e-5
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 1.0
@@ -36,7 +41,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        return self.temperature < GREEDY_BELOW
 
 
 class Sampler:

@@ -164,6 +164,20 @@ def test_openai_client_non_streaming_and_streaming_audio(omni_app):
     assert "".join(text)
 
 
+def test_a_one_token_reply_with_speech_answers_text_and_empty_audio(http):
+    """One text token leaves the talker nothing to speak from: text and zero audio samples, not an error."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+            "modalities": ["text", "audio"], "audio": {"voice": "Chelsie", "format": "wav"}, "return_token_ids": True}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    samples, sr = decode_wav(choice["message"]["audio"]["data"])
+    assert len(choice["token_ids"]) == 1 and choice["codec_ids"] == [] and samples.size == 0 and sr == 24000
+    lines = [line for line in http.post("/v1/chat/completions", json=body | {"stream": True}).text.splitlines()
+             if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]" and not any('"error"' in line for line in lines), lines
+
+
 GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
 

@@ -96,6 +96,10 @@ def test_cache_dit_reports_cached_steps(client, pipe):
     assert mse > 0  # an approximation, not the exact image
     off = generate(client, **body, cache={"mode": "off"})
     assert np.abs(pixels(off.json()["data"][0]).astype(int) - exact).max() <= 2
+    # warm-up beyond the last step: every step computed (not a MemoryError from a 1e16-entry warm-up list)
+    warm = generate(client, **body, cache={"mode": "dbcache", "max_warmup_steps": 10**16})
+    assert warm.status_code == 200, warm.text
+    assert warm.json()["metrics"]["cached_steps"] == [0]
 
 
 def test_openai_client_images_generate(image_app):

@@ -253,6 +253,8 @@ def test_message_variants_parse() -> None:
         ({"temperature": 3}, ("temperature",)),
         ({"temperature": -0.1}, ("temperature",)),
         ({"top_p": 0}, ("top_p",)),
+        ({"seed": 2**63}, ("seed",)),
+        ({"seed": -2**63 - 1}, ("seed",)),
         ({"top_p": 1.5}, ("top_p",)),
         ({"max_tokens": 0}, ("max_tokens",)),
         ({"max_completion_tokens": -1}, ("max_completion_tokens",)),

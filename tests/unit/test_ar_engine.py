@@ -224,3 +224,14 @@ def test_a_sequence_failing_on_its_inputs_fails_alone_and_the_engine_keeps_servi
             await engine.cleanup()
     first, after, alive = asyncio.run(main())
     assert alive and first == after and len(first) > 0
+
+
+@pytest.mark.parametrize("temperature", [3.6e-277, 1e-30, 1e-6])
+def test_a_vanishing_temperature_samples_greedily_instead_of_nan(temperature):
+    """logits / 1e-277 overflow to inf (softmax NaN, multinomial raises): such temperatures are greedy."""
+    from omni_serve.engines.sampling import Sampler
+
+    logits = torch.tensor([1.0, 3.0, 2.0, -1.0])
+    sampler = Sampler(SamplingParams(temperature=temperature, top_p=1e-4, seed=1))
+    assert sampler.params.greedy and [sampler.select(logits, []) for _ in range(3)] == [1, 1, 1]
+    assert Sampler(SamplingParams(temperature=1e-4, seed=1)).select(logits, []) == 1  # sampled, finite

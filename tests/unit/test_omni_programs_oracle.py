@@ -130,3 +130,25 @@ def test_each_adapter_holds_only_its_component(models):
     total = sum(p.numel() for a in (enc, thk, tlk, c2w) for m in a.modules.values() for p in m.parameters())
     ref = models[0]
     assert total == sum(p.numel() for p in ref.parameters())
+
+
+def test_a_one_token_reply_gives_its_text_and_empty_audio(models, references):
+    """A thinker reply of one token (max_tokens=1, or an immediate stop) leaves the talker no reply state to
+    speak from: the request ends with the token and zero audio samples, and every stage frees its blocks."""
+    inputs, _ = references
+    _, proc, enc, thk, tlk, c2w = models
+
+    async def go():
+        omni = InProcessOmni(proc, enc, thk, tlk, c2w, ARConfig(), steps=STEPS)
+        try:
+            result = await asyncio.wait_for(omni.run("one", inputs["text"], 1, TALKER_TOKENS, SEED), 60)
+            return result, omni.thinker.stats(), omni.talker.stats(), omni.talker.num_active
+        finally:
+            await omni.close()
+
+    result, thinker, talker, talker_active = run(go())
+    assert len(result.tokens) == 1
+    assert result.codes == []
+    assert result.wav is not None and result.wav.shape == (0,)
+    assert talker["steps"] == 0 and talker["kv_blocks_used"] == thinker["kv_blocks_used"] == 0
+    assert talker_active == 0

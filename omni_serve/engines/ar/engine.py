@@ -176,9 +176,15 @@ class AREngine(LoopEngine):
             try:
                 with slot.lock:
                     slot.program.poll()
+                    outputs = slot.program.take_outbox()
             except Exception as exc:  # noqa: BLE001 - reported to the request's caller
                 log.exception("%s: request %s failed", self.name, slot.request_id)
                 self._fail(slot, exc)
+                continue
+            if outputs:
+                self.emit(slot, outputs)
+            if slot.program.done:  # ended in poll (nothing to compute)
+                self._end(slot)
 
     def _schedule(self) -> list[_Work]:
         self._poll_all()
@@ -344,7 +350,11 @@ class AREngine(LoopEngine):
             self.blocks.register(slot.request_id, b, seq.prefix_hashes[b])
         self.emit(slot, outputs)
         if seq.done:
-            self._drop(slot)
-            with slot.lock:
-                seq.release()
-            self.finish(slot, END)
+            self._end(slot)
+
+    def _end(self, slot: Slot) -> None:
+        """A sequence finished: free its blocks and memory, end its request successfully."""
+        self._drop(slot)
+        with slot.lock:
+            slot.program.release()
+        self.finish(slot, END)

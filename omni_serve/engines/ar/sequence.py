@@ -10,6 +10,9 @@ their keys/values in the KV cache. The engine, from its worker thread and under 
   when ``wants_hidden``, ``logits`` ``[V]`` of the last row when ``end`` completes every known row for the
   first time (``needs_logits``). The sequence samples there, appends the sampled token's row with
   ``append`` and returns its outputs for the caller (and its downstream chunks).
+- A sequence may also end in ``poll()`` without computing anything (e.g. a talker whose thinker produced no
+  reply state): it sets ``done`` and leaves its last outputs in ``outbox``; the engine emits them and ends
+  the request.
 - On preemption the engine frees the sequence's blocks and calls ``preempted()``: ``num_computed`` goes
   back to 0 and the rows are recomputed later; logits and hidden states already consumed are not
   produced twice, so outputs are exactly those of an uninterrupted run.
@@ -66,6 +69,7 @@ class ARSequence(StageProgram):
         self.prefix_hashes: list[int] = []
         self.max_rows = 0
         self.done = False
+        self.outbox: list[dict] = []  # outputs produced in poll(), emitted by the engine after it
 
     # -- rows ---------------------------------------------------------------------------------------------
     def append(self, embeds: torch.Tensor, positions: torch.Tensor) -> None:
@@ -103,6 +107,10 @@ class ARSequence(StageProgram):
     def on_computed(self, start: int, end: int, hidden: torch.Tensor | None,
                     logits: torch.Tensor | None) -> list[dict]:
         """Rows ``[start, end)`` are in the cache; sample if ``logits`` is given. Returns outputs."""
+
+    def take_outbox(self) -> list[dict]:
+        out, self.outbox = self.outbox, []
+        return out
 
     def computed(self, start: int, end: int, hidden, logits) -> list[dict]:
         self.num_computed = max(self.num_computed, end)

@@ -27,6 +27,7 @@ from omni_serve.api.errors import OpenAIError, bad_request
 from omni_serve.api.media import decode_image_url, decode_input_audio, encode_audio
 from omni_serve.api.sse import SSE_DONE, sse_error, sse_event
 from omni_serve.checkpoints.qwen2_5_omni import DEFAULT_SYSTEM_PROMPT
+from omni_serve.engines.sampling import GREEDY_BELOW
 from omni_serve.graphs.fanout import probe_stages, stage_events
 from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
 from omni_serve.graphs.qwen2_5_omni.stages import EDGE_INGRESS_ENCODER
@@ -98,8 +99,6 @@ class OmniFrontend:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                 f"{prompt_len + max_new} tokens ({prompt_len} in the messages, {max_new} in the completion).",
                 param="messages", code="context_length_exceeded")
-        if audio is not None and max_new < 2:
-            raise bad_request("Speech output needs max_tokens >= 2.", param="max_tokens")
         rid = new_request_id("chatcmpl")
         temperature = req.temperature if req.temperature is not None else \
             self.spec.thinker_params().default_temperature
@@ -120,7 +119,7 @@ class OmniFrontend:
         if audio is not None:
             thinker["voice_token"] = self.voices[audio["voice"]]
             thinker["talker_tokens"] = [self.talker_cfg.tts_text_end_token_id, self.talker_cfg.tts_text_pad_token_id]
-            audio.update(request_id=rid, seed=seed, greedy=temperature == 0)
+            audio.update(request_id=rid, seed=seed, greedy=temperature < GREEDY_BELOW)
         return Prepared(req, rid, prompt_len, thinker, media, audio)
 
     def _convert_messages(self, messages: list[P.ChatMessage]):

@@ -334,10 +334,17 @@ class TalkerSequence(ARSequence):
         if self.done:
             return
         if self.num_rows == 0:
+            if self.head is None and self.upstream_done:
+                raise ValueError("the thinker's stream ended before its first chunk")
             if self.head is None or not (self.states or self.upstream_done):
                 return
             if not self.states:
-                raise ValueError("the thinker produced a single token; speech needs at least two")
+                # The thinker's reply is one token (an immediate stop, or max_tokens=1): no reply state to
+                # condition speech on (transformers' generate has none either). The answer is its text
+                # with empty audio, not an error.
+                self.done = True
+                self.outbox = [{"codes": [], "downstream": {"codes": [], "end": True}}]
+                return
             h = self.head
             rows = torch.cat([h["prompt"], h["bos"].view(1, -1), self.states[0].view(1, -1)])
             self.history = self.model.prompt_codec_ids(h["prompt"].shape[0])

@@ -58,6 +58,10 @@ class QwenImageFrontend:
             if threshold is not None and threshold > cfg.max_request_threshold:
                 raise bad_request(f"cache.residual_diff_threshold must be <= {cfg.max_request_threshold}.",
                                   param="cache.residual_diff_threshold")
+            if "max_warmup_steps" in asked:
+                # Warm-up beyond the last step changes nothing, and cache-dit lists the warm-up steps
+                # (a 1e16 here was a MemoryError in the DiT, found by fuzzing).
+                asked["max_warmup_steps"] = min(asked["max_warmup_steps"], self.spec.max_steps)
             settings.update(asked)
         return None if settings["mode"] == "off" else settings
 

@@ -1,0 +1,169 @@
+"""Hostile input: requests generated from the served OpenAPI schema (schemathesis) against both graphs.
+
+Every operation of the ingress's ``/openapi.json`` is fuzzed with schema-valid (positive) and
+schema-violating (negative) requests, a few thousand in all. Half of the bodies that name a model are
+pointed at the served one, so generation runs deep into the stages (media decoding, the thinker, talker and
+code2wav, the DiT and VAE) instead of stopping at ``model_not_found``. The graphs run with small limits
+(short outputs, small images, few steps) so a valid request is cheap; the limits themselves are fuzzed too.
+
+Passes when: no answer is a 5xx; every 4xx carries an OpenAI error body; every stream ends in ``[DONE]``
+and carries no server error event; no replica of either graph crashed or was replaced; and afterwards both
+graphs still serve a normal request and hold no request state.
+
+``OMNI_SERVE_FUZZ_EXAMPLES`` (per graph and generation mode, default 800) and ``OMNI_SERVE_FUZZ_SEED``
+(default 0; runs are reproducible) tune a run; failures print a curl command that reproduces each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+
+import httpx
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+EXAMPLES = int(os.environ.get("OMNI_SERVE_FUZZ_EXAMPLES", "800"))
+SEED = int(os.environ.get("OMNI_SERVE_FUZZ_SEED", "0"))
+OMNI_STAGES = ("encoder", "thinker", "talker", "code2wav")
+IMAGE_STAGES = ("text_encoder", "dit", "vae")
+
+
+@pytest.fixture(scope="module")
+def fuzz_apps(ray_serve, omni_tiny_dir, qwen_image_tiny_dir):
+    from ray import serve
+
+    from omni_serve.graphs import qwen2_5_omni, qwen_image
+
+    serve.run(qwen2_5_omni.build_app({
+        "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in OMNI_STAGES},
+        "stages.thinker.params.max_model_len": 512, "stages.thinker.params.default_max_tokens": 8,
+        "stages.talker.params.max_codec_tokens": 16, "stages.code2wav.params.num_steps": 1,
+        "max_audio_seconds": 5, "max_image_pixels": 128 * 128, "ingress.request_timeout_s": 60,
+    }), name="fuzz_omni", route_prefix="/fuzz_omni")
+    serve.run(qwen_image.build_app({
+        "checkpoint": qwen_image_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in IMAGE_STAGES},
+        "stages.dit.engine.torch_threads": 1, "default_size": "32x32", "default_steps": 2, "max_steps": 3,
+        "max_side": 64, "max_pixels": 64 * 64, "max_images": 2, "ingress.request_timeout_s": 60,
+    }), name="fuzz_image", route_prefix="/fuzz_image")
+    yield {"fuzz_omni": (ray_serve + "/fuzz_omni", "qwen2.5-omni", "/v1/chat/completions", OMNI_STAGES),
+           "fuzz_image": (ray_serve + "/fuzz_image", "qwen-image", "/v1/images/generations", IMAGE_STAGES)}
+    serve.delete("fuzz_omni")
+    serve.delete("fuzz_image")
+
+
+def _replicas(app: str) -> set[str]:
+    import ray
+
+    return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["name"].startswith(f"SERVE_REPLICA::{app}#")}
+
+
+def _problem(case, response) -> str | None:
+    """What is wrong with one answer, or None."""
+    status = response.status_code
+    if status >= 500:
+        return f"{status}: {response.text[:300]}"
+    if status >= 400:
+        try:
+            error = response.json()["error"]
+            assert isinstance(error["message"], str) and error["message"] and isinstance(error["type"], str)
+        except Exception:  # noqa: BLE001 - any shape other than OpenAI's is the finding
+            return f"{status} without an OpenAI error body: {response.text[:300]}"
+        return None
+    content_type = " ".join(response.headers.get("content-type", []))  # schemathesis: name -> [values]
+    if content_type.startswith("text/event-stream"):
+        events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+        if not events or events[-1] != "[DONE]":
+            return f"stream did not end in [DONE]: {events[-2:]}"
+        for event in events[:-1]:
+            error = json.loads(event).get("error")
+            if error is not None and error.get("type") not in ("invalid_request_error", "timeout_error"):
+                return f"stream error event: {event[:300]}"
+    return None
+
+
+def _aim(body: dict, model: str) -> None:
+    """Point a generated body at what the graph serves, so it runs deep into the stages instead of stopping
+    at the model, ``n`` or voice checks (every other field stays as generated)."""
+    body["model"] = model
+    if "n" in body:
+        body["n"] = 1
+    if isinstance(body.get("min_tokens"), int):
+        body["min_tokens"] = 0
+    if isinstance(body.get("audio"), dict) and "voice" in body["audio"]:
+        body["audio"]["voice"] = "Chelsie"
+
+
+def _fuzz(schema, base_url: str, model: str, route: str, examples: int) -> tuple[Counter, list[str]]:
+    """Run ``examples`` positive and as many negative cases, about half of them on the graph's own ``route``
+    and the rest on any operation; (status counts per operation, problems with a curl command each)."""
+    from hypothesis import HealthCheck, given, seed, settings, strategies as st
+    from schemathesis import GenerationMode
+
+    statuses: Counter = Counter()
+    codes: Counter = Counter()
+    problems: list[str] = []
+    session = __import__("requests").Session()
+
+    for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+        @seed(SEED)
+        @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck),
+                  phases=("generate",))
+        @given(case=st.one_of(schema[route]["POST"].as_strategy(mode), schema.as_strategy(mode)), aim=st.booleans())
+        def run(case, aim):
+            if aim and isinstance(case.body, dict) and "model" in case.body:
+                _aim(case.body, model)
+            try:
+                response = case.call(base_url=base_url, session=session, timeout=120)
+            except Exception as exc:  # noqa: BLE001 - a dropped connection is a finding too
+                problems.append(f"{exc!r} <- {case.as_curl_command()}")
+                return
+            statuses[f"{case.operation.label} {response.status_code}"] += 1
+            if 400 <= response.status_code < 500:
+                try:
+                    error = response.json()["error"]
+                    codes[f"{response.status_code} {error.get('code') or error.get('type')} {error.get('param')}"] += 1
+                except Exception:  # noqa: BLE001 - reported by _problem
+                    pass
+            problem = _problem(case, response)
+            if problem:
+                problems.append(f"{problem} <- {case.as_curl_command()}")
+
+        run()
+    print("4xx codes:", dict(codes.most_common(20)))
+    return statuses, problems
+
+
+def _idle(base_url: str, stages: tuple[str, ...]) -> dict:
+    """Stages still holding requests or KV blocks (waits a little for cancelled work to drain)."""
+    deadline = time.monotonic() + 60
+    while True:
+        health = httpx.get(f"{base_url}/health", timeout=30).json()
+        busy = {s: (info.get("active"), info.get("kv_blocks_used")) for s, info in health["stages"].items()
+                if info.get("active") or info.get("kv_blocks_used")}
+        if not busy or time.monotonic() > deadline:
+            return busy
+        time.sleep(1)
+
+
+@pytest.mark.parametrize("app", ["fuzz_omni", "fuzz_image"])
+def test_fuzzed_requests_get_no_5xx_and_crash_no_replica(fuzz_apps, app):
+    import schemathesis
+
+    base_url, model, route, stages = fuzz_apps[app]
+    before = _replicas(app)
+    assert len(before) == len(stages) + 1, before
+    schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
+    start = time.monotonic()
+    statuses, problems = _fuzz(schema, base_url, model, route, EXAMPLES)
+    took = time.monotonic() - start
+    print(f"\n{app}: {sum(statuses.values())} requests in {took:.0f} s: {dict(sorted(statuses.items()))}")
+    assert not problems, f"{len(problems)} bad answers, e.g.:\n" + "\n".join(problems[:10])
+    assert sum(statuses.values()) >= 2 * EXAMPLES * 0.9  # hypothesis may stop early on a tiny space; not here
+    assert any(k.endswith(" 200") and k.startswith("POST") for k in statuses), "no generation ever succeeded"
+    assert _replicas(app) == before, "a replica crashed or was replaced"
+    assert not _idle(base_url, stages)
