@@ -19,7 +19,7 @@ from typing import Any, Callable, Hashable
 
 from omni_serve.engines.base import StageProgram
 from omni_serve.engines.load import DecayingMean
-from omni_serve.engines.loop import LoopEngine, Slot
+from omni_serve.engines.loop import LoopEngine, Slot, log_failure
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class BatchEngine(LoopEngine):
                 try:
                     key, payload = slot.program.work()
                 except Exception as exc:  # noqa: BLE001 - reported to the request's caller
-                    log.exception("%s: request %s failed", self.name, slot.request_id)
+                    log_failure(log, exc, "%s: request %s failed", self.name, slot.request_id)
                     self.finish(slot, exc)
                     continue
             groups[key].append((slot, payload))
@@ -93,7 +93,7 @@ class BatchEngine(LoopEngine):
         try:
             results = self.compute([payload for _, payload in items])
         except Exception as exc:  # noqa: BLE001 - a failed batch fails its requests, not the replica
-            log.exception("%s: batch of %d failed", self.name, len(items))
+            log_failure(log, exc, "%s: batch of %d failed", self.name, len(items))
             for slot, _ in items:
                 self.finish(slot, exc)
             return

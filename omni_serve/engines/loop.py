@@ -26,6 +26,7 @@ import abc
 import asyncio
 import logging
 import threading
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
@@ -48,6 +49,21 @@ class Slot:
     finished: bool = False
     pump: asyncio.Task | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def log_failure(logger: logging.Logger, exc: BaseException, message: str, *args: Any) -> None:
+    """Log a request's failure with its traceback as text. ``log.exception`` would put the live traceback in
+    the record, and a handler that keeps records (a buffer, a test's capture) would keep the failed
+    request's frames, and with them its program and upstream payloads, alive."""
+    logger.error(message + "\n%s", *args, "".join(traceback.format_exception(exc)).rstrip())
+
+
+def _drop_tracebacks(exc: BaseException) -> None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
 
 
 class LoopEngine(Engine):
@@ -233,7 +249,7 @@ class LoopEngine(Engine):
             try:
                 outputs = fn(slot.program)
             except Exception as exc:  # noqa: BLE001 - reported to the request's caller
-                log.exception("%s: request %s failed", self.name, slot.request_id)
+                log_failure(log, exc, "%s: request %s failed", self.name, slot.request_id)
                 self.finish(slot, exc)
                 return
             self.emit(slot, outputs)
@@ -241,9 +257,13 @@ class LoopEngine(Engine):
                 self.finish(slot, END)
 
     def finish(self, slot: Slot, final: Any = END) -> None:
-        """End a request: ``END`` for success or the exception its caller gets."""
+        """End a request: ``END`` for success or the exception its caller gets. The exception reaches the
+        caller without its traceback (whoever caught it logs that): its frames hold the request's program
+        and inputs, and an error the caller keeps (Serve does) would keep them alive."""
         if slot.finished:
             return
+        if isinstance(final, BaseException):
+            _drop_tracebacks(final)
         slot.finished = True
         with self._cv:
             self._slots.pop(slot.request_id, None)

@@ -161,6 +161,72 @@ def test_a_failing_program_fails_only_its_request():
     assert asyncio.run(main())
 
 
+class _Chunk:
+    """Stands in for an upstream payload: zero-copy views into connector memory, returned when it dies."""
+
+
+class _FailsOnChunk(StageProgram):
+    def __init__(self):
+        self.got = []
+
+    def feed(self, item):
+        self.got.append(item)
+
+    def ready(self):
+        return bool(self.got)
+
+    def step(self):
+        raise RuntimeError("boom")
+
+
+def test_a_failed_request_frees_its_program_and_chunks_without_the_garbage_collector():
+    """A request failing while its upstream is still open: its program and the chunks it was fed must die
+    by reference counting as soon as it ends, even while the caller keeps the error (Serve does). Before,
+    the pump task kept going, and the error's traceback and the cancelled pump formed reference cycles
+    that held the chunks until a full collection, minutes later in a busy replica."""
+    import gc
+    import weakref
+
+    refs = {}
+
+    async def upstream():
+        chunk = _Chunk()
+        refs["chunk"] = weakref.ref(chunk)
+        yield chunk
+        del chunk
+        await asyncio.sleep(3600)  # the producer keeps the stream open
+
+    async def one(engine) -> BaseException | None:
+        program = _FailsOnChunk()
+        refs["program"] = weakref.ref(program)
+        outputs = engine.generate("a", program, upstream())
+        del program
+        try:
+            async for _ in outputs:
+                pass
+        except RuntimeError as exc:
+            return exc
+        return None
+
+    async def main():
+        engine = StepEngine("x")
+        try:
+            error = await one(engine)
+            for _ in range(5):  # let the cancelled pump and the upstream generator unwind
+                await asyncio.sleep(0)
+            return {name: ref() is None for name, ref in refs.items()}, error
+        finally:
+            await engine.cleanup()
+
+    gc.disable()
+    try:
+        freed, kept_error = asyncio.run(main())
+    finally:
+        gc.enable()
+    assert isinstance(kept_error, RuntimeError) and "boom" in str(kept_error)
+    assert freed == {"program": True, "chunk": True}, freed
+
+
 def test_paged_attention_needs_the_engine():
     from omni_serve.engines.ar.attention import paged_attention
 

@@ -36,7 +36,7 @@ from omni_serve.engines.ar.config import ARConfig
 from omni_serve.engines.ar.kv_cache import BlockAllocator, PagedKVCache
 from omni_serve.engines.ar.sequence import ARSequence, KVTransfer
 from omni_serve.engines.load import DecayingMean
-from omni_serve.engines.loop import END, LoopEngine, Slot
+from omni_serve.engines.loop import END, LoopEngine, Slot, log_failure
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ class AREngine(LoopEngine):
                     slot.program.poll()
                     outputs = slot.program.take_outbox()
             except Exception as exc:  # noqa: BLE001 - reported to the request's caller
-                log.exception("%s: request %s failed", self.name, slot.request_id)
+                log_failure(log, exc, "%s: request %s failed", self.name, slot.request_id)
                 self._fail(slot, exc)
                 continue
             if outputs:
@@ -313,7 +313,7 @@ class AREngine(LoopEngine):
                 torch.cat(embeds), torch.cat(positions, dim=1), batch, torch.tensor(logit_rows, dtype=torch.long),
                 want_hidden)
         except Exception as exc:  # noqa: BLE001 - a failed forward fails its requests, not the replica
-            log.exception("%s: batched forward failed", self.name)
+            log_failure(log, exc, "%s: batched forward failed", self.name)
             for w in plan:
                 self._fail(w.slot, exc)
             return
@@ -342,7 +342,7 @@ class AREngine(LoopEngine):
                 if seq.exports_now():
                     outputs = outputs + seq.kv_exported(self._export(slot.request_id, seq.export_kv_rows))
         except Exception as exc:  # noqa: BLE001 - reported to the request's caller
-            log.exception("%s: request %s failed", self.name, slot.request_id)
+            log_failure(log, exc, "%s: request %s failed", self.name, slot.request_id)
             self._fail(slot, exc)
             return
         bs = self.config.block_size
