@@ -84,11 +84,17 @@ async def stage_events(handles: dict[str, Any], payloads: dict[str, dict[str, An
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for connector in connectors:
-            try:
-                await connector.free_request(request_id)
-            except Exception:  # noqa: BLE001 - never mask the request's own outcome
-                log.exception("request %s: freeing %s data-plane payloads failed", request_id, connector.name)
+        # Shielded: a second cancellation (the client went away while this runs) must not cut the freeing
+        # short between taking the request's directory entries and releasing their payloads.
+        await asyncio.shield(asyncio.ensure_future(_free_payloads(connectors, request_id)))
+
+
+async def _free_payloads(connectors, request_id: str) -> None:
+    for connector in connectors:
+        try:
+            await connector.free_request(request_id)
+        except Exception:  # noqa: BLE001 - never mask the request's own outcome
+            log.exception("request %s: freeing %s data-plane payloads failed", request_id, connector.name)
 
 
 async def probe_stages(handles: dict[str, Any], timeout_s: float = 5.0) -> dict[str, Any]:

@@ -307,6 +307,10 @@ class MooncakeTransferConnector(_MooncakeConnector):
 class MooncakeStoreConnector(_MooncakeConnector):
     name = "mooncake_store"
 
+    def __init__(self, spec=None, **kwargs):
+        super().__init__(spec, **kwargs)
+        self.handed_off: dict[str, float] = {}  # key -> when a consumer was found to have claimed it
+
     def start(self) -> None:
         from mooncake.store import MooncakeDistributedStore
 
@@ -355,7 +359,20 @@ class MooncakeStoreConnector(_MooncakeConnector):
             self.store.remove_by_regex(f"^{re.escape(request_id)}/", force=True)
 
     def _forget(self, key, stale) -> None:
+        # A consumer claimed it and removes the object as it reads it. Should that removal not happen (a read
+        # cut short by a cancellation, a remove the master refused), the producer removes it one TTL later:
+        # every object this process put is gone within 2 x TTL (removing a gone key is a no-op).
         self.outstanding.pop(key, None)
+        self.handed_off[key] = time.monotonic()
+
+    async def sweep(self, now: float | None = None) -> int:
+        now = time.monotonic() if now is None else now
+        expired = await super().sweep(now)
+        for key, t in list(self.handed_off.items()):
+            if now - t > self.ttl_s:
+                self.handed_off.pop(key, None)
+                self.store.remove(key, force=True)
+        return expired
 
     def _abandon(self, key) -> None:
         self.outstanding.pop(key, None)

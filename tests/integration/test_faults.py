@@ -58,9 +58,13 @@ def _run(url: str, stream: bool) -> tuple[str, float]:
 
 
 def _stats() -> dict[str, dict]:
+    return {s: _stage_stats(s) for s in STAGES}
+
+
+def _stage_stats(stage: str) -> dict:
     from ray import serve
 
-    return {s: serve.get_deployment_handle(s, app_name=APP).ready.remote().result(timeout_s=30) for s in STAGES}
+    return serve.get_deployment_handle(stage, app_name=APP).ready.remote().result(timeout_s=30)
 
 
 def _replica(stage: str):
@@ -87,14 +91,14 @@ def test_killing_a_stage_replica_mid_request_fails_fast_and_the_graph_recovers(f
         deadline = time.monotonic() + 10
         caught = False  # kill it while it works on the requests (the encoder's part is too short to catch)
         while not caught and time.monotonic() < deadline:
-            caught = _stats()[stage]["active"] > 0
+            caught = _stage_stats(stage)["active"] > 0
         ray.kill(replica)
         outcomes = [f.result() for f in futures]
     print(f"\nkilled {stage} ({'mid-request' if caught else 'as requests arrived'}): "
           + ", ".join(f"{o} in {t:.1f} s" for o, t in outcomes))
     assert all(seconds < DEADLINE_S + 5 for _, seconds in outcomes), outcomes  # nothing hung
     errors = [o for o, _ in outcomes if o != "ok"]
-    if caught:
+    if caught and stage != "encoder":  # the encoder's part takes milliseconds: the kill may land after it
         assert errors, f"killing {stage} mid-request failed no request: {outcomes}"
     assert all(o in ("error 503 service_unavailable", "error stream service_unavailable") for o in errors), outcomes
     _wait_healthy(faults_app)

@@ -212,8 +212,10 @@ def test_a_failed_request_frees_its_program_and_chunks_without_the_garbage_colle
         engine = StepEngine("x")
         try:
             error = await one(engine)
-            for _ in range(5):  # let the cancelled pump and the upstream generator unwind
-                await asyncio.sleep(0)
+            for _ in range(500):  # the worker thread returns from the failed step; the pump unwinds
+                if all(ref() is None for ref in refs.values()):
+                    break
+                await asyncio.sleep(0.01)
             return {name: ref() is None for name, ref in refs.items()}, error
         finally:
             await engine.cleanup()
