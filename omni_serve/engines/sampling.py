@@ -3,8 +3,8 @@
 Contract: ``Sampler(params, vocab_size).select(logits, history) -> int``. A ``temperature`` below
 ``GREEDY_BELOW`` (0, or so small that logits divided by it overflow) is greedy; otherwise temperature,
 top-k and top-p warpers then a draw from a per-request ``torch.Generator`` seeded with ``params.seed``
-(reproducible per request, independent of other requests in the replica). Repetition penalty, suppressed tokens and a minimum length apply in both
-modes, as in ``generate``.
+(reproducible per request, independent of other requests in the replica). Repetition penalty, suppressed
+tokens and a minimum length apply in both modes, as in ``generate``.
 """
 
 from __future__ import annotations

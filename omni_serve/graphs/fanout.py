@@ -86,7 +86,7 @@ async def stage_events(handles: dict[str, Any], payloads: dict[str, dict[str, An
         await asyncio.gather(*tasks, return_exceptions=True)
         # Shielded: a second cancellation (the client went away while this runs) must not cut the freeing
         # short between taking the request's directory entries and releasing their payloads.
-        await asyncio.shield(asyncio.ensure_future(_free_payloads(connectors, request_id)))
+        await asyncio.shield(_free_payloads(connectors, request_id))
 
 
 async def _free_payloads(connectors, request_id: str) -> None:

@@ -309,7 +309,7 @@ class MooncakeStoreConnector(_MooncakeConnector):
 
     def __init__(self, spec=None, **kwargs):
         super().__init__(spec, **kwargs)
-        self.handed_off: dict[str, float] = {}  # key -> when a consumer was found to have claimed it
+        self.handed_off: dict[str, float] = {}  # key -> put time, of objects a consumer claimed
 
     def start(self) -> None:
         from mooncake.store import MooncakeDistributedStore
@@ -360,17 +360,18 @@ class MooncakeStoreConnector(_MooncakeConnector):
 
     def _forget(self, key, stale) -> None:
         # A consumer claimed it and removes the object as it reads it. Should that removal not happen (a read
-        # cut short by a cancellation, a remove the master refused), the producer removes it one TTL later:
-        # every object this process put is gone within 2 x TTL (removing a gone key is a no-op).
-        self.outstanding.pop(key, None)
-        self.handed_off[key] = time.monotonic()
+        # cut short by a cancellation, a remove the master refused), the producer removes it at 2 x TTL
+        # after its put: every object this process put is gone by then (removing a gone key is a no-op).
+        put = self.outstanding.pop(key, None)
+        if put is not None:
+            self.handed_off[key] = put[1]
 
     async def sweep(self, now: float | None = None) -> int:
         now = time.monotonic() if now is None else now
         expired = await super().sweep(now)
-        for key, t in list(self.handed_off.items()):
-            if now - t > self.ttl_s:
-                self.handed_off.pop(key, None)
+        for key, put_t in list(self.handed_off.items()):
+            if now - put_t > 2 * self.ttl_s:
+                del self.handed_off[key]
                 self.store.remove(key, force=True)
         return expired
 

@@ -62,16 +62,24 @@ def _replicas(app: str) -> set[str]:
             if a["name"].startswith(f"SERVE_REPLICA::{app}#")}
 
 
-def _problem(case, response) -> str | None:
+def _openai_error(response) -> dict | None:
+    """The ``error`` object of an OpenAI error body, or None when the body is not one."""
+    try:
+        error = response.json()["error"]
+    except Exception:  # noqa: BLE001 - not JSON, not an object, no "error"
+        return None
+    ok = isinstance(error, dict) and isinstance(error.get("message"), str) and error["message"] \
+        and isinstance(error.get("type"), str)
+    return error if ok else None
+
+
+def _problem(response) -> str | None:
     """What is wrong with one answer, or None."""
     status = response.status_code
     if status >= 500:
         return f"{status}: {response.text[:300]}"
     if status >= 400:
-        try:
-            error = response.json()["error"]
-            assert isinstance(error["message"], str) and error["message"] and isinstance(error["type"], str)
-        except Exception:  # noqa: BLE001 - any shape other than OpenAI's is the finding
+        if _openai_error(response) is None:
             return f"{status} without an OpenAI error body: {response.text[:300]}"
         return None
     content_type = " ".join(response.headers.get("content-type", []))  # schemathesis: name -> [values]
@@ -101,13 +109,14 @@ def _aim(body: dict, model: str) -> None:
 def _fuzz(schema, base_url: str, model: str, route: str, examples: int) -> tuple[Counter, list[str]]:
     """Run ``examples`` positive and as many negative cases, about half of them on the graph's own ``route``
     and the rest on any operation; (status counts per operation, problems with a curl command each)."""
+    import requests
     from hypothesis import HealthCheck, given, seed, settings, strategies as st
     from schemathesis import GenerationMode
 
     statuses: Counter = Counter()
     codes: Counter = Counter()
     problems: list[str] = []
-    session = __import__("requests").Session()
+    session = requests.Session()
 
     for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
         @seed(SEED)
@@ -123,13 +132,10 @@ def _fuzz(schema, base_url: str, model: str, route: str, examples: int) -> tuple
                 problems.append(f"{exc!r} <- {case.as_curl_command()}")
                 return
             statuses[f"{case.operation.label} {response.status_code}"] += 1
-            if 400 <= response.status_code < 500:
-                try:
-                    error = response.json()["error"]
-                    codes[f"{response.status_code} {error.get('code') or error.get('type')} {error.get('param')}"] += 1
-                except Exception:  # noqa: BLE001 - reported by _problem
-                    pass
-            problem = _problem(case, response)
+            error = _openai_error(response) if 400 <= response.status_code < 500 else None
+            if error is not None:
+                codes[f"{response.status_code} {error.get('code') or error['type']} {error.get('param')}"] += 1
+            problem = _problem(response)
             if problem:
                 problems.append(f"{problem} <- {case.as_curl_command()}")
 
@@ -138,7 +144,7 @@ def _fuzz(schema, base_url: str, model: str, route: str, examples: int) -> tuple
     return statuses, problems
 
 
-def _idle(base_url: str, stages: tuple[str, ...]) -> dict:
+def _idle(base_url: str) -> dict:
     """Stages still holding requests or KV blocks (waits a little for cancelled work to drain)."""
     deadline = time.monotonic() + 60
     while True:
@@ -166,4 +172,4 @@ def test_fuzzed_requests_get_no_5xx_and_crash_no_replica(fuzz_apps, app):
     assert sum(statuses.values()) >= 2 * EXAMPLES * 0.9  # hypothesis may stop early on a tiny space; not here
     assert any(k.endswith(" 200") and k.startswith("POST") for k in statuses), "no generation ever succeeded"
     assert _replicas(app) == before, "a replica crashed or was replaced"
-    assert not _idle(base_url, stages)
+    assert not _idle(base_url)
