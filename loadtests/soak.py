@@ -140,7 +140,8 @@ def main() -> int:
                     if err:
                         errors.append(err)
                     if outcome == "ok":
-                        latencies.append((time.monotonic() - t0, time.monotonic() - start))
+                        now = time.monotonic()
+                        latencies.append((now - t0, now - start))
                 if wait:
                     time.sleep(wait)
 

@@ -28,6 +28,10 @@ from transformers.generation.logits_process import (
 GREEDY_BELOW = 1e-5
 
 
+def is_greedy(temperature: float) -> bool:
+    return temperature < GREEDY_BELOW
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 1.0
@@ -41,7 +45,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature < GREEDY_BELOW
+        return is_greedy(self.temperature)
 
 
 class Sampler:

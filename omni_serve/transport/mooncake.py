@@ -369,10 +369,11 @@ class MooncakeStoreConnector(_MooncakeConnector):
     async def sweep(self, now: float | None = None) -> int:
         now = time.monotonic() if now is None else now
         expired = await super().sweep(now)
-        for key, put_t in list(self.handed_off.items()):
-            if now - put_t > 2 * self.ttl_s:
+        due = [key for key, put_t in self.handed_off.items() if now - put_t > 2 * self.ttl_s]
+        if due:  # one master round trip per sweep, not one per object
+            for key in due:
                 del self.handed_off[key]
-                self.store.remove(key, force=True)
+            self.store.batch_remove(due, True)
         return expired
 
     def _abandon(self, key) -> None:

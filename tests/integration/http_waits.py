@@ -20,3 +20,16 @@ def wait_for_200(url: str, timeout: float, what: str, alive: Callable[[], bool] 
             pass
         assert time.monotonic() < deadline, what
         time.sleep(1)
+
+
+def busy_stages(base_url: str, timeout: float = 60) -> dict:
+    """Stages of the graph at ``base_url`` (its ``/health``) that still hold a request or KV blocks, or do not
+    answer, after waiting up to ``timeout`` s for cancelled work to drain; ``{}`` once every stage is idle."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stages = httpx.get(f"{base_url}/health", timeout=30).json()["stages"]
+        busy = {s: info for s, info in stages.items()
+                if "error" in info or info.get("active") or info.get("kv_blocks_used")}
+        if not busy or time.monotonic() > deadline:
+            return busy
+        time.sleep(0.5)

@@ -169,9 +169,13 @@ class _Producer:
     async def put(self, key: str, n: int) -> None:
         await self.conn.put(key, {"x": torch.arange(n, dtype=torch.float32), "n": n})
 
-    async def sweep_later(self) -> int:
-        swept = self.conn.sweep(now=time.monotonic() + self.conn.ttl_s + 1)
+    async def sweep_later(self, ttls: int = 1) -> int:
+        swept = self.conn.sweep(now=time.monotonic() + ttls * self.conn.ttl_s + 1)
         return await swept if asyncio.iscoroutine(swept) else swept
+
+    def handed_off(self) -> int:
+        """Store objects a consumer claimed that the producer's backstop still tracks."""
+        return len(self.conn.handed_off)
 
     def stats(self) -> dict:
         return self.conn.stats()
@@ -196,6 +200,11 @@ def test_payload_crosses_processes_and_unread_ones_are_freed_after_ttl(endpoints
     assert out["n"] == 1000 and torch.equal(out["x"], torch.arange(1000, dtype=torch.float32))
     if backend == "ray":
         return  # its TTL is the directory's (tested in unit tests of the directory-free backends)
+    if backend == "mooncake_store":  # the backstop for a claimed object: tracked past the TTL, removed at 2 x TTL
+        ray.get(a.sweep_later.remote(1))
+        assert ray.get(a.handed_off.remote()) == 1
+        ray.get(a.sweep_later.remote(2))
+        assert ray.get(a.handed_off.remote()) == 0
     ray.get(b.put.remote(f"ttl-{backend}/e/1", 1000))  # nobody reads this one
     assert ray.get(b.sweep_later.remote()) == 1
     stats = ray.get(b.stats.remote())

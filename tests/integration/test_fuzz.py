@@ -21,8 +21,9 @@ import os
 import time
 from collections import Counter
 
-import httpx
 import pytest
+
+from tests.integration.http_waits import busy_stages
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -144,18 +145,6 @@ def _fuzz(schema, base_url: str, model: str, route: str, examples: int) -> tuple
     return statuses, problems
 
 
-def _idle(base_url: str) -> dict:
-    """Stages still holding requests or KV blocks (waits a little for cancelled work to drain)."""
-    deadline = time.monotonic() + 60
-    while True:
-        health = httpx.get(f"{base_url}/health", timeout=30).json()
-        busy = {s: (info.get("active"), info.get("kv_blocks_used")) for s, info in health["stages"].items()
-                if info.get("active") or info.get("kv_blocks_used")}
-        if not busy or time.monotonic() > deadline:
-            return busy
-        time.sleep(1)
-
-
 @pytest.mark.parametrize("app", ["fuzz_omni", "fuzz_image"])
 def test_fuzzed_requests_get_no_5xx_and_crash_no_replica(fuzz_apps, app):
     import schemathesis
@@ -172,4 +161,4 @@ def test_fuzzed_requests_get_no_5xx_and_crash_no_replica(fuzz_apps, app):
     assert sum(statuses.values()) >= 2 * EXAMPLES * 0.9  # hypothesis may stop early on a tiny space; not here
     assert any(k.endswith(" 200") and k.startswith("POST") for k in statuses), "no generation ever succeeded"
     assert _replicas(app) == before, "a replica crashed or was replaced"
-    assert not _idle(base_url)
+    assert not busy_stages(base_url)

@@ -27,7 +27,7 @@ from omni_serve.api.errors import OpenAIError, bad_request
 from omni_serve.api.media import decode_image_url, decode_input_audio, encode_audio
 from omni_serve.api.sse import SSE_DONE, sse_error, sse_event
 from omni_serve.checkpoints.qwen2_5_omni import DEFAULT_SYSTEM_PROMPT
-from omni_serve.engines.sampling import GREEDY_BELOW
+from omni_serve.engines.sampling import is_greedy
 from omni_serve.graphs.fanout import probe_stages, stage_events
 from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
 from omni_serve.graphs.qwen2_5_omni.stages import EDGE_INGRESS_ENCODER
@@ -119,7 +119,7 @@ class OmniFrontend:
         if audio is not None:
             thinker["voice_token"] = self.voices[audio["voice"]]
             thinker["talker_tokens"] = [self.talker_cfg.tts_text_end_token_id, self.talker_cfg.tts_text_pad_token_id]
-            audio.update(request_id=rid, seed=seed, greedy=temperature < GREEDY_BELOW)
+            audio.update(request_id=rid, seed=seed, greedy=is_greedy(temperature))
         return Prepared(req, rid, prompt_len, thinker, media, audio)
 
     def _convert_messages(self, messages: list[P.ChatMessage]):
