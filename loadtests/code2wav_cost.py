@@ -15,7 +15,7 @@ import time
 import numpy as np
 import torch
 
-from omni_serve.graphs.qwen2_5_omni.code2wav import Code2WavCompute, Code2WavRequest, Code2WavStream
+from omni_serve.graphs.qwen2_5_omni.replica.code2wav import Code2WavCompute, Code2WavRequest, Code2WavStream
 from omni_serve.models.qwen2_5_omni import DiTWindow, OmniCode2Wav
 
 

@@ -1,9 +1,10 @@
 """``omni-serve`` command line: make checkpoints, serve a graph on a local embedded Ray.
 
-Commands:
-  omni-serve make-checkpoint qwen2_5_omni|qwen_image --size tiny|small DIR
-  omni-serve serve [--graph qwen2_5_omni|qwen_image] [--config FILE.yaml] [key=value ...]
-  omni-serve build qwen2_5_omni|qwen_image [key=value ...] [--config FILE.yaml] [-o serve_config.yaml]
+Commands (GRAPH: a model family of the registry, ``omni-serve graph`` lists them):
+  omni-serve make-checkpoint GRAPH --size tiny|small DIR
+  omni-serve serve [--graph GRAPH] [--config FILE.yaml] [key=value ...]
+  omni-serve build GRAPH [key=value ...] [--config FILE.yaml] [-o serve_config.yaml]
+  omni-serve graph [GRAPH] [--layout L] [--markdown]   (the families, or one graph's stages and edges)
   omni-serve bench --url URL --checkpoint DIR [--concurrency 1,16] [--mode omni|text|image] ... (see bench --help)
   omni-serve bench transport [--backends shm,ray,mooncake,mooncake_store] [--sizes 4KiB,1MiB,64MiB,512MiB]
 """
@@ -16,29 +17,43 @@ import sys
 
 log = logging.getLogger("omni_serve")
 
-CHECKPOINT_FAMILIES = {
-    "qwen2_5_omni": "omni_serve.checkpoints.qwen2_5_omni",
-    "qwen_image": "omni_serve.checkpoints.qwen_image",
-}
-GRAPHS = {
-    "qwen2_5_omni": "omni_serve.graphs.qwen2_5_omni:build_app",
-    "qwen_image": "omni_serve.graphs.qwen_image:build_app",
-}
+DEFAULT_GRAPH = "qwen2_5_omni"
 
 
-def _import(path: str):
-    import importlib
+def _families():
+    from omni_serve.graphs.registry import families
 
-    module, _, attr = path.partition(":")
-    mod = importlib.import_module(module)
-    return getattr(mod, attr) if attr else mod
+    return families()
 
 
 def cmd_make_checkpoint(args) -> int:
-    mod = _import(CHECKPOINT_FAMILIES[args.family])
+    from omni_serve.graphs.registry import import_path
+
+    family = _families()[args.family]
     print(f"writing {args.size} {args.family} checkpoint to {args.dir} ...", flush=True)
-    mod.make_checkpoint(args.dir, args.size, seed=args.seed)
+    import_path(family.checkpoint_writer)(args.dir, args.size, seed=args.seed)
     print(f"done: {args.dir}", flush=True)
+    return 0
+
+
+def cmd_graph(args) -> int:
+    if args.markdown:
+        from omni_serve.graphs.docs import markdown
+
+        sys.stdout.write(markdown(_families() if args.graph is None else {args.graph: _families()[args.graph]}))
+        return 0
+    if args.graph is None:
+        for name, family in _families().items():
+            print(f"{name:16s} {family.description}")
+        return 0
+    family = _families()[args.graph]
+    if args.layout is not None and args.layout not in family.graph.layouts:
+        print(f"omni-serve graph: {family.name} has no layout {args.layout!r}; its layouts: "
+              f"{', '.join(family.graph.layouts)}", file=sys.stderr)
+        return 2
+    print(f"{family.name}: {family.description}")
+    print(f"  serve: omni-serve serve --graph {family.name} checkpoint=DIR   (or serve run {family.app} ...)")
+    print(family.graph.describe(args.layout))
     return 0
 
 
@@ -70,13 +85,15 @@ def cmd_serve(args) -> int:
 
         with open(args.config) as f:
             overrides = {**yaml.safe_load(f), **overrides}
-    build_app = _import(GRAPHS[args.graph])
+    family = _families()[args.graph]
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, namespace=settings.RAY_NAMESPACE)
     serve.start(http_options={"host": args.host, "port": args.port})
     print(f"starting the {args.graph} graph (first start loads every stage; this takes a little while)...",
           flush=True)
-    serve.run(build_app(overrides), name=args.graph, route_prefix="/", blocking=False)
+    from omni_serve.deployments.builder import build_app
+
+    serve.run(build_app(family, overrides), name=args.graph, route_prefix="/", blocking=False)
     url = f"http://{args.host}:{args.port}"
     print(f"\nomni_serve is up: {url}  (OpenAI API under {url}/v1, health at {url}/health)", flush=True)
     print("Press Ctrl-C to stop.", flush=True)
@@ -289,21 +306,21 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     mk = sub.add_parser("make-checkpoint", help="write a deterministic random-weight checkpoint")
-    mk.add_argument("family", choices=sorted(CHECKPOINT_FAMILIES))
+    mk.add_argument("family", choices=[n for n, f in _families().items() if f.checkpoint_writer])
     mk.add_argument("dir")
     mk.add_argument("--size", choices=["tiny", "small"], default="tiny")
     mk.add_argument("--seed", type=int, default=0)
     mk.set_defaults(func=cmd_make_checkpoint)
     sv = sub.add_parser("serve", help="serve a graph on a local embedded Ray")
     sv.add_argument("overrides", nargs="*", help="graph spec overrides, key=value (e.g. checkpoint=DIR)")
-    sv.add_argument("--graph", choices=sorted(GRAPHS), default="qwen2_5_omni")
+    sv.add_argument("--graph", choices=list(_families()), default=DEFAULT_GRAPH)
     sv.add_argument("--config", help="YAML file with graph spec values")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--num-cpus", type=int, default=None, help="CPUs Ray may use (default: all)")
     sv.set_defaults(func=cmd_serve)
     bd = sub.add_parser("build", help="write a complete Ray Serve config (serve run / serve deploy) for a graph")
-    bd.add_argument("graph", choices=sorted(GRAPHS))
+    bd.add_argument("graph", choices=list(_families()))
     bd.add_argument("overrides", nargs="*", help="graph spec values, key=value (e.g. checkpoint=DIR "
                     "stages.talker.autoscaling_config.max_replicas=4)")
     bd.add_argument("--config", help="YAML file with graph spec values (key=value overrides win)")
@@ -313,6 +330,11 @@ def main(argv: list[str] | None = None) -> int:
     bd.add_argument("--host", default="0.0.0.0", help="Serve HTTP host (default 0.0.0.0)")
     bd.add_argument("--port", type=int, default=8000, help="Serve HTTP port (default 8000)")
     bd.set_defaults(func=cmd_build)
+    gr = sub.add_parser("graph", help="list the model families, or show one graph's stages and edges")
+    gr.add_argument("graph", nargs="?", choices=list(_families()), help="a family (default: list them all)")
+    gr.add_argument("--layout", default=None, help="one layout of the graph (default: all)")
+    gr.add_argument("--markdown", action="store_true", help="the reference page of docs/graphs.md")
+    gr.set_defaults(func=cmd_graph)
     bn = sub.add_parser("bench", help="benchmark a running endpoint against an in-process transformers baseline",
                         description=BENCH_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     bn.add_argument("target", nargs="?", choices=["serving", "transport"], default="serving",

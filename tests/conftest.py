@@ -1,4 +1,4 @@
-"""Shared fixtures: one tiny Qwen2.5-Omni checkpoint per session (made once, reused across runs)."""
+"""Shared fixtures: one tiny checkpoint per family and session (made once, reused across runs)."""
 
 from __future__ import annotations
 
@@ -27,23 +27,31 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def _tiny_checkpoint(family: str, env: str, marker: str) -> str:
-    """The tiny checkpoint of ``family`` at ``$env`` or checkpoints/<family>-tiny, written if ``marker`` is missing."""
-    import importlib
+# Where the Makefile points the tests (other families: OMNI_SERVE_TEST_<FAMILY>_CHECKPOINT, or checkpoints/).
+CHECKPOINT_ENV = {"qwen2_5_omni": "OMNI_SERVE_TEST_CHECKPOINT", "qwen_image": "OMNI_SERVE_TEST_IMAGE_CHECKPOINT"}
+# The file a family's checkpoint writer writes last (a directory without it is incomplete).
+LAST_WRITTEN = {"qwen2_5_omni": "spk_dict.pt"}
 
+
+def tiny_checkpoint(family: str) -> str:
+    """The tiny checkpoint of a registered family, at its environment variable's path or checkpoints/<family>-tiny,
+    written by the family's checkpoint writer if it is missing."""
+    from omni_serve.graphs.registry import families, import_path
+
+    env = CHECKPOINT_ENV.get(family, f"OMNI_SERVE_TEST_{family.upper()}_CHECKPOINT")
     path = os.environ.get(env, os.path.join(REPO, "checkpoints", f"{family}-tiny"))
-    if not os.path.exists(os.path.join(path, marker)):
-        importlib.import_module(f"omni_serve.checkpoints.{family}").make_checkpoint(path, "tiny")
+    if not os.path.exists(os.path.join(path, LAST_WRITTEN.get(family, "omni_serve_checkpoint.json"))):
+        import_path(families()[family].checkpoint_writer)(path, "tiny")
     return path
 
 
 @pytest.fixture(scope="session")
 def omni_tiny_dir() -> str:
     """Path of the tiny Qwen2.5-Omni checkpoint (``make checkpoint`` writes it; made here if missing)."""
-    return _tiny_checkpoint("qwen2_5_omni", "OMNI_SERVE_TEST_CHECKPOINT", "spk_dict.pt")
+    return tiny_checkpoint("qwen2_5_omni")
 
 
 @pytest.fixture(scope="session")
 def qwen_image_tiny_dir() -> str:
     """Path of the tiny Qwen-Image checkpoint (``make checkpoint`` writes it; made here if missing)."""
-    return _tiny_checkpoint("qwen_image", "OMNI_SERVE_TEST_IMAGE_CHECKPOINT", "omni_serve_checkpoint.json")
+    return tiny_checkpoint("qwen_image")

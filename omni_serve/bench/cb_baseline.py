@@ -49,7 +49,7 @@ def thinker_text_config(checkpoint_dir: str):
     """A ``Qwen2Config`` equal to the Omni thinker's text decoder, with plain RoPE."""
     from transformers import Qwen2Config
 
-    from omni_serve.models.qwen2_5_omni import load_config
+    from omni_serve.models.qwen2_5_omni_layout import load_config
 
     omni = load_config(checkpoint_dir)
     tc = omni.thinker_config.text_config
@@ -96,11 +96,11 @@ def _im_end(checkpoint_dir: str) -> int:
 
 def text_prompts(checkpoint_dir: str, requests, system_prompt: str | None = None) -> list[list[int]]:
     """Token ids of each workload request exactly as the server's ingress tokenizes it."""
-    from omni_serve.checkpoints.qwen2_5_omni import DEFAULT_SYSTEM_PROMPT
+    from omni_serve.graphs.qwen2_5_omni.spec import SPEECH_SYSTEM_PROMPT
     from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
 
     proc = OmniInputProcessor(checkpoint_dir)
-    sys_msg = {"role": "system", "content": [{"type": "text", "text": system_prompt or DEFAULT_SYSTEM_PROMPT}]}
+    sys_msg = {"role": "system", "content": [{"type": "text", "text": system_prompt or SPEECH_SYSTEM_PROMPT}]}
     return [proc([sys_msg, {"role": "user", "content": [{"type": "text", "text": r.prompt}]}]).input_ids[0].tolist()
             for r in requests]
 

@@ -28,7 +28,7 @@ def run_engine_text(checkpoint_dir: str, prompts: list[list[int]], max_new_token
     from omni_serve.bench.client import LoadPoint, poisson_arrivals, progress_logger
     from omni_serve.engines.ar import ARConfig, AREngine
     from omni_serve.engines.sampling import SamplingParams
-    from omni_serve.graphs.qwen2_5_omni.programs import ThinkerRequest, ThinkerSequence
+    from omni_serve.graphs.qwen2_5_omni.replica.programs import ThinkerRequest, ThinkerSequence
     from omni_serve.models.qwen2_5_omni import OmniThinker
 
     if not prompts:
@@ -60,9 +60,9 @@ def run_engine_text(checkpoint_dir: str, prompts: list[list[int]], max_new_token
             try:
                 async for out in engine.generate(f"bench_{i}", sequence(prompts[i])):
                     stamps.append(time.perf_counter())
-                    tokens += out["token_ids"]
-                    text.append(out.get("text", ""))
-                    rec.finish_reason = out.get("finish_reason", rec.finish_reason)
+                    tokens += out.token_ids
+                    text.append(out.text)
+                    rec.finish_reason = out.finish_reason or rec.finish_reason
                 rec.ok = True
             except Exception as exc:  # noqa: BLE001 - a failed request is a record, not a crash
                 rec.error = f"{type(exc).__name__}: {exc}"[:300]

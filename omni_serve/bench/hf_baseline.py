@@ -83,14 +83,14 @@ class HFBaseline:
         import torch
         from transformers import Qwen2_5OmniForConditionalGeneration
 
-        from omni_serve.checkpoints.qwen2_5_omni import DEFAULT_SYSTEM_PROMPT
+        from omni_serve.graphs.qwen2_5_omni.spec import SPEECH_SYSTEM_PROMPT
         from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
 
         self.cfg = cfg
         self.threads = cfg.threads or os.cpu_count() or 1
         torch.set_num_threads(self.threads)
         self.defaults = ServerDefaults.from_spec(max_codec_tokens=cfg.max_codec_tokens, num_steps=cfg.num_steps)
-        self.system_prompt = cfg.system_prompt or DEFAULT_SYSTEM_PROMPT
+        self.system_prompt = cfg.system_prompt or SPEECH_SYSTEM_PROMPT
         self.inputs = OmniInputProcessor(cfg.checkpoint)
         self.model = Qwen2_5OmniForConditionalGeneration.from_pretrained(
             cfg.checkpoint, local_files_only=True, dtype=torch.float32).eval()

@@ -43,10 +43,6 @@ SPECIAL_TOKENS = [
 ]
 TOKEN_ID = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
 VOICES = {"Chelsie": "<|spk_chelsie|>", "Ethan": "<|spk_ethan|>"}
-DEFAULT_SYSTEM_PROMPT = (
-    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "
-    "auditory and visual inputs, as well as generating text and speech."
-)
 
 # Our own chat template: renders string or list-of-parts content; media parts become placeholders that the
 # processor expands to the right number of feature tokens.

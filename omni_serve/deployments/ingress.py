@@ -1,46 +1,49 @@
-"""The HTTP ingress deployment: OpenAI-compatible routes over a graph's frontend.
+"""The HTTP ingress deployment: the routes a family's frontend declares, mounted generically.
 
-Routes: ``POST /v1/chat/completions`` (graphs whose frontend has ``prepare``/``complete``/``stream``),
-``POST /v1/images/generations`` (frontends with ``generate_images``), ``GET /v1/models``, ``GET /health``
-(200 only when every stage answers), ``GET /metrics`` (this replica's request counters, Prometheus text;
-the cluster-wide metrics of ``omni_serve.metrics`` go through Ray's metrics endpoint). A route the served
-graph does not offer answers 404 with an OpenAI-style body. Errors are OpenAI-style bodies (see ``omni_serve.api.errors``).
-The frontend (``module:Class``) is built with ``(spec, handles)`` and owns graph-specific logic.
+Contract: ``OpenAIIngress(family, graph_spec, **handles)`` loads the family (``module:FAMILY``), validates the
+spec and builds the family's frontend with the spec and the ``StageCalls`` over the stage handles (stage name ->
+handle). Its FastAPI app is built per replica (Serve's ``__serve_build_asgi_app__``) from the frontend's
+``routes`` (``omni_serve.graphs.frontend``), plus ``GET /v1/models``, ``GET /health`` (200 only when every stage
+answers) and ``GET /metrics`` (this replica's request counters, Prometheus text; the cluster-wide metrics of
+``omni_serve.metrics`` go through Ray's metrics endpoint). Any other route answers 404 with an OpenAI-style body
+naming the routes served; all errors are OpenAI-style bodies (``omni_serve.api.errors``).
 
-Overload and deadlines (``omni_serve.deployments.admission``): beyond ``ingress.max_inflight_requests``
-per replica a request is answered 429 with ``Retry-After`` at once; Serve itself answers 503 with
-``Retry-After`` beyond ``ingress.max_queued_requests`` queued for the replicas; every request runs under
-its deadline (``ingress.request_timeout_s``, lowered by an ``X-Request-Timeout`` header) and gets a 504
-past it.
+Every frontend route goes through one path: admission, the handler, metrics and errors. Beyond
+``ingress.max_inflight_requests`` per replica a request is answered 429 with ``Retry-After`` at once (Serve
+itself answers 503 with ``Retry-After`` beyond ``ingress.max_queued_requests`` queued for the replicas); the
+request's deadline (``ingress.request_timeout_s``, lowered by an ``X-Request-Timeout`` header) reaches the
+handler in its ``RequestContext``; outcomes and latencies are counted under the route's name. A streamed reply
+(``EventStream``) holds its in-flight slot until the stream ends, however it ends.
 """
 
 import asyncio
-from typing import Any, AsyncIterator
+import inspect
+from typing import Annotated, Any, AsyncIterator
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Form, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from ray import serve
 from starlette.background import BackgroundTask
 
 from omni_serve.api.errors import OpenAIError, install_error_handlers, not_found
-from omni_serve.api.images import ImageGenerationRequest
-from omni_serve.api.protocol import ChatCompletionRequest, ModelCard, ModelList
+from omni_serve.api.protocol import ModelCard, ModelList
 from omni_serve.deployments.admission import TIMEOUT_HEADER, InflightLimit, Ticket, request_deadline
-from omni_serve.deployments.stage import import_path
+from omni_serve.graphs.calls import StageCalls
+from omni_serve.graphs.frontend import EventStream, RequestContext, Route
+from omni_serve.graphs.registry import import_path, load_family
 from omni_serve.metrics import IngressMetrics, RequestClock, observe_transfers
-
-app = FastAPI(title="omni_serve", description="OpenAI-compatible API over omni_serve stage graphs")
-install_error_handlers(app)
 
 
 @serve.deployment
-@serve.ingress(app)
+@serve.ingress()
 class OpenAIIngress:
-    def __init__(self, frontend: str, spec_cls: str, graph_spec: dict[str, Any], **handles):
-        spec = import_path(spec_cls).model_validate(graph_spec)
-        self.model_name = spec.model_name
-        self.frontend = import_path(frontend)(spec, handles)
+    def __init__(self, family: str, graph_spec: dict[str, Any], **handles):
+        fam = load_family(family)
+        spec = fam.spec.model_validate(graph_spec)
+        self.family = fam.name
+        self.frontend = import_path(fam.frontend)(spec, StageCalls.over_serve(fam.graph, spec, handles))
+        self.model_name = self.frontend.model_name
         self.registry = CollectorRegistry()
         self.requests = Counter("omni_serve_requests", "HTTP requests by route and outcome", ["route", "outcome"],
                                 registry=self.registry)
@@ -51,6 +54,10 @@ class OpenAIIngress:
         self.inflight = InflightLimit(spec.ingress.max_inflight_requests, spec.ingress.retry_after_s)
         self.default_timeout_s = spec.ingress.request_timeout_s
 
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return build_asgi_app(self)
+
+    # -- one path for every frontend route ----------------------------------------------------------------
     def _admit(self, route: str, request: Request) -> tuple[Ticket, float]:
         """(the request's in-flight ticket, its deadline in seconds), or a 429/400 raised."""
         try:
@@ -60,10 +67,6 @@ class OpenAIIngress:
             self._failed(route, err)
             raise
 
-    def _require(self, method: str, route: str) -> None:
-        if not hasattr(self.frontend, method):
-            raise not_found(f"{route} is not served by the {self.model_name!r} graph.")
-
     def _failed(self, route: str, err: BaseException) -> None:
         if isinstance(err, OpenAIError):
             outcome, kind = f"http_{err.status_code}", err.type
@@ -72,75 +75,49 @@ class OpenAIIngress:
         self.requests.labels(route=route, outcome=outcome).inc()
         self.metrics.failed(route, kind, outcome)
 
-    async def _counted(self, route: str, call, clock: RequestClock):
-        """Await ``call`` (a coroutine), counting its outcome and latency under ``route``."""
+    async def serve_route(self, route: Route, body: Any, request: Request) -> Response:
+        clock = RequestClock()
+        ticket, timeout_s = self._admit(route.name, request)
+        streaming = False
         try:
-            result = await call
-        except Exception as err:
-            self._failed(route, err)
-            raise
-        self.requests.labels(route=route, outcome="ok").inc()
-        self.latency.labels(route=route).observe(clock.figures()["e2e"])
-        self.metrics.finished(route, clock)
-        return result
+            try:
+                reply = await getattr(self.frontend, route.handler)(body, RequestContext(timeout_s, clock))
+            except Exception as err:
+                self._failed(route.name, err)
+                raise
+            if isinstance(reply, EventStream):
+                self.requests.labels(route=route.name, outcome="stream").inc()
+                streaming = True
+                return StreamingResponse(self._timed_stream(route.name, reply.lines, clock, ticket),
+                                         media_type="text/event-stream", background=BackgroundTask(ticket.release))
+            self.requests.labels(route=route.name, outcome="ok").inc()
+            self.latency.labels(route=route.name).observe(clock.figures()["e2e"])
+            self.metrics.finished(route.name, clock)
+            return JSONResponse(reply.model_dump(exclude_none=True))
+        finally:
+            if not streaming:
+                ticket.release()
 
-    async def _timed_stream(self, lines: AsyncIterator[str], clock: RequestClock,
+    async def _timed_stream(self, route: str, lines: AsyncIterator[str], clock: RequestClock,
                             ticket: Ticket) -> AsyncIterator[str]:
         """The SSE stream, recording its outcome and timings once it ends (or the client leaves)."""
         try:
             async for line in lines:
                 yield line
         except (asyncio.CancelledError, GeneratorExit):
-            self.metrics.failed("chat", "client_disconnected", "cancelled")
+            self.metrics.failed(route, "client_disconnected", "cancelled")
             raise
         finally:
             ticket.release()
         if clock.error is None:
-            self.metrics.finished("chat", clock)
+            self.metrics.finished(route, clock)
         else:
-            self.metrics.failed("chat", clock.error, "stream_error")
+            self.metrics.failed(route, clock.error, "stream_error")
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(self, body: ChatCompletionRequest, request: Request):
-        clock = RequestClock()
-        self._require("prepare", "/v1/chat/completions")
-        ticket, timeout_s = self._admit("chat", request)
-        streaming = False
-        try:
-            try:
-                prepared = await self.frontend.prepare(body)
-            except OpenAIError as err:
-                self._failed("chat", err)
-                raise
-            prepared.clock, prepared.timeout_s = clock, timeout_s
-            if body.stream:
-                self.requests.labels(route="chat", outcome="stream").inc()
-                streaming = True
-                return StreamingResponse(self._timed_stream(self.frontend.stream(prepared), clock, ticket),
-                                         media_type="text/event-stream", background=BackgroundTask(ticket.release))
-            response = await self._counted("chat", self.frontend.complete(prepared), clock)
-            return JSONResponse(response.model_dump(exclude_none=True))
-        finally:
-            if not streaming:
-                ticket.release()
-
-    @app.post("/v1/images/generations")
-    async def images_generations(self, body: ImageGenerationRequest, request: Request):
-        clock = RequestClock()
-        self._require("generate_images", "/v1/images/generations")
-        ticket, timeout_s = self._admit("images", request)
-        try:
-            response = await self._counted("images", self.frontend.generate_images(body, timeout_s=timeout_s),
-                                           clock)
-        finally:
-            ticket.release()
-        return JSONResponse(response.model_dump(exclude_none=True))
-
-    @app.get("/v1/models")
+    # -- fixed routes -----------------------------------------------------------------------------------------
     async def models(self):
         return ModelList(data=[ModelCard(id=self.model_name)]).model_dump()
 
-    @app.get("/health")
     async def health(self):
         stages = await self.frontend.health()
         ok = all("error" not in v for v in stages.values())
@@ -149,6 +126,39 @@ class OpenAIIngress:
         return JSONResponse({"status": "ok" if ok else "unavailable", "ingress": ingress, "stages": stages},
                             status_code=200 if ok else 503)
 
-    @app.get("/metrics")
-    async def metrics(self):
+    async def metrics_text(self):
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def build_asgi_app(ingress: OpenAIIngress) -> FastAPI:
+    """The replica's FastAPI app: the frontend's routes, then the fixed ones, then OpenAI-style errors."""
+    app = FastAPI(title="omni_serve", description=f"OpenAI-compatible API over the {ingress.family} stage graph")
+    install_error_handlers(app)
+    for route in ingress.frontend.routes:
+        app.add_api_route(route.path, _endpoint(ingress, route), methods=[route.method], name=route.name,
+                          summary=route.summary or None)
+    app.add_api_route("/v1/models", ingress.models, methods=["GET"], name="models")
+    app.add_api_route("/health", ingress.health, methods=["GET"], name="health")
+    app.add_api_route("/metrics", ingress.metrics_text, methods=["GET"], name="metrics")
+    served = ", ".join(f"{m} {r.path}" for r in app.routes if hasattr(r, "methods") and r.name not in
+                       ("openapi", "swagger_ui_html", "swagger_ui_redirect", "redoc_html") for m in sorted(r.methods))
+
+    async def unknown_route(request: Request, exc: Exception):
+        err = not_found(f"Unknown route: {request.method} {request.url.path}. This server serves the "
+                        f"{ingress.model_name!r} model ({ingress.family} graph): {served}.")
+        return JSONResponse(err.body(), status_code=404)
+
+    app.add_exception_handler(404, unknown_route)
+    return app
+
+
+def _endpoint(ingress: OpenAIIngress, route: Route):
+    """A FastAPI endpoint for ``route``: the body model (JSON, or a multipart form) and the raw request."""
+    async def endpoint(body, request: Request):
+        return await ingress.serve_route(route, body, request)
+
+    body = Annotated[route.body, Form()] if route.form else route.body
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    endpoint.__signature__ = inspect.Signature([inspect.Parameter("body", kind, annotation=body),
+                                                inspect.Parameter("request", kind, annotation=Request)])
+    return endpoint

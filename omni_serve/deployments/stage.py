@@ -1,9 +1,10 @@
-"""The one generic stage deployment: hosts a graph's ``StageRunner`` on the engine the runner makes.
+"""The one generic stage deployment: hosts one stage of a family's graph on the engine its runner makes.
 
-Contract: ``StageDeployment(stage, runner, graph_spec)`` imports ``runner`` (``module:Class``), builds it
-from the validated graph spec (loading only that stage's weights) and serves:
-- ``generate(request)``: a streaming call; yields the runner's small outputs for one request. Cancelling
-  the call (client gone, ingress error) aborts the request in the engine and frees its state.
+Contract: ``StageDeployment(family, stage, graph_spec)`` loads the family (``module:FAMILY``), validates the spec
+and builds the stage's declared runner (loading only that stage's weights) and engine. It serves:
+- ``generate(call)``: a streaming call; ``call`` is the stage's declared call message, and it yields the stage's
+  declared outputs for one request (``StageRunner.handle`` checks both). Cancelling the call (client gone,
+  ingress error) aborts the request in the engine and frees its state.
 - ``ready()``: cheap liveness/identity probe used by the ingress' ``/health``, with the engine's stats
   (active requests; for AR stages running/waiting requests and KV block counts) and, under
   ``data_plane``, the counters of the connectors this replica uses (payloads held, buffer use).
@@ -17,7 +18,6 @@ replica exports its engine's metrics (``omni_serve.metrics.StageMetrics``) and i
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import traceback
@@ -25,34 +25,31 @@ from typing import Any, AsyncIterator
 
 from ray import serve
 
+from omni_serve.graphs.messages import Message
+
 log = logging.getLogger(__name__)
-
-
-def import_path(path: str):
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 @serve.deployment
 class StageDeployment:
-    def __init__(self, stage: str, runner: str, graph_spec: dict[str, Any]):
+    def __init__(self, family: str, stage: str, graph_spec: dict[str, Any]):
         import torch
 
-        self.stage = stage
-        runner_cls = import_path(runner)
-        self.runner = runner_cls(stage, graph_spec)
-        engine_spec = self.runner.engine_spec
-        torch.set_num_threads(engine_spec.torch_threads)
-        self.engine = self.runner.make_engine()
+        from omni_serve.graphs.registry import load_family
+        from omni_serve.graphs.runner import build_runner
         from omni_serve.metrics import StageMetrics, observe_transfers
 
+        self.stage = stage
+        self.runner = build_runner(load_family(family), stage, graph_spec)
+        torch.set_num_threads(self.runner.engine_spec.torch_threads)
+        self.engine = self.runner.make_engine()
         self.metrics = StageMetrics(stage, self.engine)
         observe_transfers()
-        log.info("stage %s ready in pid %d (%s)", stage, os.getpid(), runner)
+        log.info("stage %s ready in pid %d (%s)", stage, os.getpid(), self.runner.stage.runner)
 
-    async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, call: Message) -> AsyncIterator[Message]:
         try:
-            async for out in self.runner.run(self.engine, request):
+            async for out in self.runner.handle(self.engine, call):
                 yield out
         except BaseException as exc:
             # The error's traceback keeps the unwound frames of the request (its program, upstream

@@ -1,8 +1,8 @@
 """A complete Ray Serve config for a graph: what ``omni-serve build`` writes for ``serve run`` / ``serve deploy``.
 
-Contract: ``build_serve_config(graph, values, ...)`` validates ``values`` (dotted keys allowed) against the
-graph's spec and returns a Serve config dict that validates as Ray's ``ServeDeploySchema``: one application
-whose ``args`` are the *whole* validated spec (every default written out, so a deployed config does not
+Contract: ``build_serve_config(graph, values, ...)`` validates ``values`` (dotted keys allowed) against the spec
+of the family named ``graph`` (``omni_serve.graphs.registry``) and returns a Serve config dict that validates as
+Ray's ``ServeDeploySchema``: one application whose ``args`` are the *whole* validated spec (every default written out, so a deployed config does not
 change when omni_serve's defaults do), the graph's application-level ``autoscaling_policy`` (which only a
 config file can carry) and the HTTP options. Deployment options are not repeated under ``deployments``:
 the builder derives them from ``args.stages`` (one source of truth; Serve would let a ``deployments``
@@ -16,32 +16,10 @@ against the Serve controller's working directory.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any
 
+from omni_serve.graphs.registry import family as find_family
 from omni_serve.graphs.spec import apply_overrides
-
-
-@dataclass(frozen=True)
-class GraphEntry:
-    import_path: str
-    spec: str  # module:Class of the graph's spec
-    marker: str  # a file every checkpoint directory of this graph has
-
-
-GRAPHS = {
-    "qwen2_5_omni": GraphEntry("omni_serve.graphs.qwen2_5_omni:build_app",
-                               "omni_serve.graphs.qwen2_5_omni.spec:OmniGraphSpec", "config.json"),
-    "qwen_image": GraphEntry("omni_serve.graphs.qwen_image:build_app",
-                             "omni_serve.graphs.qwen_image.spec:QwenImageGraphSpec", "model_index.json"),
-}
-
-
-def _spec_class(path: str):
-    import importlib
-
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def resolve_checkpoint(checkpoint: str, marker: str) -> tuple[str, str | None]:
@@ -62,14 +40,12 @@ def build_serve_config(graph: str, values: dict[str, Any], *, app_name: str | No
     """(Serve config, notes). Raises ValueError (pydantic's ValidationError is one) on bad values."""
     from ray.serve.schema import ServeDeploySchema
 
-    if graph not in GRAPHS:
-        raise ValueError(f"unknown graph {graph!r}; choose one of {sorted(GRAPHS)}")
-    entry = GRAPHS[graph]
-    spec = _spec_class(entry.spec).model_validate(apply_overrides(dict(values)))
-    checkpoint, note = resolve_checkpoint(spec.checkpoint, entry.marker)
+    family = find_family(graph)
+    spec = family.spec.model_validate(apply_overrides(dict(values)))
+    checkpoint, note = resolve_checkpoint(spec.checkpoint, family.checkpoint_marker)
     args = spec.model_copy(update={"checkpoint": checkpoint}).model_dump(mode="json")
     app: dict[str, Any] = {"name": app_name or graph, "route_prefix": route_prefix,
-                           "import_path": entry.import_path, "args": args}
+                           "import_path": family.app, "args": args}
     if spec.autoscaling_policy:
         app["autoscaling_policy"] = spec.autoscaling_policy
     config = {"proxy_location": "EveryNode", "http_options": {"host": host, "port": port},

@@ -106,12 +106,22 @@ class StageSpec(SpecModel):
 class EdgeSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    connector: Literal["ray", "shm", "mooncake", "mooncake_store"] = Field("ray", description=(
-        "Data-plane backend carrying this edge's tensors: 'ray' (Ray object store, any node), 'shm' (shared "
-        "memory: producer and consumer on one node, zero-copy), 'mooncake' (Mooncake Transfer Engine, P2P "
-        "over tcp/rdma), 'mooncake_store' (Mooncake Store behind a master). See docs/data_plane.md."))
+    connector: str = Field("ray", description=(
+        "Data-plane backend carrying this edge's tensors, a name in the connector registry: 'ray' (Ray object "
+        "store, any node), 'shm' (shared memory: producer and consumer on one node, zero-copy), 'mooncake' "
+        "(Mooncake Transfer Engine, P2P over tcp/rdma), 'mooncake_store' (Mooncake Store behind a master), or "
+        "one added with omni_serve.transport.base.register_connector. See docs/data_plane.md."))
     chunk_size: int = Field(8, ge=1, description="Items (tokens/states) per streamed chunk.")
     first_chunk_size: int = Field(1, ge=1, description="Items in the first chunk (smaller cuts time to first output).")
+
+    @field_validator("connector")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        from omni_serve.transport.base import known_connectors
+
+        if value not in known_connectors():
+            raise ValueError(f"unknown connector {value!r}; registered connectors: {', '.join(known_connectors())}")
+        return value
 
 
 class IngressSpec(BaseModel):
@@ -156,7 +166,18 @@ class LoggingSpec(BaseModel):
 
 
 class GraphSpecBase(SpecModel):
-    """Fields every graph spec has."""
+    """Fields every graph spec has. A family's spec adds its own, and its ``stages``/``edges`` sections derived
+    from its graph declaration (``GraphDef.stages_model`` / ``edges_model``)."""
+
+    def layout(self) -> str:
+        """The graph layout this spec deploys (``GraphDef.layouts``); families with several override it."""
+        return "default"
+
+    def stage_spec(self, stage: str) -> "StageSpec":
+        return getattr(self.stages, stage)
+
+    def edge_spec(self, edge: str) -> "EdgeSpec":
+        return getattr(self.edges, edge)
 
     logging: LoggingSpec = Field(default_factory=LoggingSpec, description=(
         "Logging of every deployment of the graph. Each line of a request carries its request id (the "

@@ -16,28 +16,21 @@ Contract (all tensors on the adapter's device; batch dimension 1 unless stated):
 - ``OmniCode2Wav``: DiT + BigVGAN. ``synthesize(codes, voice, seed, ...)`` -> 24 kHz waveform through
   transformers' own whole-sequence path (the DiT's initial noise comes from ``seed``, as a reference call made
   after ``torch.manual_seed(seed)``). Streaming uses ``dit_windows`` (block-aligned windows of several
-  requests in one batched ODE solve) and ``vocode``; see ``graphs/qwen2_5_omni/code2wav.py``.
+  requests in one batched ODE solve) and ``vocode``; see ``graphs/qwen2_5_omni/replica/code2wav.py``.
 
 No module is subclassed or patched; ``MropeIndex`` borrows transformers' own position-index functions.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
-from transformers import Qwen2_5OmniConfig
 from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
 
 from omni_serve.engines.ar.attention import ATTN_IMPLEMENTATION
 from omni_serve.models.loading import load_component, read_state_dict
-
-SAMPLE_RATE = 24000
-
-
-def load_config(checkpoint_dir: str) -> Qwen2_5OmniConfig:
-    return Qwen2_5OmniConfig.from_pretrained(checkpoint_dir)
+from omni_serve.models.qwen2_5_omni_layout import load_config, load_speakers
 
 
 class MropeIndex:
@@ -279,9 +272,3 @@ class OmniCode2Wav:
         """BigVGAN: mel ``[mel, frames]`` -> waveform ``[frames * samples_per_frame]``."""
         return self.vocoder(mel.unsqueeze(0).to(self.device)).reshape(-1).float()
 
-
-def load_speakers(checkpoint_dir: str) -> dict:
-    path = os.path.join(checkpoint_dir, "spk_dict.pt")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} is missing: a Qwen2.5-Omni checkpoint ships its voices there")
-    return torch.load(path, map_location="cpu", weights_only=True)

@@ -9,7 +9,8 @@ Contract (a checkpoint directory in the diffusers layout, as ``QwenImagePipeline
   draws the packed noise exactly as the pipeline does with ``torch.Generator().manual_seed(seed)``;
   ``new_scheduler(num_steps, image_seq_len)`` returns a per-request ``FlowMatchEulerDiscreteScheduler``
   with the pipeline's sigmas and shift; ``predict(rows)`` runs ONE transformer forward over rows of any
-  requests with the same latent shape (text padded and masked as needed) and returns one prediction each.
+  requests with the same latent shape (text padded and masked as needed) and returns one prediction each;
+  rows may carry conditioning image latents (image-conditioned pipelines).
 - ``QwenImageDecoder(dir)``: ``decode(latents, height, width) -> uint8 [n, H, W, 3]`` (the pipeline's
   unpack, de-normalisation, ``vae.decode`` and post-processing), batched over same-size images; tiled
   decoding for large images via diffusers' ``enable_tiling``.
@@ -20,14 +21,13 @@ prompt template, packing and post-processing are diffusers' code, not copies.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-VAE_SUBFOLDER, TRANSFORMER_SUBFOLDER = "vae", "transformer"
+from omni_serve.models.qwen_image_layout import TOKENIZER_SUBFOLDER, TRANSFORMER_SUBFOLDER, VAE_SUBFOLDER, vae_scale_factor
 
 
 def _partial_pipeline(**components):
@@ -39,23 +39,12 @@ def _partial_pipeline(**components):
     return QwenImagePipeline(**parts)
 
 
-def vae_scale_factor(checkpoint_dir: str) -> int:
-    """Pixels per latent cell, read from the VAE config (no weights loaded)."""
-    with open(os.path.join(checkpoint_dir, VAE_SUBFOLDER, "config.json")) as f:
-        return 2 ** len(json.load(f)["temperal_downsample"])
-
-
-def pixel_multiple(checkpoint_dir: str) -> int:
-    """Image sides must be multiples of this (VAE downsampling x the transformer's 2x2 patches)."""
-    return vae_scale_factor(checkpoint_dir) * 2
-
-
 class QwenImageTextEncoder:
     def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
         from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
         self.device = torch.device(device)
-        tokenizer = AutoTokenizer.from_pretrained(os.path.join(checkpoint_dir, "tokenizer"))
+        tokenizer = AutoTokenizer.from_pretrained(os.path.join(checkpoint_dir, TOKENIZER_SUBFOLDER))
         encoder = Qwen2_5_VLForConditionalGeneration.from_pretrained(
             os.path.join(checkpoint_dir, "text_encoder"), dtype=dtype).to(self.device).eval()
         self.pipe = _partial_pipeline(text_encoder=encoder, tokenizer=tokenizer)
@@ -79,12 +68,14 @@ class QwenImageTextEncoder:
 
 @dataclass
 class DenoiseRow:
-    """One transformer input row: a packed latent [S, C] at one timestep, conditioned on text [L, D]."""
+    """One transformer input row: a packed latent [S, C] at one timestep, conditioned on text [L, D] and, for
+    image-conditioned pipelines (Qwen-Image-Edit), on packed image latents [S_c, C] appended to the sequence."""
 
     latents: torch.Tensor
     timestep: torch.Tensor  # scalar, the scheduler's t (0..1000)
     text: torch.Tensor
     guidance: float | None = None  # only for guidance-distilled transformers
+    condition: torch.Tensor | None = None  # conditioning image latents (on ``predict``'s condition_grid)
 
 
 class QwenImageDenoiser:
@@ -101,7 +92,7 @@ class QwenImageDenoiser:
         self.guidance_embeds = bool(self.transformer.config.guidance_embeds)
         self.modules = {"transformer": self.transformer}
         # The uncached forward; cache acceleration patches ``transformer.forward`` and points this at the
-        # original (see ``omni_serve.graphs.qwen_image.cache``).
+        # original (see ``omni_serve.graphs.qwen_image.replica.cache``).
         self.plain_forward = self.transformer
 
     def latent_grid(self, height: int, width: int) -> tuple[int, int]:
@@ -134,9 +125,13 @@ class QwenImageDenoiser:
         scheduler.set_begin_index(0)
         return scheduler
 
-    def predict(self, rows: list[DenoiseRow], grid: tuple[int, int], forward=None) -> torch.Tensor:
+    def predict(self, rows: list[DenoiseRow], grid: tuple[int, int], forward=None,
+                condition_grid: tuple[int, int] | None = None) -> torch.Tensor:
         """One forward over ``rows`` (all on the same latent ``grid``); returns predictions [B, S, 4C].
-        ``forward``: the callable to run (default: the plain, uncached transformer forward)."""
+        ``forward``: the callable to run (default: the plain, uncached transformer forward). With
+        ``condition_grid``, every row's ``condition`` latents follow its noised latents in the transformer's
+        sequence (a second image segment of ``img_shapes``, as diffusers' edit pipelines pass them) and the
+        prediction is that of the noised latents only."""
         lengths = [r.text.shape[0] for r in rows]
         longest = max(lengths)
         text = torch.stack([torch.nn.functional.pad(r.text, (0, 0, 0, longest - r.text.shape[0])) for r in rows])
@@ -147,10 +142,16 @@ class QwenImageDenoiser:
         if self.guidance_embeds:
             guidance = torch.tensor([r.guidance for r in rows], dtype=torch.float32, device=self.device)
         timestep = torch.stack([r.timestep for r in rows]).to(self.dtype)
-        return (forward or self.plain_forward)(
-            hidden_states=torch.stack([r.latents for r in rows]), timestep=timestep / 1000, guidance=guidance,
+        shapes = [(1, *grid)]
+        latents = torch.stack([r.latents for r in rows])
+        if condition_grid is not None:
+            shapes.append((1, *condition_grid))
+            latents = torch.cat([latents, torch.stack([r.condition for r in rows])], dim=1)
+        out = (forward or self.plain_forward)(
+            hidden_states=latents, timestep=timestep / 1000, guidance=guidance,
             encoder_hidden_states=text, encoder_hidden_states_mask=mask,
-            img_shapes=[[(1, *grid)]] * len(rows), return_dict=False)[0]
+            img_shapes=[shapes] * len(rows), return_dict=False)[0]
+        return out if condition_grid is None else out[:, :rows[0].latents.shape[0]]
 
 
 def combine_cfg(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:

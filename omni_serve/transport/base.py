@@ -6,8 +6,9 @@ Contract:
   producer is gone) and hands ownership to the caller, which ``free``s it once read;
   ``free_request(request_id)`` drops everything a request left behind (cancellation, errors).
 - Keys are ``chunk_key(request_id, edge, index)``; ``ChunkWriter``/``read_chunks`` turn a key sequence into
-  an ordered stream that ends with a payload carrying ``end: True``, reporting each put/get (backend,
-  bytes, seconds) to the process' transfer observer when one is set (metrics).
+  an ordered stream that ends with a payload whose ``end`` attribute is true (``omni_serve.graphs.messages.
+  StreamChunk``), reporting each put/get (backend, bytes, seconds) to the process' transfer observer when one
+  is set (metrics).
 - Backends register lazily by name (``register_connector``) so optional dependencies (Mooncake, shared
   memory) load only where a graph edge asks for them.
 """
@@ -48,6 +49,9 @@ def split_key(key: str) -> tuple[str, str, int] | None:
 
 class Connector(abc.ABC):
     name: str = "abstract"
+    # Where a payload can travel: "cluster" (any node), "node" (processes of one node), "process" (in-process
+    # only: the Serve builder refuses such a connector for a deployed graph).
+    scope: str = "cluster"
 
     @classmethod
     def from_spec(cls, spec: Any = None) -> "Connector":
@@ -115,7 +119,7 @@ def transfer_observer() -> Callable[[str, str, int, float], None] | None:
 
 
 def payload_nbytes(payload: Any) -> int:
-    """Bytes of the tensors, arrays and byte strings in a payload (nested dicts/lists)."""
+    """Bytes of the tensors, arrays and byte strings in a payload (nested messages, dicts, lists)."""
     if isinstance(payload, dict):
         return sum(payload_nbytes(v) for v in payload.values())
     if isinstance(payload, (list, tuple)):
@@ -124,7 +128,18 @@ def payload_nbytes(payload: Any) -> int:
         return len(payload)
     if hasattr(payload, "element_size") and hasattr(payload, "numel"):  # torch.Tensor
         return payload.element_size() * payload.numel()
-    return int(getattr(payload, "nbytes", 0) or 0)  # numpy
+    if hasattr(payload, "nbytes"):  # numpy
+        return int(payload.nbytes or 0)
+    if hasattr(payload, "__dict__"):  # a message (pydantic model, dataclass): its fields
+        return payload_nbytes(vars(payload))
+    return 0
+
+
+def is_last_chunk(payload: Any) -> bool:
+    """Whether a stream's payload is its last: its ``end`` attribute (or key) is true."""
+    if isinstance(payload, dict):
+        return bool(payload.get("end"))
+    return bool(getattr(payload, "end", False))
 
 
 async def observed_put(connector: Connector, key: str, payload: dict[str, Any]) -> None:
@@ -160,14 +175,14 @@ class ChunkWriter:
 
 async def read_chunks(connector: Connector, request_id: str, edge: str,
                       timeout: float) -> AsyncIterator[dict[str, Any]]:
-    """Yield a stream's chunks in order until one has ``end: True``; each is freed once read."""
+    """Yield a stream's chunks in order until one whose ``end`` is true; each is freed once read."""
     index = 0
     while True:
         key = chunk_key(request_id, edge, index)
         payload = await observed_get(connector, key, timeout)
         await connector.free(key)
         yield payload
-        if payload.get("end"):
+        if is_last_chunk(payload):
             return
         index += 1
 
@@ -177,6 +192,7 @@ _REGISTRY: dict[str, str] = {
     "shm": "omni_serve.transport.shm:SharedMemoryConnector",
     "mooncake": "omni_serve.transport.mooncake:MooncakeTransferConnector",
     "mooncake_store": "omni_serve.transport.mooncake:MooncakeStoreConnector",
+    "memory": "omni_serve.transport.memory:MemoryConnector",
 }
 _INSTANCES: dict[str, Connector] = {}
 
@@ -195,18 +211,17 @@ def known_connectors() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def edge_connectors(edges, data_plane=None) -> list[Connector]:
-    """The distinct connectors named by a graph's edge specs (any object whose fields have ``connector``)."""
-    names = sorted({edge.connector for edge in vars(edges).values() if hasattr(edge, "connector")})
-    return [get_connector(name, data_plane) for name in names]
+def connector_class(name: str) -> type[Connector]:
+    """The class registered under ``name`` (imports its module)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown connector {name!r}; known: {sorted(_REGISTRY)}")
+    module, _, cls = _REGISTRY[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
 
 
 def get_connector(name: str, data_plane=None) -> Connector:
     """The process-wide connector of a backend, built on first use from ``data_plane`` (a ``DataPlaneSpec``)."""
     if name not in _INSTANCES:
-        if name not in _REGISTRY:
-            raise ValueError(f"unknown connector {name!r}; known: {sorted(_REGISTRY)}")
-        module, _, cls = _REGISTRY[name].partition(":")
         spec = data_plane.section(name) if data_plane is not None else None
-        _INSTANCES[name] = getattr(importlib.import_module(module), cls).from_spec(spec)
+        _INSTANCES[name] = connector_class(name).from_spec(spec)
     return _INSTANCES[name]

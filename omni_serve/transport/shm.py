@@ -186,6 +186,7 @@ class _Pool:
 
 class SharedMemoryConnector(Connector):
     name = "shm"
+    scope = "node"
 
     def __init__(self, root: str | os.PathLike | None = None, *, ttl_s: float | None = None,
                  pool_bytes: int | None = None, put_timeout_s: float = 30.0, directory: Any = "ray"):

@@ -8,13 +8,12 @@ import os
 
 import yaml
 
-from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
-from omni_serve.graphs.qwen_image.spec import QwenImageGraphSpec
+from omni_serve.graphs.registry import families
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHART = os.path.join(ROOT, "helm", "omni-serve")
 CRD_SCHEMA = os.path.join(ROOT, "tests", "data", "kuberay", "rayservice.v1.schema.json")
-SPECS = {"qwen2_5_omni": OmniGraphSpec, "qwen_image": QwenImageGraphSpec}
+SPECS = {name: family.spec for name, family in families().items()}
 MiB = 1 << 20
 
 

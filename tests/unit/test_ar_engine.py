@@ -13,7 +13,7 @@ from omni_serve.engines.ar.kv_cache import BlockAllocator, block_hashes
 from omni_serve.engines.sampling import SamplingParams
 from omni_serve.engines.stepper import StepEngine
 from omni_serve.engines.base import StageProgram
-from omni_serve.graphs.qwen2_5_omni.programs import ThinkerRequest, ThinkerSequence
+from omni_serve.graphs.qwen2_5_omni.replica.programs import ThinkerRequest, ThinkerSequence
 from omni_serve.models.qwen2_5_omni import OmniThinker
 from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
 from tests.omni_cases import template_messages
@@ -66,7 +66,7 @@ def sequence(thinker, max_new=12, min_new=0, block_size=16, prompt="text"):
 
 
 async def collect(engine, rid, seq):
-    return [t for out in [o async for o in engine.generate(rid, seq)] for t in out["token_ids"]]
+    return [t for out in [o async for o in engine.generate(rid, seq)] for t in out.token_ids]
 
 
 def test_prefix_cache_hit_gives_identical_tokens(thinker):
@@ -240,15 +240,17 @@ def test_paged_attention_needs_the_engine():
 
 def test_upstream_failure_fails_the_request_and_frees_its_blocks(omni_tiny_dir):
     """The talker's upstream (thinker chunks) breaks mid-request: the caller gets the error, blocks come back."""
-    from omni_serve.graphs.qwen2_5_omni.programs import TalkerRequest, TalkerSequence
+    from omni_serve.graphs.qwen2_5_omni.messages import TalkerHead, ThinkerStates
+    from omni_serve.graphs.qwen2_5_omni.replica.programs import TalkerRequest, TalkerSequence
     from omni_serve.models.qwen2_5_omni import OmniTalker
 
     talker = OmniTalker(omni_tiny_dir)
     hidden = talker.embedding_size
 
     async def upstream():
-        yield {"prompt": torch.randn(6, hidden), "bos": torch.randn(hidden), "eos": torch.randn(hidden),
-               "pad": torch.randn(hidden), "states": torch.randn(4, hidden), "first_token": 1}
+        yield ThinkerStates(states=torch.randn(4, hidden), head=TalkerHead(
+            prompt=torch.randn(6, hidden), bos=torch.randn(hidden), eos=torch.randn(hidden),
+            pad=torch.randn(hidden), first_token=1))
         await asyncio.sleep(0.2)
         raise ConnectionError("thinker went away")
 

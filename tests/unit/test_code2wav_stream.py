@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from omni_serve.graphs.qwen2_5_omni.code2wav import (
+from omni_serve.graphs.qwen2_5_omni.messages import CodecChunk
+from omni_serve.graphs.qwen2_5_omni.replica.code2wav import (
     Code2WavCompute, Code2WavRequest, Code2WavStream, check_chunking,
 )
 from omni_serve.models.qwen2_5_omni import OmniCode2Wav
@@ -34,7 +35,7 @@ def stream_all(c2w, streams_codes, req_kw, feed=7):
         while not all(s.done for s in streams):
             for i, (s, (_, cs)) in enumerate(zip(streams, streams_codes)):
                 if fed[i] < len(cs):
-                    s.feed({"codes": cs[fed[i]:fed[i] + feed], "end": fed[i] + feed >= len(cs)})
+                    s.feed(CodecChunk(codes=cs[fed[i]:fed[i] + feed], end=fed[i] + feed >= len(cs)))
                     fed[i] += feed
             groups = {}
             for i, s in enumerate(streams):
@@ -57,9 +58,9 @@ def test_chunks_concatenate_to_whole_sequence(c2w, req_kw):
     cs = codes(101, 0)
     outs, _ = stream_all(c2w, [(7, cs)], req_kw)
     whole = c2w.synthesize(cs, "Chelsie", 7, num_steps=STEPS).numpy()
-    wav = np.concatenate([o["audio"] for o in outs[0]])
+    wav = np.concatenate([o.audio for o in outs[0]])
     assert len(outs[0]) > 2, "not streamed in chunks"
-    assert sum(o["num_codes"] for o in outs[0]) == len(cs)
+    assert sum(o.num_codes for o in outs[0]) == len(cs)
     assert wav.shape == whole.shape
     np.testing.assert_allclose(wav, whole, rtol=0, atol=1e-4 * np.abs(whole).max())
 
@@ -70,8 +71,8 @@ def test_requests_batched_together_match_alone(c2w):
     assert max(sizes) > 1, "windows of different requests were never batched"
     for (seed, cs), outs in zip(pairs, together):
         alone, _ = stream_all(c2w, [(seed, cs)], {})
-        np.testing.assert_allclose(np.concatenate([o["audio"] for o in outs]),
-                                   np.concatenate([o["audio"] for o in alone[0]]), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(np.concatenate([o.audio for o in outs]),
+                                   np.concatenate([o.audio for o in alone[0]]), rtol=0, atol=1e-12)
 
 
 def test_empty_speech_yields_one_empty_chunk(c2w):
@@ -80,7 +81,7 @@ def test_empty_speech_yields_one_empty_chunk(c2w):
     assert stream.ready()
     key, job = stream.work()
     out = stream.complete(Code2WavCompute(c2w, STEPS, 0.5, -1.0)([job])[0])
-    assert stream.done and out[0]["num_codes"] == 0 and out[0]["audio"].size == 0
+    assert stream.done and out[0].num_codes == 0 and out[0].audio.size == 0
 
 
 def test_chunking_must_follow_dit_blocks(c2w):

@@ -84,11 +84,10 @@ def test_thinker_layout_chooses_the_deployed_stages(omni_tiny_dir):
     assert dis.text_stage() == "thinker_decode" and dis.thinker_params().default_max_tokens == 9
     assert dis.edges.thinker_prefill_thinker_decode.connector == "shm"
     # every deployed stage has a runner and the edge field the runners resolve
-    from omni_serve.graphs.qwen2_5_omni import STAGE_RUNNERS
-    from omni_serve.graphs.qwen2_5_omni.stages import EDGE_PREFILL_DECODE
+    from omni_serve.graphs.qwen2_5_omni import GRAPH
 
-    assert set(dis.deployed_stages()) | set(agg.deployed_stages()) <= set(STAGE_RUNNERS)
-    assert hasattr(dis.edges, EDGE_PREFILL_DECODE.replace(".", "_"))
+    assert set(dis.deployed_stages()) | set(agg.deployed_stages()) <= {s.name for s in GRAPH.stages if s.runner}
+    assert hasattr(dis.edges, GRAPH.stage("thinker_decode").reads[0])
     with pytest.raises(ValidationError, match="thinker_layout"):
         build_spec({"checkpoint": omni_tiny_dir, "thinker_layout": "split"})
 

@@ -15,7 +15,6 @@ import importlib
 import json
 import os
 import re
-import types
 
 import helm_python
 import jsonschema
@@ -24,6 +23,7 @@ import yaml
 from pydantic import ValidationError
 
 from omni_serve import cli
+from omni_serve.graphs.registry import families
 from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
 from omni_serve.graphs.spec import StageSpec
 
@@ -202,7 +202,7 @@ def test_serve_config_validates_as_ray_serve_deploy_schema(renders, case):
                    for p in c["ports"] if p["name"] == "serve"}
     assert serve_ports == {config["http_options"]["port"]}
     graph = (CASES[case].get("graph") or {}).get("name", "qwen2_5_omni")
-    assert _app(renders[case])["import_path"] == cli.GRAPHS[graph]
+    assert _app(renders[case])["import_path"] == families()[graph].app
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -293,8 +293,9 @@ def test_autoscaling_configs_validate_as_ray_autoscaling_config(renders, case):
 
 def test_generated_checkpoint_init_container_runs_the_cli(renders, monkeypatch):
     calls = []
-    fake = types.SimpleNamespace(make_checkpoint=lambda out, size, seed: calls.append((out, size, seed)))
-    monkeypatch.setattr(cli, "_import", lambda path: fake)
+    import omni_serve.graphs.registry as registry
+
+    monkeypatch.setattr(registry, "import_path", lambda path: lambda out, size, seed: calls.append((out, size, seed)))
     for case, family in (("cpu-demo", "qwen2_5_omni"), ("qwen-image", "qwen_image")):
         rs = _rayservice(renders[case])
         for group in _groups(rs):
@@ -380,8 +381,8 @@ def test_chart_schema_follows_the_graph_specs():
     assert set(stages["additionalProperties"]["properties"]) == set(StageSpec.model_fields)
     spec_stages = {name for cls in SPECS.values() for name in cls.model_fields["stages"].annotation.model_fields}
     assert set(stages["propertyNames"]["enum"]) == spec_stages
-    assert set(schema["properties"]["graph"]["properties"]["name"]["enum"]) == set(cli.GRAPHS) == set(SPECS)
-    assert set(cli.CHECKPOINT_FAMILIES) >= set(SPECS)
+    assert set(schema["properties"]["graph"]["properties"]["name"]["enum"]) == set(families()) == set(SPECS)
+    assert {name for name, f in families().items() if f.checkpoint_writer} >= set(SPECS)
 
 
 @pytest.mark.parametrize("graph", sorted(SPECS))
@@ -389,7 +390,7 @@ def test_chart_accepts_every_stage_of_each_graph(chart, graph):
     stage_names = list(SPECS[graph].model_fields["stages"].annotation.model_fields)
     values = {"graph": {"name": graph}, "stages": {name: {"num_cpus": 0.25} for name in stage_names}}
     app = _app(_render(chart, values))
-    assert app["import_path"] == cli.GRAPHS[graph]
+    assert app["import_path"] == families()[graph].app
     SPECS[graph].model_validate(app["args"])
 
 
@@ -436,6 +437,15 @@ def test_k8s_manifests_are_a_fresh_render_of_the_chart():
         docs = [d for d in yaml.safe_load_all(committed) if d]
         assert docs[0]["kind"] == "RayService"
         assert all(d["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "kubectl" for d in docs)
+
+
+def test_the_charts_graph_table_is_a_fresh_render_of_the_family_registry():
+    script = _load_render_script()
+    with open(script.GRAPHS_FILE) as f:
+        assert f.read() == script.chart_graphs(), "helm/omni-serve/graphs.yaml is stale: run scripts/render_k8s.py"
+    with open(script.SCHEMA_FILE) as f:
+        current = f.read()
+    assert current == script.chart_schema(current), "values.schema.json names are stale: run scripts/render_k8s.py"
 
 
 # ------------------------------------------------------------------------------------------- Dockerfile

@@ -67,12 +67,10 @@ def references(models):
 LAYOUTS = ("aggregated", "disaggregated")
 
 
-async def _serve(models, ar, jobs, layout="aggregated"):
-    _, proc, enc, thk, tlk, c2w = models
-    omni = InProcessOmni(proc, enc, thk, tlk, c2w, ar, steps=STEPS, thinker_layout=layout)
+async def _serve(checkpoint, ar, jobs, layout="aggregated"):
+    omni = InProcessOmni(checkpoint, ar, steps=STEPS, talker_tokens=TALKER_TOKENS, thinker_layout=layout)
     try:
-        results = await asyncio.gather(*(omni.run(f"r{i}", x, THINKER_TOKENS, TALKER_TOKENS, SEED)
-                                         for i, x in enumerate(jobs)))
+        results = await asyncio.gather(*(omni.run(f"r{i}", x, THINKER_TOKENS, SEED) for i, x in enumerate(jobs)))
         stats = (omni.thinker.stats(), omni.talker.stats())
         if omni.thinker_prefill is not None:
             stats += (omni.thinker_prefill.stats(),)
@@ -83,9 +81,9 @@ async def _serve(models, ar, jobs, layout="aggregated"):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("kind", CASES)
-def test_stages_match_transformers_generate(models, references, kind, layout):
+def test_stages_match_transformers_generate(models, references, omni_tiny_dir, kind, layout):
     inputs, refs = references
-    (result,), stats = run(_serve(models, ARConfig(), [inputs[kind]], layout))
+    (result,), stats = run(_serve(omni_tiny_dir, ARConfig(), [inputs[kind]], layout))
     check(result, refs[kind], models[-1].samples_per_code)
     if layout == "disaggregated":  # decode computed only the generated tokens' rows: the prompt came as KV
         decode, _, prefill = stats
@@ -93,11 +91,11 @@ def test_stages_match_transformers_generate(models, references, kind, layout):
         assert decode["batched_rows"] == len(result.tokens) - 1
 
 
-def test_eight_in_flight_match_batch_of_one(models, references):
+def test_eight_in_flight_match_batch_of_one(models, references, omni_tiny_dir):
     """Continuous batching: 8 concurrent requests (mixed media) decode exactly as each does alone."""
     inputs, refs = references
     kinds = [CASES[i % len(CASES)] for i in range(8)]
-    results, (thinker, talker) = run(_serve(models, ARConfig(), [inputs[k] for k in kinds]))
+    results, (thinker, talker) = run(_serve(omni_tiny_dir, ARConfig(), [inputs[k] for k in kinds]))
     for kind, result in zip(kinds, results):
         check(result, refs[kind], models[-1].samples_per_code)
     assert thinker["batched_rows"] > thinker["steps"], "requests were never batched together"
@@ -105,14 +103,14 @@ def test_eight_in_flight_match_batch_of_one(models, references):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_kv_pressure_queues_and_preempts_without_loss(models, references, layout):
+def test_kv_pressure_queues_and_preempts_without_loss(models, references, omni_tiny_dir, layout):
     """A cache far smaller than 8 requests need: all complete exactly, blocks all come back."""
     inputs, refs = references
     kinds = [CASES[i % len(CASES)] for i in range(8)]
     ar = ARConfig(num_kv_blocks=24, block_size=4, max_batch_tokens=32)
     longest = max(inputs[k].input_ids.shape[1] for k in kinds) + THINKER_TOKENS + 2 + TALKER_TOKENS
     assert 8 * longest > ar.num_kv_blocks * ar.block_size  # the pressure is real
-    results, engines = run(_serve(models, ar, [inputs[k] for k in kinds], layout))
+    results, engines = run(_serve(omni_tiny_dir, ar, [inputs[k] for k in kinds], layout))
     for kind, result in zip(kinds, results):
         check(result, refs[kind], models[-1].samples_per_code)
     assert engines[0]["preemptions"] + engines[1]["preemptions"] > 0
@@ -132,16 +130,15 @@ def test_each_adapter_holds_only_its_component(models):
     assert total == sum(p.numel() for p in ref.parameters())
 
 
-def test_a_one_token_reply_gives_its_text_and_empty_audio(models, references):
+def test_a_one_token_reply_gives_its_text_and_empty_audio(references, omni_tiny_dir):
     """A thinker reply of one token (max_tokens=1, or an immediate stop) leaves the talker no reply state to
     speak from: the request ends with the token and zero audio samples, and every stage frees its blocks."""
     inputs, _ = references
-    _, proc, enc, thk, tlk, c2w = models
 
     async def go():
-        omni = InProcessOmni(proc, enc, thk, tlk, c2w, ARConfig(), steps=STEPS)
+        omni = InProcessOmni(omni_tiny_dir, ARConfig(), steps=STEPS, talker_tokens=TALKER_TOKENS)
         try:
-            result = await asyncio.wait_for(omni.run("one", inputs["text"], 1, TALKER_TOKENS, SEED), 60)
+            result = await asyncio.wait_for(omni.run("one", inputs["text"], 1, SEED), 60)
             return result, omni.thinker.stats(), omni.talker.stats(), omni.talker.num_active
         finally:
             await omni.close()

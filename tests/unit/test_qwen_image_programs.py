@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from omni_serve.engines.batch import BatchEngine
-from omni_serve.graphs.qwen_image import programs as P
+from omni_serve.graphs.qwen_image.messages import DenoiseCall, FinalLatents, PromptEmbeds
+from omni_serve.graphs.qwen_image.replica import programs as P
 from omni_serve.models.qwen_image import QwenImageDecoder, QwenImageDenoiser, QwenImageTextEncoder
 
 SIZE = 64
@@ -56,18 +57,24 @@ class InProcessImage:
         program = P.TextEncodeProgram(texts, [self.te.token_count(t) for t in texts])
         embeds = None
         async for out in self.text.generate(rid, program):
-            embeds = out["downstream"]
+            if isinstance(out, PromptEmbeds):
+                embeds = out
         session = self.cache_factory(cache) if cache else None
-        dit = P.DenoiseProgram(self.dn, P.DenoiseRequest(n, SIZE, SIZE, steps, seed, cfg), session)
+        call = DenoiseCall(request_id=rid, n=n, height=SIZE, width=SIZE, num_steps=steps, seed=seed,
+                           true_cfg_scale=cfg)
+        dit = P.DenoiseProgram(self.dn, call, session)
 
         async def one(item):
             yield item
         latents = metrics = None
         async for out in self.dit.generate(rid, dit, one(embeds)):
-            latents, metrics = out.pop("downstream"), out
+            if isinstance(out, FinalLatents):
+                latents = out
+            else:
+                metrics = out.model_dump()
         images = []
         async for out in self.vae.generate(rid, P.DecodeProgram(SIZE, SIZE), one(latents)):
-            images += P.encode_images(out["pixels"])
+            images += P.encode_images(out.pixels)
         return images, metrics
 
 
@@ -167,7 +174,7 @@ def _cache_settings(mode, threshold=0.5, warmup=1):
 @pytest.fixture(scope="module")
 def cached_parts(qwen_image_tiny_dir):
     """A second denoiser with cache-dit enabled (its plain forward stays uncached)."""
-    from omni_serve.graphs.qwen_image.cache import DiTCache
+    from omni_serve.graphs.qwen_image.replica.cache import DiTCache
 
     dn = QwenImageDenoiser(qwen_image_tiny_dir)
     return dn, DiTCache(dn, _cache_settings("dbcache"))
@@ -214,8 +221,8 @@ def test_cached_request_equals_the_pipeline_with_cache_dit(qwen_image_tiny_dir, 
     pipe = QwenImagePipeline.from_pretrained(qwen_image_tiny_dir)
     pipe.set_progress_bar_config(disable=True)
     cache_dit.enable_cache(pipe, cache_config=DBCacheConfig(
-        Fn_compute_blocks=settings["fn_compute_blocks"], Bn_compute_blocks=settings["bn_compute_blocks"],
-        residual_diff_threshold=settings["residual_diff_threshold"], max_warmup_steps=settings["max_warmup_steps"],
+        Fn_compute_blocks=settings.fn_compute_blocks, Bn_compute_blocks=settings.bn_compute_blocks,
+        residual_diff_threshold=settings.residual_diff_threshold, max_warmup_steps=settings.max_warmup_steps,
         enable_separate_cfg=True))
     ref = reference(pipe, "a red cat under a blue sky", "blurry", 7, 10, 4.0)
 

@@ -2,8 +2,8 @@
 
 No Ray: the real stage runners (``ThinkerRunner``, ``ThinkerPrefillRunner``, ``ThinkerDecodeRunner``) on real
 AR engines, with every edge on one in-process shared-memory connector (the prompt hand-off and the
-thinker -> talker stream travel through it encoded, as between replicas). Requests are the metadata the
-frontend sends; media embeddings come from the encoder on the ``encoder.thinker`` edge.
+thinker -> talker stream travel through it encoded, as between replicas). Requests are the calls the
+frontend sends; media embeddings come from the encoder on the ``encoder_thinker`` edge.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from omni_serve.checkpoints.qwen2_5_omni import TOKEN_ID
-from omni_serve.graphs.qwen2_5_omni.stages import (
-    EDGE_ENCODER_THINKER, EDGE_PREFILL_DECODE, EDGE_THINKER_TALKER, ThinkerDecodeRunner, ThinkerPrefillRunner,
-    ThinkerRunner,
+from omni_serve.graphs.qwen2_5_omni import FAMILY
+from omni_serve.graphs.qwen2_5_omni.messages import (
+    MediaEmbeddings, PrefillDone, SamplingSettings, TalkerPrompt, TextDelta, ThinkerCall,
 )
+from omni_serve.graphs.runner import StageIO, build_runner
 from omni_serve.models.qwen2_5_omni import OmniEncoder
 from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
 from omni_serve.transport.base import chunk_key, read_chunks
@@ -27,6 +28,8 @@ from tests.omni_cases import CASES, template_messages
 EOS = TOKEN_ID["<|im_end|>"]
 VOICE = TOKEN_ID["<|spk_chelsie|>"]
 TIMEOUT = 30.0
+EDGE_ENCODER_THINKER, EDGE_PREFILL_DECODE, EDGE_THINKER_TALKER = (
+    "encoder_thinker", "thinker_prefill_thinker_decode", "thinker_talker")
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +53,7 @@ def make_runners(checkpoint: str, ar: dict | None = None, decode_ar: dict | None
     spec = {"checkpoint": checkpoint, "thinker_layout": "disaggregated",
             "stages": {"thinker": {"engine": engine}, "thinker_prefill": {"engine": engine},
                        "thinker_decode": {"engine": {"ar": {**(ar or {}), **(decode_ar or {})}}}}}
-    return (ThinkerRunner("thinker", spec), ThinkerPrefillRunner("thinker_prefill", spec),
-            ThinkerDecodeRunner("thinker_decode", spec))
+    return tuple(build_runner(FAMILY, stage, spec) for stage in ("thinker", "thinker_prefill", "thinker_decode"))
 
 
 @pytest.fixture(scope="module")
@@ -60,43 +62,52 @@ def runners(omni_tiny_dir):
 
 
 def request(rid: str, x, *, talker: bool, max_new: int = 10, temperature: float = 0.0, seed: int = 7,
-            min_new: int = 0) -> dict:
-    """The thinker metadata the frontend sends (``OmniFrontend.prepare``)."""
-    req = {
-        "request_id": rid, "input_ids": x.input_ids[0].tolist(), "max_new_tokens": max_new,
-        "sampling": {"temperature": temperature, "top_p": 0.9 if temperature else 1.0, "seed": seed,
-                     "min_new_tokens": min_new, "stop_token_ids": [EOS]},
-        "stop_token_ids": [EOS], "stop": [],
-        "image_grid_thw": None if x.image_grid_thw is None else x.image_grid_thw.tolist(),
-        "audio_seqlens": None if x.audio_seqlens is None else x.audio_seqlens.tolist(),
-        "expects_media": x.input_features is not None or x.pixel_values is not None,
-    }
-    if talker:
-        req["voice_token"] = VOICE
-        req["talker_tokens"] = [0, 1]
-    return req
+            min_new: int = 0) -> ThinkerCall:
+    """The thinker call the frontend sends (``OmniFrontend.prepare``)."""
+    return ThinkerCall(
+        request_id=rid, input_ids=x.input_ids[0].tolist(), max_new_tokens=max_new,
+        sampling=SamplingSettings(temperature=temperature, top_p=0.9 if temperature else 1.0, seed=seed,
+                                  min_new_tokens=min_new),
+        stop_token_ids=[EOS], stop=[],
+        image_grid_thw=None if x.image_grid_thw is None else x.image_grid_thw.tolist(),
+        audio_seqlens=None if x.audio_seqlens is None else x.audio_seqlens.tolist(),
+        expects_media=x.input_features is not None or x.pixel_values is not None,
+        talker=TalkerPrompt(voice_token=VOICE, tts_end_token=0, tts_pad_token=1) if talker else None)
+
+
+def with_id(req: ThinkerCall, rid: str) -> ThinkerCall:
+    return req.model_copy(update={"request_id": rid})
 
 
 def use(conn, *runners_):
     for r in runners_:
-        r.connector = lambda name, conn=conn: conn  # every edge on the test's connector
+        r.io = StageIO(r.graph, r.stage, r.spec, conn)  # every edge on the test's connector
     return conn
 
 
-async def _collect(runner, engine, req) -> list[dict]:
-    return [out async for out in runner.run(engine, req)]
+async def _collect(runner, engine, req) -> list:
+    return [out async for out in runner.handle(engine, req)]
 
 
-async def _thinker_result(conn, outs: list[dict], rid: str, talker: bool) -> dict:
-    chunks = [c async for c in read_chunks(conn, rid, EDGE_THINKER_TALKER, TIMEOUT)] if talker else []
-    return {"tokens": [t for o in outs for t in o.get("token_ids", [])],
-            "text": "".join(o.get("text", "") for o in outs),
-            "finish": [o["finish_reason"] for o in outs if "finish_reason" in o], "chunks": chunks}
+def _fields(chunk) -> dict:
+    """A thinker -> talker chunk's fields, its head's (first chunk) flattened in."""
+    out = {name: getattr(chunk, name) for name in type(chunk).model_fields if name != "head"}
+    if chunk.head is not None:
+        out.update({name: getattr(chunk.head, name) for name in type(chunk.head).model_fields})
+    return out
+
+
+async def _thinker_result(conn, outs: list, rid: str, talker: bool) -> dict:
+    chunks = [_fields(c) async for c in read_chunks(conn, rid, EDGE_THINKER_TALKER, TIMEOUT)] if talker else []
+    deltas = [o for o in outs if isinstance(o, TextDelta)]
+    return {"tokens": [t for o in deltas for t in o.token_ids],
+            "text": "".join(o.text for o in deltas),
+            "finish": [o.finish_reason for o in deltas if o.finish_reason], "chunks": chunks}
 
 
 async def _put_media(conn, rid, media):
     if media:
-        await conn.put(chunk_key(rid, EDGE_ENCODER_THINKER, 0), dict(media))
+        await conn.put(chunk_key(rid, EDGE_ENCODER_THINKER, 0), MediaEmbeddings(**media))
 
 
 async def run_both(rs, jobs: list[tuple[dict, dict]], conn, concurrent: bool = True, prefill_first: bool = False):
@@ -105,31 +116,31 @@ async def run_both(rs, jobs: list[tuple[dict, dict]], conn, concurrent: bool = T
     reach decode together) -> (aggregated results, disaggregated results, engine stats)."""
     agg, pre, dec = rs
     engines = {"aggregated": agg.make_engine(), "prefill": pre.make_engine(), "decode": dec.make_engine()}
-    talker = ["voice_token" in req for req, _ in jobs]
+    talker = [req.talker is not None for req, _ in jobs]
 
     async def aggregated(i, req, media):
         rid = f"agg-{i}"
         await _put_media(conn, rid, media)
-        outs = await _collect(agg, engines["aggregated"], {**req, "request_id": rid})
+        outs = await _collect(agg, engines["aggregated"], with_id(req, rid))
         return await _thinker_result(conn, outs, rid, talker[i])
 
     async def disaggregated(i, req, media):
         rid = f"dis-{i}"
         await _put_media(conn, rid, media)
-        req = {**req, "request_id": rid}
+        req = with_id(req, rid)
         # as the frontend does: both calls opened at once with the same metadata
         pre_outs, dec_outs = await asyncio.gather(_collect(pre, engines["prefill"], req),
                                                   _collect(dec, engines["decode"], req))
-        assert pre_outs == [{"done": True, "prompt_tokens": len(req["input_ids"])}]
+        assert pre_outs == [PrefillDone(prompt_tokens=len(req.input_ids))]
         return await _thinker_result(conn, dec_outs, rid, talker[i])
 
     async def prefill_then_decode():
-        reqs = [{**req, "request_id": f"dis-{i}"} for i, (req, _) in enumerate(jobs)]
+        reqs = [with_id(req, f"dis-{i}") for i, (req, _) in enumerate(jobs)]
         for req, (_, media) in zip(reqs, jobs):
-            await _put_media(conn, req["request_id"], media)
+            await _put_media(conn, req.request_id, media)
         await asyncio.gather(*(_collect(pre, engines["prefill"], r) for r in reqs))
         outs = await asyncio.gather(*(_collect(dec, engines["decode"], r) for r in reqs))
-        return [await _thinker_result(conn, o, r["request_id"], talker[i]) for i, (o, r) in enumerate(zip(outs, reqs))]
+        return [await _thinker_result(conn, o, r.request_id, talker[i]) for i, (o, r) in enumerate(zip(outs, reqs))]
 
     async def each(fn):
         if concurrent:
@@ -220,7 +231,7 @@ def test_preempted_decode_recomputes_and_still_matches(omni_tiny_dir, inputs, tm
                       decode_ar={"num_kv_blocks": 28})
     jobs = [(request(f"p{i}", inputs[CASES[i % 3]][0], talker=i % 2 == 0, max_new=16, min_new=16),
              inputs[CASES[i % 3]][1]) for i in range(6)]
-    longest = max(len(r["input_ids"]) for r, _ in jobs) + 16
+    longest = max(len(r.input_ids) for r, _ in jobs) + 16
     assert 28 * 4 >= longest and 6 * longest > 28 * 4  # each fits alone; together they cannot
     # every hand-off is waiting before decode opens its calls, so they reach decode together (not timing)
     _, _, stats = run_case(rs, jobs, tmp_path, atol=BATCH_ROUNDING, prefill_first=True)
@@ -241,9 +252,9 @@ def test_prefix_cache_on_prefill_keeps_outputs(omni_tiny_dir, inputs, tmp_path):
         try:
             results = []
             for i in range(2):  # one after the other: the second finds the first's prompt blocks
-                r = {**req, "request_id": f"seq-{i}"}
+                r = with_id(req, f"seq-{i}")
                 _, outs = await asyncio.gather(_collect(rs[1], pre, r), _collect(rs[2], dec, r))
-                results.append([t for o in outs for t in o.get("token_ids", [])])
+                results.append([t for o in outs if isinstance(o, TextDelta) for t in o.token_ids])
             return results, pre.stats()
         finally:
             await pre.cleanup()
@@ -266,14 +277,14 @@ def test_mismatched_handoff_fails_the_request_clearly(runners, inputs, tmp_path)
             req = request("m", x, talker=False)
             await _collect(pre, pe, req)
             handoff = await conn.get(chunk_key("m", EDGE_PREFILL_DECODE, 0), TIMEOUT)
-            bad = {**handoff, "k": handoff["k"][:1], "v": handoff["v"][:1]}  # one layer only
+            bad = handoff.model_copy(update={"k": handoff.k[:1], "v": handoff.v[:1]})  # one layer only
             await conn.put(chunk_key("m2", EDGE_PREFILL_DECODE, 0), bad)
             with pytest.raises(ValueError, match="imported KV has shape"):
-                await _collect(dec, de, {**req, "request_id": "m2"})
-            short = {**handoff, "embeds": handoff["embeds"][:-1]}
+                await _collect(dec, de, with_id(req, "m2"))
+            short = handoff.model_copy(update={"embeds": handoff.embeds[:-1]})
             await conn.put(chunk_key("m3", EDGE_PREFILL_DECODE, 0), short)
             with pytest.raises(ValueError, match="prompt hand-off"):
-                await _collect(dec, de, {**req, "request_id": "m3"})
+                await _collect(dec, de, with_id(req, "m3"))
             assert de.stats()["kv_blocks_used"] == 0
         finally:
             await pe.cleanup()

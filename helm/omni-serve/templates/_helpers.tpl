@@ -55,19 +55,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{/*
-The graphs this chart knows: the app builder's import path, the checkpoint family of
-`omni-serve make-checkpoint`, and every stage name the graph's spec accepts under `stages`
-(tests/unit/test_helm_chart.py checks these against the pydantic specs).
+The graphs this chart knows (graphs.yaml, generated from omni_serve's family registry by scripts/render_k8s.py):
+the app builder's import path, the checkpoint family of `omni-serve make-checkpoint`, and every stage name the
+graph's spec accepts under `stages`.
 */}}
 {{- define "omni-serve.graphs" -}}
-qwen2_5_omni:
-  importPath: omni_serve.graphs.qwen2_5_omni:build_app
-  checkpointFamily: qwen2_5_omni
-  stages: [encoder, thinker, thinker_prefill, thinker_decode, talker, code2wav]
-qwen_image:
-  importPath: omni_serve.graphs.qwen_image:build_app
-  checkpointFamily: qwen_image
-  stages: [text_encoder, dit, vae]
+{{ .Files.Get "graphs.yaml" }}
 {{- end }}
 
 {{/* The selected graph's entry of omni-serve.graphs (YAML). */}}
@@ -275,7 +268,7 @@ spec:
       command:
         - omni-serve
         - make-checkpoint
-        - {{ $graph.checkpointFamily }}
+        - {{ required (printf "graph %s has no checkpoint writer: set checkpoint.generate.enabled=false" $root.Values.graph.name) $graph.checkpointFamily }}
         - --size
         - {{ $v.checkpoint.generate.size }}
         - --seed

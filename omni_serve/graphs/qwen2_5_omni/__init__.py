@@ -1,10 +1,10 @@
-"""Qwen2.5-Omni as a Ray Serve stage graph: encoder -> thinker -> talker -> code2wav, plus the ingress.
+"""Qwen2.5-Omni as a stage graph: encoder -> thinker -> talker -> code2wav, behind ``POST /v1/chat/completions``.
 
-``build_app(args)`` validates ``args`` against ``OmniGraphSpec`` (dotted keys allowed) and returns the
-application with the stages of the spec's thinker layout: ``thinker``, or ``thinker_prefill`` +
-``thinker_decode`` with ``thinker_layout=disaggregated``. Works as ``serve run
-omni_serve.graphs.qwen2_5_omni:build_app checkpoint=DIR`` and from a Serve config file
-(``applications[].import_path`` + ``args``); see ``omni_serve/configs/qwen2_5_omni.yaml`` and
+The family plug-in (``omni_serve.graphs.family``): ``FAMILY`` names the graph declaration (``graph``: both thinker
+layouts), the spec (``spec``), the ingress-side frontend (``frontend``) and the checkpoint writer; replica-side
+code lives in ``replica/``. ``build_app(args)`` is the Serve entry point: ``serve run
+omni_serve.graphs.qwen2_5_omni:build_app checkpoint=DIR``, ``omni-serve serve checkpoint=DIR``, or a Serve config
+file (``applications[].import_path`` + ``args``); see ``omni_serve/configs/qwen2_5_omni.yaml`` and
 ``qwen2_5_omni_disagg.yaml``.
 """
 
@@ -12,28 +12,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from ray import serve
-
-from omni_serve.graphs.app import build_graph_app, validate_spec
+from omni_serve.graphs.family import Family
+from omni_serve.graphs.qwen2_5_omni.graph import GRAPH
 from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
 
-STAGE_RUNNERS = {
-    "encoder": "omni_serve.graphs.qwen2_5_omni.stages:EncoderRunner",
-    "thinker": "omni_serve.graphs.qwen2_5_omni.stages:ThinkerRunner",
-    "thinker_prefill": "omni_serve.graphs.qwen2_5_omni.stages:ThinkerPrefillRunner",
-    "thinker_decode": "omni_serve.graphs.qwen2_5_omni.stages:ThinkerDecodeRunner",
-    "talker": "omni_serve.graphs.qwen2_5_omni.stages:TalkerRunner",
-    "code2wav": "omni_serve.graphs.qwen2_5_omni.stages:Code2WavRunner",
-}
-FRONTEND = "omni_serve.graphs.qwen2_5_omni.frontend:OmniFrontend"
+FAMILY = Family(
+    name="qwen2_5_omni", module=__name__, graph=GRAPH, spec=OmniGraphSpec,
+    description="Qwen2.5-Omni thinker-talker: text, audio and image in; text and speech out.",
+    frontend="omni_serve.graphs.qwen2_5_omni.frontend:OmniFrontend",
+    checkpoint_marker="config.json",
+    checkpoint_writer="omni_serve.checkpoints.qwen2_5_omni:make_checkpoint",
+)
 
 
 def build_spec(args: dict[str, Any] | None) -> OmniGraphSpec:
     """Validate ``args``; the checkpoint path is made absolute so every replica finds it whatever its cwd."""
-    return validate_spec(OmniGraphSpec, args, "config.json",
-                         "write one with `omni-serve make-checkpoint qwen2_5_omni --size tiny DIR`")
+    return FAMILY.validate(args)
 
 
-def build_app(args: dict[str, Any] | None = None) -> serve.Application:
-    spec = build_spec(args)
-    return build_graph_app(spec, {stage: STAGE_RUNNERS[stage] for stage in spec.deployed_stages()}, FRONTEND)
+def build_app(args: dict[str, Any] | None = None):
+    from omni_serve.deployments.builder import build_app as build
+
+    return build(FAMILY, args)

@@ -1,13 +1,14 @@
-"""Ingress-side logic of the Qwen2.5-Omni graph: OpenAI chat request -> stage calls -> OpenAI response.
+"""Ingress side of the Qwen2.5-Omni graph: OpenAI chat request -> stage calls -> OpenAI response.
 
-Contract: ``OmniFrontend(spec, handles)``; ``await prepare(request)`` validates and preprocesses (400s are
-raised here, before any stage is called) and returns a ``Prepared`` request; ``complete(p)`` returns a
-``ChatCompletionResponse``; ``stream(p)`` yields SSE lines. Per request the frontend opens one streaming
-call per stage it needs (encoder if media, the thinker stages of the spec's layout — ``thinker``, or
-``thinker_prefill`` and ``thinker_decode`` with the same metadata — and talker + code2wav for audio) at
-once: stages find their inputs on the data plane by key, so the talker starts on the thinker's first chunk.
-The text comes from ``spec.text_stage()``. Whatever ends the request (completion, error, client gone)
-cancels every open stage call and frees the request's data-plane payloads.
+Contract: ``OmniFrontend(spec, stages)`` serves ``POST /v1/chat/completions`` (``chat_completions``):
+``prepare(request)`` validates and preprocesses (400s are raised here, before any stage is called) and returns a
+``Prepared`` request; then ``complete(p)`` returns a ``ChatCompletionResponse``, or ``stream(p)`` yields SSE lines
+(an ``EventStream``). Per request the frontend opens one streaming call per stage it needs (encoder if media, the
+thinker stages of the spec's layout — ``thinker``, or ``thinker_prefill`` and ``thinker_decode`` with the same
+call — and talker + code2wav for audio) at once: stages find their inputs on the data plane by key, so the talker
+starts on the thinker's first chunk. The text is the ``TextDelta``s of ``spec.text_stage()``. Whatever ends the request
+(completion, error, client gone), ``StageCalls.stream`` cancels every open stage call and frees the request's
+data-plane payloads.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 import numpy as np
 
@@ -26,16 +27,18 @@ from omni_serve.api import protocol as P
 from omni_serve.api.errors import OpenAIError, bad_request
 from omni_serve.api.media import decode_image_url, decode_input_audio, encode_audio
 from omni_serve.api.sse import SSE_DONE, sse_error, sse_event
-from omni_serve.checkpoints.qwen2_5_omni import DEFAULT_SYSTEM_PROMPT
-from omni_serve.engines.sampling import is_greedy
-from omni_serve.graphs.fanout import probe_stages, stage_events
-from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
-from omni_serve.graphs.qwen2_5_omni.stages import EDGE_INGRESS_ENCODER
+from omni_serve.graphs.calls import StageCalls
+from omni_serve.graphs.frontend import EventStream, Frontend, RequestContext, Route
+from omni_serve.graphs.messages import Message
+from omni_serve.graphs.qwen2_5_omni.messages import (
+    AudioDelta, CodecDelta, Code2WavCall, EncoderCall, MediaInputs, SamplingSettings, TalkerCall, TalkerPrompt,
+    TextDelta, ThinkerCall,
+)
+from omni_serve.graphs.qwen2_5_omni.spec import SPEECH_SYSTEM_PROMPT, OmniGraphSpec
 from omni_serve.metrics import RequestClock
-from omni_serve.request_ids import new_request_id
-from omni_serve.models.qwen2_5_omni import SAMPLE_RATE, load_config, load_speakers
 from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
-from omni_serve.transport.base import chunk_key, edge_connectors, get_connector, observed_put
+from omni_serve.models.qwen2_5_omni_layout import SAMPLE_RATE, load_config, load_speakers
+from omni_serve.request_ids import new_request_id
 
 log = logging.getLogger(__name__)
 AUDIO_TTL_S = 3600
@@ -46,18 +49,22 @@ class Prepared:
     request: P.ChatCompletionRequest
     request_id: str
     prompt_len: int
-    thinker: dict[str, Any]
-    media: dict[str, Any] | None
-    audio: dict[str, Any] | None  # talker + code2wav settings when speech is requested
+    thinker: ThinkerCall
+    media: MediaInputs | None
+    voice: str | None  # set when speech is requested
+    audio_format: str | None
+    seed: int
     created: int = field(default_factory=lambda: int(time.time()))
     clock: RequestClock = field(default_factory=RequestClock)  # the ingress sets its own (from arrival)
     timeout_s: float | None = None  # the request's deadline (the ingress sets it; None: the spec's)
 
 
-class OmniFrontend:
-    def __init__(self, spec: OmniGraphSpec, handles: dict[str, Any]):
-        self.spec = spec
-        self.handles = handles
+class OmniFrontend(Frontend):
+    routes = (Route("/v1/chat/completions", "chat", "chat_completions", P.ChatCompletionRequest,
+                    summary="Chat completion with text and speech output (OpenAI chat.completions)."),)
+
+    def __init__(self, spec: OmniGraphSpec, stages: StageCalls):
+        super().__init__(spec, stages)
         self.inputs = OmniInputProcessor(spec.checkpoint)
         cfg = load_config(spec.checkpoint)
         self.thinker_cfg, self.talker_cfg = cfg.thinker_config, cfg.talker_config
@@ -65,26 +72,29 @@ class OmniFrontend:
         if spec.default_voice not in self.voices:
             raise ValueError(f"default_voice {spec.default_voice!r} not in the checkpoint's voices {sorted(self.voices)}")
         tparams = spec.thinker_params()
-        self.text_stage = spec.text_stage()
         self.max_model_len = tparams.max_model_len or self.thinker_cfg.text_config.max_position_embeddings
         eos = self.inputs.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.stop_token_ids = [eos]
-        self.media_connector = get_connector(spec.edges.encoder_thinker.connector, spec.data_plane)
-        self.connectors = edge_connectors(spec.edges, spec.data_plane)
+
+    async def chat_completions(self, body: P.ChatCompletionRequest,
+                               ctx: RequestContext) -> P.ChatCompletionResponse | EventStream:
+        p = await self.prepare(body)
+        p.clock, p.timeout_s = ctx.clock, ctx.timeout_s
+        if body.stream:
+            return EventStream(self.stream(p))
+        return await self.complete(p)
 
     # -- validation and preprocessing ---------------------------------------------------------------------
     async def prepare(self, req: P.ChatCompletionRequest) -> Prepared:
         if req.model != self.spec.model_name:
             raise bad_request(f"The model {req.model!r} does not exist; this server serves {self.spec.model_name!r}.",
                               param="model", code="model_not_found")
-        audio = None
+        voice = None
         if req.wants_audio():
-            voice = req.audio.voice
-            match = {v.lower(): v for v in self.voices}.get(voice.lower())
-            if match is None:
-                raise bad_request(f"Unknown voice {voice!r}; available voices: {', '.join(sorted(self.voices))}.",
-                                  param="audio.voice", code="invalid_value")
-            audio = {"voice": match, "format": req.audio.format}
+            voice = {v.lower(): v for v in self.voices}.get(req.audio.voice.lower())
+            if voice is None:
+                raise bad_request(f"Unknown voice {req.audio.voice!r}; available voices: "
+                                  f"{', '.join(sorted(self.voices))}.", param="audio.voice", code="invalid_value")
         messages, audios, images = self._convert_messages(req.messages)
         try:
             inputs = await asyncio.to_thread(self.inputs, messages, audios, images)
@@ -105,28 +115,29 @@ class OmniFrontend:
         seed = req.seed if req.seed is not None else random.randrange(2**31)
         media = None
         if inputs.input_features is not None or inputs.pixel_values is not None:
-            media = {"input_features": inputs.input_features, "feature_attention_mask": inputs.feature_attention_mask,
-                     "pixel_values": inputs.pixel_values, "image_grid_thw": inputs.image_grid_thw, "end": True}
-        thinker = {
-            "request_id": rid, "input_ids": inputs.input_ids[0].tolist(), "max_new_tokens": max_new,
-            "sampling": {"temperature": temperature, "top_p": req.top_p or 1.0, "seed": seed,
-                         "min_new_tokens": req.min_tokens, "stop_token_ids": list(self.stop_token_ids)},
-            "stop_token_ids": self.stop_token_ids, "stop": _stops(req.stop),
-            "image_grid_thw": None if inputs.image_grid_thw is None else inputs.image_grid_thw.tolist(),
-            "audio_seqlens": None if inputs.audio_seqlens is None else inputs.audio_seqlens.tolist(),
-            "expects_media": media is not None,
-        }
-        if audio is not None:
-            thinker["voice_token"] = self.voices[audio["voice"]]
-            thinker["talker_tokens"] = [self.talker_cfg.tts_text_end_token_id, self.talker_cfg.tts_text_pad_token_id]
-            audio.update(request_id=rid, seed=seed, greedy=is_greedy(temperature))
-        return Prepared(req, rid, prompt_len, thinker, media, audio)
+            media = MediaInputs(input_features=inputs.input_features,
+                                feature_attention_mask=inputs.feature_attention_mask,
+                                pixel_values=inputs.pixel_values, image_grid_thw=inputs.image_grid_thw)
+        talker = None
+        if voice is not None:
+            talker = TalkerPrompt(voice_token=self.voices[voice],
+                                  tts_end_token=self.talker_cfg.tts_text_end_token_id,
+                                  tts_pad_token=self.talker_cfg.tts_text_pad_token_id)
+        thinker = ThinkerCall(
+            request_id=rid, input_ids=inputs.input_ids[0].tolist(), max_new_tokens=max_new,
+            sampling=SamplingSettings(temperature=temperature, top_p=req.top_p or 1.0, seed=seed,
+                                      min_new_tokens=req.min_tokens),
+            stop_token_ids=self.stop_token_ids, stop=_stops(req.stop),
+            image_grid_thw=None if inputs.image_grid_thw is None else inputs.image_grid_thw.tolist(),
+            audio_seqlens=None if inputs.audio_seqlens is None else inputs.audio_seqlens.tolist(),
+            expects_media=media is not None, talker=talker)
+        return Prepared(req, rid, prompt_len, thinker, media, voice, req.audio.format if voice else None, seed)
 
     def _convert_messages(self, messages: list[P.ChatMessage]):
         out, audios, images = [], [], []
         if not any(m.role in ("system", "developer") for m in messages):
             out.append({"role": "system", "content": [{"type": "text",
-                                                        "text": self.spec.system_prompt or DEFAULT_SYSTEM_PROMPT}]})
+                                                        "text": self.spec.system_prompt or SPEECH_SYSTEM_PROMPT}]})
         for i, msg in enumerate(messages):
             role = "system" if msg.role == "developer" else msg.role
             content = msg.content
@@ -156,51 +167,52 @@ class OmniFrontend:
         return out, audios, images
 
     # -- running ------------------------------------------------------------------------------------------
-    def _stage_payloads(self, p: Prepared) -> dict[str, dict[str, Any]]:
-        payloads = {}
+    def _stage_calls(self, p: Prepared) -> dict[str, Message]:
+        calls: dict[str, Message] = {}
         if p.media is not None:
-            payloads["encoder"] = {"request_id": p.request_id}
+            calls["encoder"] = EncoderCall(request_id=p.request_id)
         for stage in self.spec.thinker_stages():
-            payloads[stage] = p.thinker
-        if p.audio is not None:
-            payloads["talker"] = {"request_id": p.request_id, "seed": p.audio["seed"], "greedy": p.audio["greedy"]}
-            payloads["code2wav"] = {"request_id": p.request_id, "voice": p.audio["voice"], "seed": p.audio["seed"]}
-        return payloads
+            calls[stage] = p.thinker
+        if p.voice is not None:
+            calls["talker"] = TalkerCall(request_id=p.request_id, seed=p.seed,
+                                         temperature=p.thinker.sampling.temperature)
+            calls["code2wav"] = Code2WavCall(request_id=p.request_id, voice=p.voice, seed=p.seed)
+        return calls
 
-    async def _events(self, p: Prepared) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    async def _events(self, p: Prepared) -> AsyncIterator[tuple[str, Message]]:
         """Merged (stage, output) events of every stage call of the request, as they arrive."""
         if p.media is not None:
-            await observed_put(self.media_connector, chunk_key(p.request_id, EDGE_INGRESS_ENCODER, 0), p.media)
-        async for event in stage_events(self.handles, self._stage_payloads(p), request_id=p.request_id,
-                                        timeout_s=p.timeout_s or self.spec.ingress.request_timeout_s,
-                                        connectors=self.connectors):
+            await self.stages.put(p.request_id, "ingress_encoder", p.media)
+        async for event in self.stages.stream(p.request_id, self._stage_calls(p),
+                                              p.timeout_s or self.spec.ingress.request_timeout_s):
             yield event
 
     async def complete(self, p: Prepared) -> P.ChatCompletionResponse:
         text, tokens, codes, pcm, finish = [], [], [], [], None
         async for stage, out in self._events(p):
-            if stage == self.text_stage:
-                if out.get("text"):
+            if isinstance(out, TextDelta):
+                if out.text:
                     p.clock.text()
-                text.append(out.get("text", ""))
-                tokens.extend(out.get("token_ids", []))
-                finish = out.get("finish_reason", finish)
-            elif stage == "talker":
-                codes.extend(out.get("codes", []))
-            elif stage == "code2wav":
-                p.clock.audio(_pcm_seconds(out["pcm16"]))
-                pcm.append(out["pcm16"])
+                text.append(out.text)
+                tokens.extend(out.token_ids)
+                finish = out.finish_reason or finish
+            elif isinstance(out, CodecDelta):
+                codes.extend(out.codes)
+            elif isinstance(out, AudioDelta):
+                chunk = _pcm16(out)
+                p.clock.audio(_pcm_seconds(chunk))
+                pcm.append(chunk)
         transcript = "".join(text)
         audio = None
-        if p.audio is not None:
+        if p.voice is not None:
             samples = np.frombuffer(b"".join(pcm), dtype="<i2").astype(np.float32) / 32767.0
-            data = encode_audio(samples, SAMPLE_RATE, p.audio["format"])
+            data = encode_audio(samples, SAMPLE_RATE, p.audio_format)
             audio = P.ChatCompletionAudio(id=f"audio_{p.request_id}", data=base64.b64encode(data).decode(),
                                           transcript=transcript, expires_at=int(time.time()) + AUDIO_TTL_S)
         want_ids = p.request.return_token_ids
         choice = P.ChatCompletionChoice(
             message=P.ChatCompletionMessage(content=transcript, audio=audio), finish_reason=finish,
-            token_ids=tokens if want_ids else None, codec_ids=codes if want_ids and p.audio else None)
+            token_ids=tokens if want_ids else None, codec_ids=codes if want_ids and p.voice else None)
         usage = P.UsageInfo(prompt_tokens=p.prompt_len, completion_tokens=len(tokens),
                             total_tokens=p.prompt_len + len(tokens))
         return P.ChatCompletionResponse(id=p.request_id, created=p.created, model=self.spec.model_name,
@@ -217,18 +229,19 @@ class OmniFrontend:
         audio_id = f"audio_{p.request_id}"
         try:
             async for stage, out in self._events(p):
-                if stage == self.text_stage:
-                    tokens += len(out.get("token_ids", []))
-                    finish = out.get("finish_reason", finish)
-                    if out.get("text"):
-                        transcript.append(out["text"])
+                if isinstance(out, TextDelta):
+                    tokens += len(out.token_ids)
+                    finish = out.finish_reason or finish
+                    if out.text:
+                        transcript.append(out.text)
                         p.clock.text()
-                        yield chunk(P.ChatCompletionDelta(content=out["text"]))
-                elif stage == "code2wav" and out["pcm16"]:
-                    p.clock.audio(_pcm_seconds(out["pcm16"]))
+                        yield chunk(P.ChatCompletionDelta(content=out.text))
+                elif isinstance(out, AudioDelta) and out.samples:
+                    pcm = _pcm16(out)
+                    p.clock.audio(_pcm_seconds(pcm))
                     # Streamed audio is always raw pcm16 (24 kHz mono), as OpenAI streams it.
                     yield chunk(P.ChatCompletionDelta(audio=P.DeltaAudio(
-                        id=audio_id, data=base64.b64encode(out["pcm16"]).decode(),
+                        id=audio_id, data=base64.b64encode(pcm).decode(),
                         transcript="".join(transcript), expires_at=int(time.time()) + AUDIO_TTL_S)))
         except OpenAIError as err:
             p.clock.error = err.type
@@ -244,8 +257,9 @@ class OmniFrontend:
                                   total_tokens=p.prompt_len + tokens)))
         yield SSE_DONE
 
-    async def health(self) -> dict[str, Any]:
-        return await probe_stages(self.handles)
+def _pcm16(delta: AudioDelta) -> bytes:
+    """The chunk's samples as little-endian int16 (clipped to [-1, 1], scaled by 32767)."""
+    return (np.clip(np.frombuffer(delta.samples, dtype="<f4"), -1, 1) * 32767).astype("<i2").tobytes()
 
 
 def _pcm_seconds(pcm16: bytes) -> float:

@@ -1,32 +1,35 @@
-"""Qwen-Image as a Ray Serve stage graph: text_encoder -> dit (denoising loop) -> vae, plus the ingress.
+"""Qwen-Image as a stage graph: text_encoder -> dit (denoising loop) -> vae, behind ``POST /v1/images/generations``.
 
-``build_app(args)`` validates ``args`` against ``QwenImageGraphSpec`` (dotted keys allowed) and returns the
-application: ``serve run omni_serve.graphs.qwen_image:build_app checkpoint=DIR``, ``omni-serve serve --graph
-qwen_image checkpoint=DIR``, or a Serve config file (``applications[].import_path`` + ``args``).
+The family plug-in (``omni_serve.graphs.family``): ``FAMILY`` names the graph declaration (``graph``), the spec
+(``spec``), the ingress-side frontend (``frontend``), and the checkpoint writer; replica-side code lives in
+``replica/``. ``build_app(args)`` is the Serve entry point: ``serve run omni_serve.graphs.qwen_image:build_app
+checkpoint=DIR``, ``omni-serve serve --graph qwen_image checkpoint=DIR``, or a Serve config file
+(``applications[].import_path`` + ``args``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ray import serve
-
-from omni_serve.graphs.app import build_graph_app, validate_spec
+from omni_serve.graphs.family import Family
+from omni_serve.graphs.qwen_image.graph import GRAPH
 from omni_serve.graphs.qwen_image.spec import QwenImageGraphSpec
 
-STAGE_RUNNERS = {
-    "text_encoder": "omni_serve.graphs.qwen_image.stages:TextEncoderRunner",
-    "dit": "omni_serve.graphs.qwen_image.stages:DiTRunner",
-    "vae": "omni_serve.graphs.qwen_image.stages:VAERunner",
-}
-FRONTEND = "omni_serve.graphs.qwen_image.frontend:QwenImageFrontend"
+FAMILY = Family(
+    name="qwen_image", module=__name__, graph=GRAPH, spec=QwenImageGraphSpec,
+    description="Qwen-Image text-to-image: Qwen2.5-VL text encoder, MMDiT denoising loop, VAE decoder.",
+    frontend="omni_serve.graphs.qwen_image.frontend:QwenImageFrontend",
+    checkpoint_marker="model_index.json",
+    checkpoint_writer="omni_serve.checkpoints.qwen_image:make_checkpoint",
+)
 
 
 def build_spec(args: dict[str, Any] | None) -> QwenImageGraphSpec:
     """Validate ``args``; the checkpoint path is made absolute so every replica finds it whatever its cwd."""
-    return validate_spec(QwenImageGraphSpec, args, "model_index.json",
-                         "write one with `omni-serve make-checkpoint qwen_image --size tiny DIR`")
+    return FAMILY.validate(args)
 
 
-def build_app(args: dict[str, Any] | None = None) -> serve.Application:
-    return build_graph_app(build_spec(args), STAGE_RUNNERS, FRONTEND)
+def build_app(args: dict[str, Any] | None = None):
+    from omni_serve.deployments.builder import build_app as build
+
+    return build(FAMILY, args)

@@ -1,44 +1,50 @@
-"""Ingress-side logic of the Qwen-Image graph: OpenAI image request -> stage calls -> OpenAI response.
+"""Ingress side of the Qwen-Image graph: ``POST /v1/images/generations`` -> stage calls -> OpenAI response.
 
-Contract: ``QwenImageFrontend(spec, handles)``; ``await generate_images(request)`` validates the request
-against the graph's limits (400s are raised before any stage is called), opens the three stage calls at
+Contract: ``QwenImageFrontend(spec, stages)`` serves one route, ``images_generations(body, ctx)``: it validates the
+request against the graph's limits (400s are raised before any stage is called), opens the three stage calls at
 once (text_encoder, dit, vae: each finds its input on the data plane by key) and returns an
-``ImageGenerationResponse`` with the images and per-image step metrics. Whatever ends the request,
-every stage call is cancelled and the request's data-plane payloads are freed (``graphs.fanout``).
+``ImageGenerationResponse`` with the images and per-image step metrics. Whatever ends the request, every stage
+call is cancelled and the request's data-plane payloads are freed (``StageCalls.stream``).
+
+The request checks and the response assembly are shared with families built on this one (image editing):
+``ImageRequestChecks`` and ``image_response``.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import os
 import random
 from typing import Any
 
 from omni_serve.api.errors import bad_request
 from omni_serve.api.images import ImageData, ImageGenerationRequest, ImageGenerationResponse, ImageMetrics, ImageUsage
-from omni_serve.graphs.fanout import probe_stages, stage_events
+from omni_serve.graphs.calls import StageCalls
+from omni_serve.graphs.frontend import Frontend, RequestContext, Route
+from omni_serve.graphs.qwen_image.messages import (
+    CacheSettings, DecodeCall, DenoiseCall, DenoiseDone, ImagesEncoded, TextEncodeCall,
+)
 from omni_serve.graphs.qwen_image.spec import QwenImageGraphSpec
-from omni_serve.models.qwen_image import pixel_multiple
+from omni_serve.models.qwen_image_layout import TOKENIZER_SUBFOLDER, guidance_embeds, pixel_multiple
 from omni_serve.request_ids import new_request_id
-from omni_serve.transport.base import edge_connectors
 
 
-class QwenImageFrontend:
-    def __init__(self, spec: QwenImageGraphSpec, handles: dict[str, Any]):
+class ImageRequestChecks:
+    """The graph's limits on an image request (size, count, steps, prompt length, cache), as 400s, and the
+    settings every stage call of the request shares (CFG scale, guidance, seed, cache)."""
+
+    max_prompt_tokens = 1024  # diffusers' QwenImagePipeline.tokenizer_max_length
+
+    def __init__(self, spec: Any, tokenizer_dir: str):
         from transformers import AutoTokenizer
 
-        self.spec, self.handles = spec, handles
-        self.tokenizer = AutoTokenizer.from_pretrained(os.path.join(spec.checkpoint, "tokenizer"))
+        self.spec = spec
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         self.multiple = pixel_multiple(spec.checkpoint)
-        with open(os.path.join(spec.checkpoint, "transformer", "config.json")) as f:
-            self.guidance_embeds = bool(json.load(f).get("guidance_embeds", False))
-        self.max_prompt_tokens = 1024  # diffusers' QwenImagePipeline.tokenizer_max_length
-        self.connectors = edge_connectors(spec.edges, spec.data_plane)
-        self._check_size(*spec.default_dimensions(), param="default_size")
+        self.guidance_embeds = guidance_embeds(spec.checkpoint)
+        self.check_size(*spec.default_dimensions(), param="default_size")
 
-    # -- validation -----------------------------------------------------------------------------------------
-    def _check_size(self, width: int, height: int, param: str = "size") -> None:
+    def check_size(self, width: int, height: int, param: str = "size") -> None:
         s, m = self.spec, self.multiple
         if width % m or height % m or width < m or height < m:
             raise bad_request(f"size {width}x{height} is not supported: width and height must be positive "
@@ -47,7 +53,42 @@ class QwenImageFrontend:
             raise bad_request(f"size {width}x{height} is too large: at most {s.max_side} pixels a side and "
                               f"{s.max_pixels} pixels in all.", param=param, code="invalid_size")
 
-    def _cache(self, req: ImageGenerationRequest) -> dict[str, Any] | None:
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.spec.model_name:
+            raise bad_request(f"The model {model!r} does not exist; this server serves {self.spec.model_name!r}.",
+                              param="model", code="model_not_found")
+
+    def check_count(self, n: int) -> None:
+        if n > self.spec.max_images:
+            raise bad_request(f"n must be between 1 and {self.spec.max_images}.", param="n")
+
+    def steps(self, asked: int | None) -> int:
+        steps = asked or self.spec.default_steps
+        if steps > self.spec.max_steps:
+            raise bad_request(f"num_inference_steps must be between 1 and {self.spec.max_steps}.",
+                              param="num_inference_steps")
+        return steps
+
+    def count_tokens(self, text: str, param: str) -> int:
+        tokens = len(self.tokenizer(text).input_ids)
+        if tokens > self.max_prompt_tokens:
+            raise bad_request(f"{param} has {tokens} tokens; at most {self.max_prompt_tokens} are accepted.",
+                              param=param, code="context_length_exceeded")
+        return tokens
+
+    def guidance(self, req) -> tuple[float, float | None]:
+        """(true-CFG scale, distilled guidance or None). Non-distilled transformers (Qwen-Image) take
+        guidance_scale as the true-CFG scale."""
+        s = self.spec
+        cfg_scale = req.true_cfg_scale
+        if cfg_scale is None and not self.guidance_embeds:
+            cfg_scale = req.guidance_scale
+        cfg_scale = s.default_true_cfg_scale if cfg_scale is None else cfg_scale
+        guidance = (req.guidance_scale if req.guidance_scale is not None else s.default_guidance_scale) \
+            if self.guidance_embeds else None
+        return cfg_scale, guidance
+
+    def cache(self, req) -> CacheSettings | None:
         cfg = self.spec.stages.dit.params.cache
         settings = cfg.settings()
         if req.cache is not None:
@@ -62,73 +103,69 @@ class QwenImageFrontend:
                 # Warm-up beyond the last step changes nothing, and cache-dit lists the warm-up steps
                 # (a 1e16 here was a MemoryError in the DiT, found by fuzzing).
                 asked["max_warmup_steps"] = min(asked["max_warmup_steps"], self.spec.max_steps)
-            settings.update(asked)
-        return None if settings["mode"] == "off" else settings
+            settings = settings.model_copy(update=asked)
+        return None if settings.mode == "off" else settings
 
-    def _count_tokens(self, text: str, param: str) -> int:
-        tokens = len(self.tokenizer(text).input_ids)
-        if tokens > self.max_prompt_tokens:
-            raise bad_request(f"{param} has {tokens} tokens; at most {self.max_prompt_tokens} are accepted.",
-                              param=param, code="context_length_exceeded")
-        return tokens
+    @staticmethod
+    def seed(asked: int | None) -> int:
+        return asked if asked is not None else random.randrange(2**31)
 
-    def _prepare(self, req: ImageGenerationRequest) -> tuple[str, dict[str, dict[str, Any]], int]:
-        s = self.spec
-        if req.model is not None and req.model != s.model_name:
-            raise bad_request(f"The model {req.model!r} does not exist; this server serves {s.model_name!r}.",
-                              param="model", code="model_not_found")
-        if req.n > s.max_images:
-            raise bad_request(f"n must be between 1 and {s.max_images}.", param="n")
-        width, height = req.dimensions(s.default_dimensions())
-        self._check_size(width, height)
-        steps = req.num_inference_steps or s.default_steps
-        if steps > s.max_steps:
-            raise bad_request(f"num_inference_steps must be between 1 and {s.max_steps}.",
-                              param="num_inference_steps")
-        tokens = self._count_tokens(req.prompt, "prompt")
+
+def image_response(images: list[bytes], done: DenoiseDone, cache: CacheSettings | None, n: int,
+                   tokens: int) -> ImageGenerationResponse:
+    metrics = ImageMetrics(
+        num_inference_steps=done.num_steps, computed_steps=[done.computed_steps] * n,
+        cached_steps=[done.cached_steps] * n, cache_mode=cache.mode if cache else "off", true_cfg=done.true_cfg)
+    return ImageGenerationResponse(
+        data=[ImageData(b64_json=base64.b64encode(img).decode()) for img in images],
+        usage=ImageUsage(input_tokens=tokens, total_tokens=tokens), metrics=metrics)
+
+
+async def collect_images(stages: StageCalls, request_id: str, calls: dict[str, Any],
+                         timeout_s: float) -> tuple[list[bytes], DenoiseDone]:
+    """Run a request's stage calls; (the encoded images, the DiT's step counts)."""
+    images: list[bytes] = []
+    done: DenoiseDone | None = None
+    async for _, out in stages.stream(request_id, calls, timeout_s):
+        if isinstance(out, ImagesEncoded):
+            images.extend(out.images)
+        elif isinstance(out, DenoiseDone):
+            done = out
+    return images, done
+
+
+class QwenImageFrontend(Frontend):
+    routes = (Route("/v1/images/generations", "images", "images_generations", ImageGenerationRequest,
+                    summary="Create images from a prompt (OpenAI images.generate)."),)
+
+    def __init__(self, spec: QwenImageGraphSpec, stages: StageCalls):
+        super().__init__(spec, stages)
+        self.checks = ImageRequestChecks(spec, os.path.join(spec.checkpoint, TOKENIZER_SUBFOLDER))
+
+    def _calls(self, req: ImageGenerationRequest) -> tuple[str, dict[str, Any], int]:
+        c = self.checks
+        c.check_model(req.model)
+        c.check_count(req.n)
+        width, height = req.dimensions(self.spec.default_dimensions())
+        c.check_size(width, height)
+        steps = c.steps(req.num_inference_steps)
+        tokens = c.count_tokens(req.prompt, "prompt")
         if req.negative_prompt is not None:
-            self._count_tokens(req.negative_prompt, "negative_prompt")
-        # Non-distilled transformers (Qwen-Image) take guidance_scale as the true-CFG scale.
-        cfg_scale = req.true_cfg_scale
-        if cfg_scale is None and not self.guidance_embeds:
-            cfg_scale = req.guidance_scale
-        cfg_scale = s.default_true_cfg_scale if cfg_scale is None else cfg_scale
-        guidance = (req.guidance_scale if req.guidance_scale is not None else s.default_guidance_scale) \
-            if self.guidance_embeds else None
+            c.count_tokens(req.negative_prompt, "negative_prompt")
+        cfg_scale, guidance = c.guidance(req)
         rid = new_request_id("img")
-        seed = req.seed if req.seed is not None else random.randrange(2**31)
         # CFG needs the negative prompt's embeddings; without CFG it is not encoded at all.
         negative = req.negative_prompt if cfg_scale > 1 else None
-        payloads = {
-            "text_encoder": {"request_id": rid, "prompt": req.prompt, "negative_prompt": negative},
-            "dit": {"request_id": rid, "n": req.n, "height": height, "width": width, "num_steps": steps,
-                    "seed": seed, "true_cfg_scale": cfg_scale, "guidance_scale": guidance,
-                    "cache": self._cache(req)},
-            "vae": {"request_id": rid, "height": height, "width": width, "output_format": req.output_format},
+        calls = {
+            "text_encoder": TextEncodeCall(request_id=rid, prompt=req.prompt, negative_prompt=negative),
+            "dit": DenoiseCall(request_id=rid, n=req.n, height=height, width=width, num_steps=steps,
+                               seed=c.seed(req.seed), true_cfg_scale=cfg_scale, guidance_scale=guidance,
+                               cache=c.cache(req)),
+            "vae": DecodeCall(request_id=rid, height=height, width=width, output_format=req.output_format or "png"),
         }
-        return rid, payloads, tokens
+        return rid, calls, tokens
 
-    # -- running --------------------------------------------------------------------------------------------
-    async def generate_images(self, req: ImageGenerationRequest,
-                              timeout_s: float | None = None) -> ImageGenerationResponse:
-        rid, payloads, tokens = self._prepare(req)
-        images: list[bytes] = []
-        dit: dict[str, Any] = {}
-        async for stage, out in stage_events(self.handles, payloads, request_id=rid,
-                                             timeout_s=timeout_s or self.spec.ingress.request_timeout_s,
-                                             connectors=self.connectors):
-            if stage == "vae":
-                images.extend(out["images"])
-            elif stage == "dit":
-                dit = out
-        cache = payloads["dit"]["cache"]
-        metrics = ImageMetrics(
-            num_inference_steps=dit["num_steps"], computed_steps=[dit["computed_steps"]] * req.n,
-            cached_steps=[dit["cached_steps"]] * req.n, cache_mode=cache["mode"] if cache else "off",
-            true_cfg=dit["true_cfg"])
-        return ImageGenerationResponse(
-            data=[ImageData(b64_json=base64.b64encode(img).decode()) for img in images],
-            usage=ImageUsage(input_tokens=tokens, total_tokens=tokens), metrics=metrics)
-
-    async def health(self) -> dict[str, Any]:
-        return await probe_stages(self.handles)
+    async def images_generations(self, req: ImageGenerationRequest, ctx: RequestContext) -> ImageGenerationResponse:
+        rid, calls, tokens = self._calls(req)
+        images, done = await collect_images(self.stages, rid, calls, ctx.timeout_s)
+        return image_response(images, done, calls["dit"].cache, req.n, tokens)

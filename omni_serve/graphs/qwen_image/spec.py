@@ -1,87 +1,19 @@
-"""The Qwen-Image graph spec: stages, edges, request limits and defaults (overridable from Python, CLI or YAML)."""
+"""The Qwen-Image graph spec: request limits and defaults, plus the ``stages``/``edges`` sections derived from the
+graph declaration (overridable from Python, CLI or YAML)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from pydantic import Field, model_validator
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from omni_serve.graphs.spec import EdgeSpec, EngineSpec, GraphSpecBase, IngressSpec, SpecModel, StageSpec
+from omni_serve.graphs.qwen_image.graph import GRAPH
+from omni_serve.graphs.qwen_image.params import (  # noqa: F401 - the spec's section types, importable from here
+    CacheSpec, DiTParams, DiTStage, TextEncoderParams, TextEncoderStage, VAEParams, VAEStage,
+)
+from omni_serve.graphs.spec import GraphSpecBase, IngressSpec
 from omni_serve.transport.config import DataPlaneSpec
 
-
-class TextEncoderParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    max_batch: int = Field(16, ge=1, description="Prompts of equal token length encoded in one forward.")
-
-
-class CacheSpec(BaseModel):
-    """cache-dit settings of the DiT stage (see docs/qwen_image.md)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    mode: Literal["off", "dbcache", "taylorseer"] = Field("off", description=(
-        "Default cache acceleration: 'off', 'dbcache' (cache-dit DBCache) or 'taylorseer' "
-        "(DBCache + TaylorSeer calibrator)."))
-    fn_compute_blocks: int = Field(1, ge=1, description="DBCache Fn: leading blocks always computed (the probe).")
-    bn_compute_blocks: int = Field(0, ge=0, description="DBCache Bn: trailing blocks always computed.")
-    residual_diff_threshold: float = Field(0.08, gt=0, description=(
-        "Relative change of the probe's residual below which a step reuses the cached residual."))
-    max_warmup_steps: int = Field(2, ge=0, description="Steps always computed at the start of a request.")
-    max_cached_steps: int = Field(-1, ge=-1, description="Most cached steps per request (-1: no limit).")
-    max_continuous_cached_steps: int = Field(-1, ge=-1, description="Most cached steps in a row (-1: no limit).")
-    taylorseer_order: int = Field(1, ge=1, le=4, description="TaylorSeer expansion order (taylorseer mode).")
-    allow_request_override: bool = Field(True, description="Requests may pick the mode and threshold.")
-    max_request_threshold: float = Field(0.5, gt=0, description="Largest residual_diff_threshold a request may ask.")
-
-    def settings(self) -> dict:
-        """What the DiT stage needs to set up caching (a request may override some), without the limits."""
-        return self.model_dump(exclude={"allow_request_override", "max_request_threshold"})
-
-
-class DiTParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    max_batch: int = Field(8, ge=1, description=(
-        "Requests whose step shares one transformer forward (CFG adds a row per image)."))
-    cache: CacheSpec = Field(default_factory=CacheSpec, description="Cache acceleration (cache-dit).")
-
-
-class VAEParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    max_batch: int = Field(8, ge=1, description="Same-size requests decoded in one VAE call.")
-    tile_min_pixels: int | None = Field(512, ge=64, description=(
-        "Images with a side above this many pixels decode in tiles (bounded memory); None: never tile."))
-    tile_stride_pixels: int | None = Field(None, ge=32, description="Tile stride (default: 3/4 of the tile).")
-
-
-class TextEncoderStage(StageSpec):
-    params: TextEncoderParams = Field(default_factory=TextEncoderParams, description="Text encoder settings.")
-
-
-class DiTStage(StageSpec):
-    params: DiTParams = Field(default_factory=DiTParams, description="Denoising loop settings.")
-
-
-class VAEStage(StageSpec):
-    params: VAEParams = Field(default_factory=VAEParams, description="VAE decoder settings.")
-
-
-class QwenImageStages(SpecModel):
-
-    text_encoder: TextEncoderStage = Field(default_factory=lambda: TextEncoderStage(num_cpus=0.25),
-                                           description="Prompt -> embeddings (Qwen2.5-VL).")
-    dit: DiTStage = Field(default_factory=lambda: DiTStage(num_cpus=1.0, engine=EngineSpec(torch_threads=2)),
-                          description="Denoising loop (QwenImageTransformer2DModel), step-level batching.")
-    vae: VAEStage = Field(default_factory=lambda: VAEStage(num_cpus=0.25), description="Latents -> pixels.")
-
-
-class QwenImageEdges(SpecModel):
-
-    text_encoder_dit: EdgeSpec = Field(default_factory=EdgeSpec, description="Prompt embeddings to the DiT.")
-    dit_vae: EdgeSpec = Field(default_factory=EdgeSpec, description="Final latents to the VAE.")
+QwenImageStages = GRAPH.stages_model("QwenImageStages")
+QwenImageEdges = GRAPH.edges_model("QwenImageEdges")
 
 
 class QwenImageGraphSpec(GraphSpecBase):

@@ -1,6 +1,6 @@
 """Cache acceleration of the DiT stage through cache-dit (DBCache, optionally with the TaylorSeer calibrator).
 
-Contract: ``DiTCache(denoiser, spec)`` enables cache-dit once on the replica's transformer and points the
+Contract: ``DiTCache(denoiser, defaults)`` (a ``CacheSettings``) enables cache-dit once on the replica's transformer and points the
 denoiser's plain (uncached) forward at the original forward, so requests without caching are untouched.
 ``session(settings, num_images)`` gives one request a ``CacheSession``: its own cache-dit context per CFG
 branch (cond, uncond), created fresh, with the request's own config; ``predict(rows, grid)`` runs the
@@ -23,10 +23,9 @@ from __future__ import annotations
 import contextlib
 import copy
 from dataclasses import dataclass
-from typing import Any
-
 import torch
 
+from omni_serve.graphs.qwen_image.messages import CacheSettings
 from omni_serve.models.qwen_image import DenoiseRow, QwenImageDenoiser
 
 BRANCHES = ("cond", "uncond")
@@ -42,41 +41,41 @@ class StepCounts:
         return self.executed - self.cached
 
 
-def _configs(settings: dict[str, Any]):
+def _configs(settings: CacheSettings):
     from cache_dit import DBCacheConfig, TaylorSeerCalibratorConfig
 
     cache = DBCacheConfig(
-        Fn_compute_blocks=settings["fn_compute_blocks"], Bn_compute_blocks=settings["bn_compute_blocks"],
-        residual_diff_threshold=settings["residual_diff_threshold"],
-        max_warmup_steps=settings["max_warmup_steps"], max_cached_steps=settings["max_cached_steps"],
-        max_continuous_cached_steps=settings["max_continuous_cached_steps"],
+        Fn_compute_blocks=settings.fn_compute_blocks, Bn_compute_blocks=settings.bn_compute_blocks,
+        residual_diff_threshold=settings.residual_diff_threshold,
+        max_warmup_steps=settings.max_warmup_steps, max_cached_steps=settings.max_cached_steps,
+        max_continuous_cached_steps=settings.max_continuous_cached_steps,
         enable_separate_cfg=False)  # one context per branch, never cache-dit's call-parity CFG split
     calibrator = None
-    if settings["mode"] == "taylorseer":
-        calibrator = TaylorSeerCalibratorConfig(taylorseer_order=settings["taylorseer_order"])
+    if settings.mode == "taylorseer":
+        calibrator = TaylorSeerCalibratorConfig(taylorseer_order=settings.taylorseer_order)
     return cache, calibrator
 
 
 class DiTCache:
-    def __init__(self, denoiser: QwenImageDenoiser, defaults: dict[str, Any]):
+    def __init__(self, denoiser: QwenImageDenoiser, defaults: CacheSettings):
         import cache_dit
 
         self.denoiser = denoiser
         self.transformer = denoiser.transformer
         self.num_layers = len(self.transformer.transformer_blocks)
         self.check(defaults)
-        cache_cfg, _ = _configs({**defaults, "mode": "dbcache"})
+        cache_cfg, _ = _configs(defaults.model_copy(update={"mode": "dbcache"}))
         cache_dit.enable_cache(self.transformer, cache_config=cache_cfg)
         self.manager = self.transformer._context_manager
         (self.slot,) = self.transformer._context_names
         denoiser.plain_forward = self.transformer._original_forward
 
-    def check(self, settings: dict[str, Any]) -> None:
-        if settings["fn_compute_blocks"] + settings["bn_compute_blocks"] > self.num_layers:
+    def check(self, settings: CacheSettings) -> None:
+        if settings.fn_compute_blocks + settings.bn_compute_blocks > self.num_layers:
             raise ValueError(f"cache fn_compute_blocks + bn_compute_blocks must be <= the transformer's "
                              f"{self.num_layers} blocks")
 
-    def session(self, settings: dict[str, Any], num_images: int) -> "CacheSession":
+    def session(self, settings: CacheSettings, num_images: int) -> "CacheSession":
         self.check(settings)
         return CacheSession(self, settings, num_images)
 
@@ -96,7 +95,7 @@ class DiTCache:
 
 
 class CacheSession:
-    def __init__(self, cache: DiTCache, settings: dict[str, Any], num_images: int):
+    def __init__(self, cache: DiTCache, settings: CacheSettings, num_images: int):
         from cache_dit.caching import CachedContext
 
         self.cache, self.num_images = cache, num_images
@@ -106,13 +105,15 @@ class CacheSession:
                                   calibrator_config=copy.deepcopy(calibrator))
             for branch in BRANCHES}
 
-    def predict(self, rows: list[DenoiseRow], grid: tuple[int, int]) -> torch.Tensor:
+    def predict(self, rows: list[DenoiseRow], grid: tuple[int, int],
+                condition_grid: tuple[int, int] | None = None) -> torch.Tensor:
         n = self.num_images
         outs = []
         for i, branch in enumerate(BRANCHES[:len(rows) // n]):
             with self.cache._bound(self.contexts[branch]):
                 outs.append(self.cache.denoiser.predict(rows[i * n:(i + 1) * n], grid,
-                                                        forward=self.cache.transformer))
+                                                        forward=self.cache.transformer,
+                                                        condition_grid=condition_grid))
         return torch.cat(outs)
 
     def counts(self) -> StepCounts:

@@ -3,7 +3,7 @@
 All three stages run on ``omni_serve.engines.batch.BatchEngine``: each tick, every ready program hands
 over one unit of work with a grouping key, and equal keys are computed in one call.
 
-- ``TextEncodeProgram`` (key: token count) -> the prompt's (and negative prompt's) embeddings downstream.
+- ``TextEncodeProgram`` (key: token count) -> ``PromptEmbeds`` downstream (prompt, and negative prompt).
 - ``DenoiseProgram`` (key: latent grid): one denoising step per unit. Its rows (one per image, plus one
   uncond row per image under true CFG) join the rows of every other request on the same grid in ONE
   transformer forward (``DenoiseCompute``), whatever their timestep or step count: step-level continuous
@@ -11,20 +11,25 @@ over one unit of work with a grouping key, and equal keys are computed in one ca
   Noise comes from the request's seed, the schedule from a per-request diffusers scheduler, so a request's
   result does not depend on what it was batched with (up to float rounding of the batched matmuls).
   With cache acceleration (``cache``), the step goes through the request's own cache-dit context instead.
-- ``DecodeProgram`` (key: image size) -> pixels to the caller, which encodes them off the engine thread.
+  Image-conditioned pipelines set ``condition`` (packed image latents appended to every row, on
+  ``condition_grid``, part of the key); text-to-image leaves it None.
+- ``DecodeProgram`` (key: image size) -> ``DecodedPixels`` to the runner, which encodes them off the engine thread.
+
+Programs take their stage's call message and edge payloads (``omni_serve.graphs.qwen_image.messages``) and
+emit edge payloads (written downstream by the runner) and stage outputs (sent to the ingress).
 """
 
 from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
 
 from omni_serve.engines.batch import BatchProgram
+from omni_serve.graphs.qwen_image.messages import DenoiseCall, DenoiseDone, FinalLatents, PromptEmbeds, PromptEncoded
 from omni_serve.models.qwen_image import DenoiseRow, QwenImageDecoder, QwenImageDenoiser, combine_cfg
 
 
@@ -43,80 +48,76 @@ class TextEncodeProgram(BatchProgram):
         i = len(self.embeds)
         return ("text", self.counts[i]), self.texts[i]
 
-    def complete(self, result: torch.Tensor) -> list[Any]:
+    def complete(self, result: torch.Tensor) -> list[PromptEmbeds | PromptEncoded]:
         self.embeds.append(result)
         if len(self.embeds) < len(self.texts):
             return []
         self.done = True
-        payload = {"prompt_embeds": self.embeds[0], "end": True}
-        if len(self.embeds) > 1:
-            payload["negative_embeds"] = self.embeds[1]
-        return [{"downstream": payload, "prompt_tokens": self.embeds[0].shape[0]}]
+        negative = self.embeds[1] if len(self.embeds) > 1 else None
+        return [PromptEmbeds(prompt_embeds=self.embeds[0], negative_embeds=negative),
+                PromptEncoded(prompt_tokens=self.embeds[0].shape[0])]
 
 
 # -- DiT -----------------------------------------------------------------------------------------------------
-@dataclass
-class DenoiseRequest:
-    num_images: int
-    height: int
-    width: int
-    num_steps: int
-    seed: int
-    true_cfg_scale: float = 1.0  # CFG runs when > 1 and negative embeddings arrive
-    guidance_scale: float | None = None  # guidance-distilled transformers only
-
-
 @dataclass
 class DenoiseWork:
     program: "DenoiseProgram"
     rows: list[DenoiseRow]
     grid: tuple[int, int]
     cached: bool = False  # runs through the request's own cache context (not batched with others)
+    condition_grid: tuple[int, int] | None = None  # the rows' conditioning latents' grid (image-conditioned)
 
 
 class DenoiseProgram(BatchProgram):
-    def __init__(self, model: QwenImageDenoiser, request: DenoiseRequest, cache_session=None):
+    def __init__(self, model: QwenImageDenoiser, request: DenoiseCall, cache_session=None):
         self.model, self.req = model, request
         self.grid = model.latent_grid(request.height, request.width)
-        self.latents = model.initial_latents(request.num_images, request.height, request.width, request.seed)
+        self.latents = model.initial_latents(request.n, request.height, request.width, request.seed)
         self.scheduler = model.new_scheduler(request.num_steps, self.latents.shape[1])
         self.timesteps = self.scheduler.timesteps
         self.step_index = 0
         self.prompt: torch.Tensor | None = None
         self.negative: torch.Tensor | None = None
-        self.cache_session = cache_session  # omni_serve.graphs.qwen_image.cache.CacheSession or None
+        # image-conditioned pipelines: packed image latents [n, S_c, C] appended to every row, on their grid
+        self.condition: torch.Tensor | None = None
+        self.condition_grid: tuple[int, int] | None = None
+        self.cache_session = cache_session  # omni_serve.graphs.qwen_image.replica.cache.CacheSession or None
 
     @property
     def true_cfg(self) -> bool:
         return self.negative is not None and self.req.true_cfg_scale > 1
 
-    def feed(self, item: dict[str, Any]) -> None:
-        self.prompt = item["prompt_embeds"].to(self.model.device, self.model.dtype)
-        if item.get("negative_embeds") is not None:
-            self.negative = item["negative_embeds"].to(self.model.device, self.model.dtype)
+    def feed(self, item: PromptEmbeds) -> None:
+        self.prompt = item.prompt_embeds.to(self.model.device, self.model.dtype)
+        if item.negative_embeds is not None:
+            self.negative = item.negative_embeds.to(self.model.device, self.model.dtype)
 
     def ready(self) -> bool:
         return self.prompt is not None and not self.done
 
     def work(self):
         t = self.timesteps[self.step_index]
-        texts = [self.prompt] * self.req.num_images
+        texts = [self.prompt] * self.req.n
         if self.true_cfg:
-            texts += [self.negative] * self.req.num_images
-        latents = list(self.latents) * (2 if self.true_cfg else 1)
-        rows = [DenoiseRow(x, t, text, self.req.guidance_scale) for x, text in zip(latents, texts)]
+            texts += [self.negative] * self.req.n
+        copies = 2 if self.true_cfg else 1
+        latents = list(self.latents) * copies
+        conditions = list(self.condition) * copies if self.condition is not None else [None] * len(latents)
+        rows = [DenoiseRow(x, t, text, self.req.guidance_scale, c) for x, text, c in zip(latents, texts, conditions)]
         if self.cache_session is not None:
             # Cache decisions are per request (cache-dit's state is per context): never share a forward.
-            return ("cached", id(self)), DenoiseWork(self, rows, self.grid, cached=True)
-        return ("grid", *self.grid), DenoiseWork(self, rows, self.grid)
+            return ("cached", id(self)), DenoiseWork(self, rows, self.grid, cached=True,
+                                                     condition_grid=self.condition_grid)
+        key = ("grid", *self.grid, *(self.condition_grid or ()))
+        return key, DenoiseWork(self, rows, self.grid, condition_grid=self.condition_grid)
 
     def work_left(self) -> float:
         """Denoising steps this request still runs (times its images, true CFG doubling the rows)."""
-        rows = self.req.num_images * (2 if self.true_cfg else 1)
+        rows = self.req.n * (2 if self.true_cfg else 1)
         return float((len(self.timesteps) - self.step_index) * rows)
 
-    def complete(self, prediction: torch.Tensor) -> list[Any]:
-        n = self.req.num_images
+    def complete(self, prediction: torch.Tensor) -> list[FinalLatents | DenoiseDone]:
+        n = self.req.n
         noise = prediction[:n]
         if self.true_cfg:
             noise = combine_cfg(noise, prediction[n:], self.req.true_cfg_scale)
@@ -131,10 +132,9 @@ class DenoiseProgram(BatchProgram):
             counts = self.cache_session.counts()
             self.cache_session.close()
         steps = len(self.timesteps)
-        return [{"downstream": {"latents": self.latents, "end": True},
-                 "num_steps": steps, "true_cfg": self.true_cfg,
-                 "cached_steps": counts.cached if counts else 0,
-                 "computed_steps": counts.computed if counts else steps}]
+        return [FinalLatents(latents=self.latents),
+                DenoiseDone(num_steps=steps, true_cfg=self.true_cfg, cached_steps=counts.cached if counts else 0,
+                            computed_steps=counts.computed if counts else steps)]
 
     def release(self) -> None:
         if self.cache_session is not None:
@@ -149,9 +149,9 @@ class DenoiseCompute:
 
     def __call__(self, works: list[DenoiseWork]) -> list[torch.Tensor]:
         if works[0].cached:
-            return [w.program.cache_session.predict(w.rows, w.grid) for w in works]
+            return [w.program.cache_session.predict(w.rows, w.grid, w.condition_grid) for w in works]
         rows = [row for w in works for row in w.rows]
-        prediction = self.model.predict(rows, works[0].grid)
+        prediction = self.model.predict(rows, works[0].grid, condition_grid=works[0].condition_grid)
         out, start = [], 0
         for w in works:
             out.append(prediction[start:start + len(w.rows)])
@@ -160,15 +160,22 @@ class DenoiseCompute:
 
 
 # -- VAE -----------------------------------------------------------------------------------------------------
+@dataclass
+class DecodedPixels:
+    """The VAE's output for one request, handed to its runner in-process (it encodes them)."""
+
+    pixels: np.ndarray  # uint8 [n, H, W, 3]
+
+
 class DecodeProgram(BatchProgram):
-    """Outputs ``{"pixels": uint8 [n, H, W, 3]}``; the caller encodes them (off the engine thread)."""
+    """Outputs ``DecodedPixels``; the runner encodes them (off the engine thread)."""
 
     def __init__(self, height: int, width: int):
         self.height, self.width = height, width
         self.latents: torch.Tensor | None = None
 
-    def feed(self, item: dict[str, Any]) -> None:
-        self.latents = item["latents"]
+    def feed(self, item: FinalLatents) -> None:
+        self.latents = item.latents
 
     def ready(self) -> bool:
         return self.latents is not None and not self.done
@@ -176,9 +183,9 @@ class DecodeProgram(BatchProgram):
     def work(self):
         return (self.height, self.width), (self.latents, self.height, self.width)
 
-    def complete(self, pixels: np.ndarray) -> list[Any]:
+    def complete(self, pixels: np.ndarray) -> list[DecodedPixels]:
         self.done = True
-        return [{"pixels": pixels}]
+        return [DecodedPixels(pixels)]
 
 
 class DecodeCompute:

@@ -1,7 +1,7 @@
 """Streaming code2wav: codec tokens to audio chunk by chunk, batched across requests, seams matching.
 
-Contract: ``Code2WavStream`` (a ``BatchProgram``) takes ``{"codes": [...], "end": bool}`` chunks and emits
-``{"audio": float32 samples, "num_codes": n}`` per synthesized chunk, in order; the concatenation equals a
+Contract: ``Code2WavStream`` (a ``BatchProgram``) takes ``CodecChunk``s and emits a ``WaveChunk`` (float32
+samples, codes they cover) per synthesized chunk, in order; the concatenation equals a
 whole-sequence ``Qwen2_5OmniToken2WavModel`` call on all the codes (same seed) within float tolerance.
 ``Code2WavCompute(model, params)`` is the engine's batched ``compute``.
 
@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from omni_serve.engines.batch import BatchProgram
+from omni_serve.graphs.qwen2_5_omni.messages import CodecChunk
 from omni_serve.models.qwen2_5_omni import DiTWindow, OmniCode2Wav
 
 
@@ -41,6 +42,14 @@ class Code2WavRequest:
     left_context_codes: int = 12
     right_context_codes: int = 12
     vocoder_context_frames: int = 8
+
+
+@dataclass
+class WaveChunk:
+    """One synthesized chunk, handed to the code2wav runner in-process (it encodes it for the client)."""
+
+    audio: np.ndarray  # float32 samples, 24 kHz
+    num_codes: int
 
 
 @dataclass
@@ -75,9 +84,9 @@ class Code2WavStream(BatchProgram):
         self.done = False
         self._pending_end = 0
 
-    def feed(self, item: dict) -> None:
-        self.codes.extend(item.get("codes", []))
-        if item.get("end"):
+    def feed(self, item: CodecChunk) -> None:
+        self.codes.extend(item.codes)
+        if item.end:
             self.upstream_done = True
 
     def close_input(self) -> None:
@@ -117,17 +126,17 @@ class Code2WavStream(BatchProgram):
                    self.mel_tail, r.vocoder_context_frames, end - self.start)
         return (hi - lo,), job
 
-    def complete(self, result) -> list[dict]:
+    def complete(self, result) -> list[WaveChunk]:
         if result is None:
             self.done = True
-            return [] if self.emitted else [{"audio": np.zeros(0, dtype=np.float32), "num_codes": 0}]
+            return [] if self.emitted else [WaveChunk(np.zeros(0, dtype=np.float32), 0)]
         wav, chunk_mel = result
         self.mel_tail = torch.cat([self.mel_tail, chunk_mel], dim=1)[:, -self.req.vocoder_context_frames:]
         n = self._pending_end - self.start
         self.start = self._pending_end
         self.emitted = True
         self.done = self.upstream_done and self.start >= len(self.codes)
-        return [{"audio": wav.numpy(), "num_codes": n}]
+        return [WaveChunk(wav.numpy(), n)]
 
 
 class Code2WavCompute:

@@ -3,25 +3,15 @@
 The thinker and talker are ``ARSequence``s run by ``omni_serve.engines.ar.AREngine`` (continuous batching);
 the encoder is a ``StageProgram``; code2wav streams in ``code2wav.py``.
 
-Data each program exchanges (dicts; tensors travel through the connector, never handle arguments):
-
-- encoder -> thinker, one payload: ``{"audio": [n_a, H], "image": [n_i, H]}`` (keys present per media).
-- thinker -> talker, a chunk stream: the first chunk adds ``prompt`` ([L, H]: thinker input embeddings with
-  media positions zeroed plus last hidden states), ``bos``/``eos``/``pad`` ([H]: thinker embeddings of the
-  voice's text-bos, tts end and tts pad tokens) and ``first_token``; every chunk has ``states`` ([k, H]:
-  hidden + embedding of each generated token the thinker fed back) and the last ``end: True``.
-- talker -> code2wav, a chunk stream: ``{"codes": [int], "end": bool}`` (see ``code2wav.py``).
-- thinker_prefill -> thinker_decode (disaggregated thinker), one payload, the prompt's hand-off:
-  ``k``/``v`` ([layers, L, kv_heads, head_dim]: the KV of every prompt row), ``logits`` ([V]: next-token
-  logits of the last prompt row), ``embeds`` ([L, E]) and ``positions`` ([4, L]: the prompt rows, so decode
-  can recompute them after a preemption), ``delta`` (M-RoPE offset of generated positions) and, when a talker
-  consumes the request, ``prompt_states`` ([L, H], complete). Built by ``ThinkerSequence.kv_exported``,
-  adopted by ``ThinkerSequence.feed`` in the decode role.
+Programs take their stage's call (turned into a ``ThinkerRequest`` / ``TalkerRequest``) and edge payloads, and
+emit edge payloads (written downstream by the runner) and stage outputs (sent to the ingress): the types are in
+``omni_serve.graphs.qwen2_5_omni.messages``, whose docstring describes every tensor. Tensors travel through the
+connector, never in handle arguments.
 
 The thinker runs in one of three roles (``ThinkerRole``), two graph layouts of the same code:
 ``aggregated`` (one stage: prompt and generation), or ``prefill`` + ``decode``. Prefill computes every
 prompt row (the same forward, chunking and prefix caching as the aggregated thinker), never samples, and
-hands off as above; decode writes the imported KV into its own cache, samples the first token from the
+hands off a ``PromptHandoff``; decode writes the imported KV into its own cache, samples the first token from the
 imported logits with the request's seeded sampler and continues exactly as the aggregated thinker (text
 outputs and the thinker -> talker stream). Sampling happens in one place only, so the outputs are those
 of the aggregated thinker.
@@ -41,6 +31,9 @@ from omni_serve.engines.ar.kv_cache import block_hashes
 from omni_serve.engines.ar.sequence import ARSequence, KVTransfer
 from omni_serve.engines.base import StageProgram
 from omni_serve.engines.sampling import Sampler, SamplingParams
+from omni_serve.graphs.qwen2_5_omni.messages import (
+    CodecChunk, CodecDelta, MediaEmbeddings, MediaInputs, PromptHandoff, TalkerHead, TextDelta, ThinkerStates,
+)
 from omni_serve.models.qwen2_5_omni import OmniEncoder, OmniTalker, OmniThinker
 
 
@@ -49,23 +42,23 @@ class EncoderProgram(StageProgram):
 
     def __init__(self, model: OmniEncoder):
         self.model = model
-        self.inputs: dict | None = None
+        self.inputs: MediaInputs | None = None
         self.done = False
 
-    def feed(self, item: dict) -> None:
+    def feed(self, item: MediaInputs) -> None:
         self.inputs = item
 
     def ready(self) -> bool:
         return self.inputs is not None and not self.done
 
-    def step(self) -> list[dict]:
-        x, out = self.inputs, {}
-        if x.get("input_features") is not None:
-            out["audio"] = self.model.encode_audio(x["input_features"], x["feature_attention_mask"])
-        if x.get("pixel_values") is not None:
-            out["image"] = self.model.encode_image(x["pixel_values"], x["image_grid_thw"])
+    def step(self) -> list[MediaEmbeddings]:
+        x, out = self.inputs, MediaEmbeddings()
+        if x.input_features is not None:
+            out.audio = self.model.encode_audio(x.input_features, x.feature_attention_mask)
+        if x.pixel_values is not None:
+            out.image = self.model.encode_image(x.pixel_values, x.image_grid_thw)
         self.done = True
-        return [{"downstream": out}]
+        return [out]
 
 
 @dataclass
@@ -103,7 +96,8 @@ class ThinkerSequence(ARSequence):
         self.model, self.tok, self.req, self.role = model, tokenizer, req, ThinkerRole(role)
         self.sampler = Sampler(req.sampling)
         # the prompt is built once media arrived (none expected: at once); decode adopts it from prefill
-        self.media: dict | None = None if req.expects_media or self.role is ThinkerRole.DECODE else {}
+        self.media: MediaEmbeddings | None = (None if req.expects_media or self.role is ThinkerRole.DECODE
+                                              else MediaEmbeddings())
         self.prompt_len = len(req.input_ids)
         self.max_rows = self.prompt_len + req.max_new_tokens
         self.wants_hidden = req.talker_voice_token is not None
@@ -119,7 +113,7 @@ class ThinkerSequence(ARSequence):
         self.hidden_done = 0  # rows whose hidden states were consumed (not redone after preemption)
         self.pending_states: list[torch.Tensor] = []
         self.first_sent = False
-        self.first_extra: dict = {}
+        self.talker_tokens: torch.Tensor | None = None  # [3, H]: embeddings of the voice bos, tts end, tts pad
         self.finish_reason: str | None = None
         self.max_stop = max((len(s) for s in req.stop), default=0)
         if not req.expects_media and not self.wants_hidden and self.role is not ThinkerRole.DECODE:
@@ -127,7 +121,7 @@ class ThinkerSequence(ARSequence):
             # Decode computes no prompt rows: it imports them (and does not offer them for sharing).
             self.prefix_hashes = block_hashes(req.input_ids[:self.prompt_len - 1], req.block_size)
 
-    def feed(self, item: dict) -> None:
+    def feed(self, item: MediaEmbeddings | PromptHandoff) -> None:
         if self.role is ThinkerRole.DECODE:
             self._adopt(item)
         else:
@@ -151,7 +145,7 @@ class ThinkerSequence(ARSequence):
         ids = torch.tensor([req.input_ids])
         embeds = m.embed(ids)
         for key, token in (("audio", m.config.audio_token_index), ("image", m.config.image_token_index)):
-            feats = self.media.get(key)
+            feats = getattr(self.media, key)
             if feats is not None:
                 mask = (ids == token).unsqueeze(-1).to(embeds.device)
                 if int(mask.sum()) != feats.shape[0]:
@@ -161,7 +155,7 @@ class ThinkerSequence(ARSequence):
         seqlens = torch.tensor(req.audio_seqlens) if req.audio_seqlens else None
         positions, self.delta = m.prompt_positions(ids, grid, seqlens)
         self.append(embeds[0], positions)
-        self.media = {}
+        self.media = MediaEmbeddings()
         if self.wants_hidden:
             media_mask = torch.isin(ids[0], torch.tensor(req.media_token_ids)).view(-1, 1)
             self.prompt_states = embeds[0].masked_fill(media_mask.to(embeds.device), 0.0).clone()
@@ -169,37 +163,34 @@ class ThinkerSequence(ARSequence):
 
     def _talker_extras(self) -> None:
         req = self.req
-        special = self.model.embed(torch.tensor([[req.talker_voice_token, *req.talker_tokens]]))[0]
-        self.first_extra = {"bos": special[0], "eos": special[1], "pad": special[2]}
+        self.talker_tokens = self.model.embed(torch.tensor([[req.talker_voice_token, *req.talker_tokens]]))[0]
 
     # -- prefill/decode hand-off (see the module doc) -------------------------------------------------------
-    def kv_exported(self, kv: KVTransfer) -> list[dict]:
+    def kv_exported(self, kv: KVTransfer) -> list[PromptHandoff]:
         """Prefill: every prompt row is computed; hand the prompt off to decode and end the request."""
         n = self.prompt_len
         emb, pos = self.rows(0, n)
-        handoff = {"k": kv.k, "v": kv.v, "logits": self.last_logits, "embeds": emb.clone(),
-                   "positions": pos.clone(), "delta": self.delta, "end": True}
-        if self.wants_hidden:
-            handoff["prompt_states"] = self.prompt_states
+        handoff = PromptHandoff(k=kv.k, v=kv.v, logits=self.last_logits, embeds=emb.clone(), positions=pos.clone(),
+                                delta=self.delta, prompt_states=self.prompt_states if self.wants_hidden else None)
         self.done = True
-        return [{"downstream": handoff}]
+        return [handoff]
 
-    def _adopt(self, handoff: dict) -> None:
+    def _adopt(self, handoff: PromptHandoff) -> None:
         """Decode: take over a prompt prefilled elsewhere (rows, M-RoPE delta, KV to import, talker prompt)."""
         if self.num_rows:
             raise ValueError("the thinker's prompt hand-off arrived twice")
-        emb, pos, k = handoff["embeds"], handoff["positions"], handoff["k"]
+        emb, pos, k = handoff.embeds, handoff.positions, handoff.k
         if emb.shape[0] != self.prompt_len or pos.shape[1] != self.prompt_len or k.shape[1] != self.prompt_len:
             raise ValueError(f"prompt hand-off has {emb.shape[0]} rows / {k.shape[1]} KV rows for a "
                              f"{self.prompt_len}-token prompt")
-        if self.wants_hidden and handoff.get("prompt_states") is None:
+        if self.wants_hidden and handoff.prompt_states is None:
             raise ValueError("prompt hand-off lacks the prompt states the talker needs")
         self.append(emb, pos)
-        self.delta = int(handoff["delta"])
+        self.delta = handoff.delta
         # logits where the aggregated thinker's are (the model's device), so sampling runs the same way
-        self.kv_import = KVTransfer(k, handoff["v"], handoff["logits"].to(self.model.device))
+        self.kv_import = KVTransfer(k, handoff.v, handoff.logits.to(self.model.device))
         if self.wants_hidden:
-            self.prompt_states = handoff["prompt_states"].to(self.model.device, copy=True)
+            self.prompt_states = handoff.prompt_states.to(self.model.device, copy=True)
             self.hidden_done = self.prompt_len  # prompt hidden states came with the hand-off
             self._talker_extras()
 
@@ -212,7 +203,7 @@ class ThinkerSequence(ARSequence):
             self.pending_states.append(hidden[row - start] + self.rows(row, row + 1)[0][0])
         self.hidden_done = max(self.hidden_done, end)
 
-    def on_computed(self, start, end, hidden, logits) -> list[dict]:
+    def on_computed(self, start, end, hidden, logits) -> list[ThinkerStates | TextDelta]:
         if hidden is not None and self.wants_hidden:
             self._collect_hidden(start, end, hidden)
         if logits is None:
@@ -222,22 +213,19 @@ class ThinkerSequence(ARSequence):
             return []
         token = self.sampler.select(logits, self.generated)
         self.generated.append(token)
-        out: dict = {"token_ids": [token]}
         if token in self.req.stop_token_ids:
             self.finish_reason = "stop"
         elif len(self.generated) >= self.req.max_new_tokens:
             self.finish_reason = "length"
-        out["text"] = self._text_delta()
+        delta = TextDelta(token_ids=[token], text=self._text_delta())
         if self.finish_reason:
             self.done = True
-            out["finish_reason"] = self.finish_reason
+            delta.finish_reason = self.finish_reason
         else:
             self.append(self.model.embed(torch.tensor([token]))[0:1],
                         self.model.step_positions(self.num_rows, self.delta))
         downstream = self._talker_chunk()
-        if downstream is not None:
-            out["downstream"] = downstream
-        return [out]
+        return [delta] if downstream is None else [downstream, delta]
 
     def _text_delta(self) -> str:
         ids = [t for t in self.generated if t not in self.req.stop_token_ids]
@@ -259,7 +247,7 @@ class ThinkerSequence(ARSequence):
         delta, self.sent = text[self.sent:limit], limit
         return delta
 
-    def _talker_chunk(self) -> dict | None:
+    def _talker_chunk(self) -> ThinkerStates | None:
         if not self.wants_hidden:
             return None
         size = self.req.chunk_size if self.first_sent else self.req.first_chunk_size
@@ -267,9 +255,10 @@ class ThinkerSequence(ARSequence):
             return None
         states = torch.stack(self.pending_states) if self.pending_states else None
         self.pending_states = []
-        chunk = {"states": states, "end": self.done}
+        chunk = ThinkerStates(states=states, end=self.done)
         if not self.first_sent:
-            chunk.update(self.first_extra, prompt=self.prompt_states, first_token=self.generated[0])
+            bos, eos, pad = self.talker_tokens
+            chunk.head = TalkerHead(prompt=self.prompt_states, bos=bos, eos=eos, pad=pad, first_token=self.generated[0])
             self.first_sent = True
         return chunk
 
@@ -289,7 +278,7 @@ class TalkerSequence(ARSequence):
         super().__init__(model.embedding_size, model.position_rows, model.dtype)
         self.model, self.req = model, req
         self.sampler = Sampler(req.sampling)
-        self.head: dict | None = None
+        self.head: TalkerHead | None = None
         self.states: list[torch.Tensor] = []
         self.upstream_done = False
         self.history: list[int] = []
@@ -299,13 +288,13 @@ class TalkerSequence(ARSequence):
         self.steps = 0  # codec tokens sampled
         self.fresh = False  # inputs arrived since the last poll
 
-    def feed(self, item: dict) -> None:
-        if "prompt" in item:
-            self.head = item
-            self.max_rows = item["prompt"].shape[0] + 2 + self.req.max_new_tokens
-        if item.get("states") is not None:
-            self.states.extend(item["states"].unbind(0))
-        if item.get("end"):
+    def feed(self, item: ThinkerStates) -> None:
+        if item.head is not None:
+            self.head = item.head
+            self.max_rows = item.head.prompt.shape[0] + 2 + self.req.max_new_tokens
+        if item.states is not None:
+            self.states.extend(item.states.unbind(0))
+        if item.end:
             self.upstream_done = True
         self.fresh = True
 
@@ -327,7 +316,7 @@ class TalkerSequence(ARSequence):
             return self.states[j + 1]
         if not self.upstream_done:
             return None
-        return self.head["eos"] if j + 1 == len(self.states) else self.head["pad"]
+        return self.head.eos if j + 1 == len(self.states) else self.head.pad
 
     def poll(self) -> None:
         self.fresh = False
@@ -343,11 +332,11 @@ class TalkerSequence(ARSequence):
                 # condition speech on (transformers' generate has none either). The answer is its text
                 # with empty audio, not an error.
                 self.done = True
-                self.outbox = [{"codes": [], "downstream": {"codes": [], "end": True}}]
+                self.outbox = [CodecChunk(codes=[], end=True), CodecDelta(codes=[])]
                 return
             h = self.head
-            rows = torch.cat([h["prompt"], h["bos"].view(1, -1), self.states[0].view(1, -1)])
-            self.history = self.model.prompt_codec_ids(h["prompt"].shape[0])
+            rows = torch.cat([h.prompt, h.bos.view(1, -1), self.states[0].view(1, -1)])
+            self.history = self.model.prompt_codec_ids(h.prompt.shape[0])
             self.append(rows, self.model.positions(0, rows.shape[0]))
         elif self.num_rows == self.logits_done:  # the last sampled code waits for its reply state
             reply = self._reply(self.steps - 1)
@@ -355,7 +344,7 @@ class TalkerSequence(ARSequence):
                 row = self.model.embed_codes([self.history[-1]]) + reply.view(1, -1).to(self.model.device)
                 self.append(row, self.model.positions(self.num_rows, 1))
 
-    def on_computed(self, start, end, hidden, logits) -> list[dict]:
+    def on_computed(self, start, end, hidden, logits) -> list[CodecChunk | CodecDelta]:
         if logits is None:
             return []
         self.steps += 1
@@ -371,6 +360,6 @@ class TalkerSequence(ARSequence):
         size = self.req.chunk_size if self.sent_any else self.req.first_chunk_size
         if not self.done and len(self.unsent) < size:
             return []
-        chunk = {"codes": self.unsent, "end": self.done}
+        chunk = CodecChunk(codes=self.unsent, end=self.done)
         self.unsent, self.sent_any = [], True
-        return [{"codes": chunk["codes"], "downstream": chunk}]
+        return [chunk, CodecDelta(codes=chunk.codes)]

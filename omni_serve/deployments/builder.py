@@ -1,0 +1,54 @@
+"""Turn a family and user values into a Ray Serve application: one deployment per stage, plus the ingress.
+
+Contract: ``build_app(family, args)`` validates ``args`` against the family's spec (``Family.validate``: dotted
+keys allowed, checkpoint checked and made absolute), then binds one ``StageDeployment`` per stage the spec's
+layout deploys (``GraphDef.deployed``), each with the options of its ``StageSpec`` (replicas or autoscaling,
+CPUs/GPUs, resources, environment), and the ``OpenAIIngress`` with every stage's handle. An edge on an
+in-process connector (``memory``) is refused: a served graph's stages are separate processes. A family's
+``build_app(args)`` (its Serve import path) is this function bound to the family. Nothing here is specific to a
+family: what to deploy is the graph declaration, how is the spec.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import serve
+from ray.serve.config import BackpressureConfig
+
+from omni_serve.graphs.family import Family
+
+
+def build_app(family: Family, args: dict[str, Any] | None = None) -> serve.Application:
+    from omni_serve.deployments.ingress import OpenAIIngress
+    from omni_serve.deployments.stage import StageDeployment
+
+    spec = family.validate(args)
+    _check_connectors(family, spec)
+    spec_dict = spec.model_dump(mode="json")
+    logging_config = spec.logging.model_dump()
+    handles = {}
+    for stage in family.graph.deployed(spec.layout()):
+        options = spec.stage_spec(stage.name).deployment_options(stage.name)
+        handles[stage.name] = StageDeployment.options(**options, logging_config=logging_config).bind(
+            family.path, stage.name, spec_dict)
+    ing = spec.ingress
+    replicas = ({"autoscaling_config": ing.autoscaling_config} if ing.autoscaling_config
+                else {"num_replicas": ing.num_replicas})
+    return OpenAIIngress.options(
+        name="ingress", max_ongoing_requests=ing.max_ongoing_requests,
+        max_queued_requests=ing.max_queued_requests,
+        backpressure_config=BackpressureConfig(status_code=503, retry_after_s=ing.retry_after_s),
+        ray_actor_options={"num_cpus": ing.num_cpus}, logging_config=logging_config, **replicas,
+    ).bind(family.path, spec_dict, **handles)
+
+
+def _check_connectors(family: Family, spec) -> None:
+    """Every edge of a deployed graph crosses processes: an in-process connector cannot carry it."""
+    from omni_serve.transport.base import connector_class
+
+    for link in family.graph.links(spec.layout()):
+        name = spec.edge_spec(link.edge).connector
+        if connector_class(name).scope == "process":
+            raise ValueError(f"edges.{link.edge}.connector={name!r} works inside one process only; a served "
+                             f"graph's stages are separate processes (use ray, shm, mooncake or mooncake_store)")

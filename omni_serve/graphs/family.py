@@ -1,0 +1,55 @@
+"""A model family as one plug-in: its graph, spec, frontend and checkpoint writer, named in one object.
+
+Contract: a family package (``omni_serve/graphs/<family>/__init__.py``, or any package named by an
+``omni_serve.families`` entry point) defines ``FAMILY = Family(...)`` and a Serve builder ``build_app(args)``
+(``serve run <package>:build_app checkpoint=DIR``) that calls ``omni_serve.deployments.builder``. Importing the
+package must not import torch or model code: the registry (``omni_serve.graphs.registry``), the CLI and the
+Serve config writer import every family to list and validate them.
+
+``validate(args)`` turns user values (a dict; dotted keys allowed, as ``serve run ... key=value`` passes them)
+into the family's spec, with the checkpoint path made absolute after checking it is a checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from omni_serve.graphs.graph import GraphDef
+from omni_serve.graphs.spec import GraphSpecBase, apply_overrides
+
+
+@dataclass(frozen=True, eq=False)
+class Family:
+    name: str  # CLI name and Serve application name, e.g. "qwen2_5_omni"
+    module: str  # the family package (``__name__``): FAMILY and build_app live there
+    description: str
+    graph: GraphDef
+    spec: type[GraphSpecBase]
+    frontend: str  # module:Class of the ingress-side Frontend
+    checkpoint_marker: str  # a file every checkpoint directory of the family has
+    checkpoint_writer: str | None = None  # module:function(out_dir, size, seed) for tiny/small random checkpoints
+
+    @property
+    def path(self) -> str:
+        """Import path of this object (what deployments are given to find the family)."""
+        return f"{self.module}:FAMILY"
+
+    @property
+    def app(self) -> str:
+        """Serve import path of the family's builder."""
+        return f"{self.module}:build_app"
+
+    def checkpoint_hint(self) -> str:
+        if self.checkpoint_writer is None:
+            return f"give a {self.name} checkpoint directory"
+        return f"write one with `omni-serve make-checkpoint {self.name} --size tiny DIR`"
+
+    def validate(self, args: dict[str, Any] | None) -> GraphSpecBase:
+        spec = self.spec.model_validate(apply_overrides(dict(args or {})))
+        checkpoint = os.path.abspath(os.path.expanduser(spec.checkpoint))
+        if not os.path.isfile(os.path.join(checkpoint, self.checkpoint_marker)):
+            raise ValueError(f"checkpoint {spec.checkpoint!r} is not a checkpoint directory (no "
+                             f"{self.checkpoint_marker}); {self.checkpoint_hint()}")
+        return spec.model_copy(update={"checkpoint": checkpoint})

@@ -1,0 +1,52 @@
+"""A family declared outside ``omni_serve`` (declaration only), for the registry's entry-point plug-in test."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from omni_serve.graphs.family import Family
+from omni_serve.graphs.graph import EdgeDef, EngineKind, GraphDef, StageDef
+from omni_serve.graphs.messages import Message, Tensor
+from omni_serve.graphs.spec import GraphSpecBase, IngressSpec
+from omni_serve.transport.config import DataPlaneSpec
+
+
+class EchoCall(Message):
+    request_id: str
+
+
+class Echoed(Message):
+    text: str
+
+
+class Features(Message):
+    values: Tensor
+
+
+GRAPH = GraphDef(
+    name="toy",
+    stages=(
+        StageDef("encode", "Text -> features.", "tests.toy_family:EncodeRunner", EngineKind.STEP,
+                 "tests.toy_family:Adapter", call=EchoCall, writes=("encode_decode",)),
+        StageDef("decode", "Features -> text.", "tests.toy_family:DecodeRunner", EngineKind.STEP,
+                 "tests.toy_family:Adapter", call=EchoCall, outputs=(Echoed,), reads=("encode_decode",)),
+    ),
+    edges=(EdgeDef("encode_decode", Features, "Features to the decoder."),),
+)
+
+
+ToyStages, ToyEdges = GRAPH.stages_model("ToyStages"), GRAPH.edges_model("ToyEdges")
+
+
+class ToySpec(GraphSpecBase):
+    checkpoint: str = Field(..., description="Checkpoint directory.")
+    model_name: str = Field("toy", description="Served model id.")
+    data_timeout_s: float = Field(5.0, gt=0, description="Upstream wait.")
+    ingress: IngressSpec = Field(default_factory=IngressSpec, description="Ingress.")
+    stages: ToyStages = Field(default_factory=ToyStages, description="Stages.")
+    edges: ToyEdges = Field(default_factory=ToyEdges, description="Edges.")
+    data_plane: DataPlaneSpec = Field(default_factory=DataPlaneSpec, description="Connector settings.")
+
+
+FAMILY = Family(name="toy", module=__name__, description="A toy plug-in.", graph=GRAPH, spec=ToySpec,
+                frontend="tests.toy_family:ToyFrontend", checkpoint_marker="config.json")

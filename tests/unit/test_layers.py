@@ -1,0 +1,154 @@
+"""The package's layers hold: no lower layer imports an upper one, and the ingress process loads no model code.
+
+Layers, top to bottom (a module may import its own layer and any layer below; function-level imports count):
+tools (cli, bench) > checkpoint writers > families (``omni_serve.graphs.<family>``) > deployments > the generic
+graph framework (``omni_serve.graphs.*`` modules) > model adapters > engines > metrics, autoscaling > api,
+transport, request ids > settings. Inside a family, only ``replica/`` (what stage replicas run) may import the
+family's replica code; everything else of the family is ingress-side or declaration.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGE = os.path.join(ROOT, "omni_serve")
+
+RANKS = {
+    "cli": 9, "bench": 9,
+    "checkpoints": 8,
+    "families": 7,
+    "deployments": 6,
+    "graphs": 5,
+    "models": 4,
+    "engines": 3,
+    "metrics": 2, "autoscaling": 2,
+    "api": 1, "transport": 1, "request_ids": 1,
+    "settings": 0, "omni_serve": 0,
+}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "omni_serve"
+    if parts[1] == "graphs" and len(parts) > 2 and os.path.isdir(os.path.join(PACKAGE, "graphs", parts[2])):
+        return "families"
+    return parts[1]
+
+
+def _modules() -> dict[str, str]:
+    out = {}
+    for root, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                out[rel.removesuffix(".__init__")] = path
+    return out
+
+
+def _imports(path: str) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("omni_serve"):
+            found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names
+                      if f"{node.module}.{a.name}" in _modules()]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("omni_serve")]
+    return found
+
+
+def test_every_top_level_module_has_a_layer():
+    tops = {m.split(".")[1] for m in _modules() if "." in m}
+    assert tops - {"graphs"} <= set(RANKS), f"give these a layer in RANKS: {tops - set(RANKS)}"
+
+
+def test_no_lower_layer_imports_an_upper_one():
+    bad = []
+    for module, path in _modules().items():
+        src = _layer(module)
+        for line, target in _imports(path):
+            dst = _layer(target)
+            if RANKS[dst] > RANKS[src]:
+                bad.append(f"{module}:{line} ({src}) imports {target} ({dst})")
+    assert not bad, "\n".join(bad)
+
+
+def test_only_a_familys_replica_code_imports_its_replica_code():
+    bad = []
+    for module, path in _modules().items():
+        if _layer(module) != "families" or ".replica" in module:
+            continue
+        bad += [f"{module}:{line} imports {t}" for line, t in _imports(path) if ".replica" in t]
+    assert not bad, "\n".join(bad)
+
+
+# The ingress process: the ingress deployment's module and every family's frontend, built on the family's tiny
+# checkpoint. What it must not load: the families' replica code, the model adapters their stages name, the
+# engines, and the model code of transformers/diffusers (an architecture's modeling module; transformers' auto
+# mappings are names only).
+INGRESS_PROBE = r"""
+import json, sys
+from omni_serve.deployments import ingress
+from omni_serve.graphs.calls import StageCalls
+from omni_serve.graphs.registry import families, import_path
+
+checkpoints = json.loads(sys.argv[1])
+adapters = set()
+for name, family in families().items():
+    spec = family.validate({"checkpoint": checkpoints[name]})
+    stages = StageCalls(family.graph, spec, open_call=None, probe=None)
+    import_path(family.frontend)(spec, stages)
+    adapters |= {s.adapter.partition(":")[0] for s in family.graph.stages}
+print(json.dumps({"modules": sorted(sys.modules), "adapters": sorted(adapters)}))
+"""
+
+
+def _forbidden(module: str, adapters: set[str]) -> bool:
+    parts = module.split(".")
+    return (module in adapters
+            or (module.startswith("omni_serve.graphs.") and ".replica" in module)
+            or (module.startswith("omni_serve.engines.") and module not in ("omni_serve.engines.ar",
+                                                                           "omni_serve.engines.ar.config"))
+            or (parts[0] == "transformers" and len(parts) > 3 and parts[1] == "models" and parts[2] != "auto"
+                and parts[3].startswith("modeling_"))
+            or (parts[0] == "diffusers" and len(parts) > 2 and parts[1] == "models"
+                and parts[2] in ("transformers", "autoencoders", "unets")))
+
+
+def test_the_ingress_process_loads_no_model_code(omni_tiny_dir, qwen_image_tiny_dir):
+    from omni_serve.graphs.registry import families
+
+    checkpoints = {"qwen2_5_omni": omni_tiny_dir, "qwen_image": qwen_image_tiny_dir}
+    checkpoints.update({name: _tiny(name) for name in families() if name not in checkpoints})
+    out = subprocess.run([sys.executable, "-c", INGRESS_PROBE, json.dumps(checkpoints)], capture_output=True,
+                         text=True, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    probe = json.loads(out.stdout.strip().splitlines()[-1])
+    loaded = [m for m in probe["modules"] if _forbidden(m, set(probe["adapters"]))]
+    assert not loaded, f"the ingress process loaded model code: {loaded}"
+    assert not any(m.startswith("omni_serve.models.") and m in probe["adapters"] for m in probe["modules"])
+
+
+def _tiny(name: str) -> str:
+    """The tiny checkpoint of another registered family (written once, like the session's own)."""
+    from tests.conftest import tiny_checkpoint
+
+    return tiny_checkpoint(name)
+
+
+@pytest.mark.parametrize("module", ["omni_serve.graphs.spec", "omni_serve.graphs.registry", "omni_serve.cli"])
+def test_specs_registry_and_cli_load_without_torch(module):
+    code = f"import sys, {module}; from omni_serve.graphs.registry import families; families(); " \
+           "print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"
