@@ -34,6 +34,7 @@ __all__ = [
     "decode_base64",
     "decode_input_audio",
     "decode_image_url",
+    "decode_image_bytes",
     "encode_wav",
     "encode_pcm16",
     "encode_audio",
@@ -190,7 +191,12 @@ def decode_image_url(url: str, *, max_pixels: int, max_bytes: int, param: str) -
     if ";base64" not in match.group("params").lower():
         raise bad_request(f"{param}: image data URL must be base64-encoded (';base64,')", param=param)
     raw = decode_base64(url[match.end():], param=param, max_bytes=max_bytes)
+    return decode_image_bytes(raw, max_pixels=max_pixels, param=param)
 
+
+def decode_image_bytes(raw: bytes, *, max_pixels: int, param: str, mode: str = "RGB") -> Image.Image:
+    """Decode an encoded image (PNG, JPEG, WebP, ... e.g. an uploaded file) to a loaded image in ``mode``
+    (``RGB``, or ``RGBA`` to keep transparency). The pixel count is checked before the pixels are decoded."""
     try:
         with warnings.catch_warnings():
             # Our own max_pixels check replaces PIL's bomb warning.
@@ -202,7 +208,7 @@ def decode_image_url(url: str, *, max_pixels: int, max_bytes: int, param: str) -
                 probe.verify()
             image = Image.open(io.BytesIO(raw))
             image.load()
-            return image.convert("RGB")
+            return image.convert(mode)
     except OpenAIError:
         raise
     except Image.DecompressionBombError:

@@ -14,6 +14,7 @@ from omni_serve.api.errors import OpenAIError
 from omni_serve.api.media import (
     PCM16_SAMPLE_RATE,
     decode_base64,
+    decode_image_bytes,
     decode_image_url,
     decode_input_audio,
     encode_audio,
@@ -209,6 +210,20 @@ def test_png_data_url_decodes_to_rgb() -> None:
     assert img.mode == "RGB"
     assert img.size == (32, 16)
     assert img.getpixel((5, 5)) == (10, 20, 30)
+
+
+def test_uploaded_image_bytes_decode_keeping_alpha_when_asked() -> None:
+    buf = io.BytesIO()
+    Image.new("RGBA", (6, 4), color=(1, 2, 3, 0)).save(buf, format="PNG")
+    rgba = decode_image_bytes(buf.getvalue(), max_pixels=100, param="mask", mode="RGBA")
+    assert rgba.mode == "RGBA" and rgba.getpixel((0, 0)) == (1, 2, 3, 0)
+    assert decode_image_bytes(buf.getvalue(), max_pixels=100, param="image").mode == "RGB"
+    with pytest.raises(OpenAIError) as info:
+        decode_image_bytes(buf.getvalue(), max_pixels=23, param="image")
+    expect_400(info, "image", "image is too large (6x4 = 24 pixels; limit 23)")
+    with pytest.raises(OpenAIError) as info:
+        decode_image_bytes(b"not an image", max_pixels=100, param="image")
+    expect_400(info, "image", "not a recognised image")
 
 
 def test_jpeg_data_url_decodes() -> None:
