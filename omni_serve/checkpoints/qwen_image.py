@@ -155,24 +155,14 @@ def _prompt_template() -> str:
     return pipe.prompt_template_encode
 
 
-def make_checkpoint(out_dir: str, size: str = "tiny", seed: int = 0) -> str:
-    """Write a deterministic random-weight Qwen-Image checkpoint to ``out_dir``; returns the path."""
+def build_components(s: QwenImageSize, tokenizer, seed: int) -> dict:
+    """The pipeline's model components for size ``s`` (text encoder sized to ``tokenizer``), each built right after
+    seeding torch, so the same size, tokenizer and seed always give the same weights."""
     import torch
-    from diffusers import (
-        AutoencoderKLQwenImage,
-        FlowMatchEulerDiscreteScheduler,
-        QwenImagePipeline,
-        QwenImageTransformer2DModel,
-    )
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    if size not in SIZES:
-        raise ValueError(f"unknown size {size!r}; choose one of {sorted(SIZES)}")
-    s = SIZES[size]
     assert sum(s.dit_rope) == s.dit_head_dim, "axes_dims_rope must sum to attention_head_dim"
-    os.makedirs(out_dir, exist_ok=True)
-
-    tokenizer = build_tokenizer(s)
     config = build_text_encoder_config(s, vocab_size=len(tokenizer))
     torch.manual_seed(seed)
     text_encoder = Qwen2_5_VLForConditionalGeneration(config).eval()
@@ -190,12 +180,24 @@ def make_checkpoint(out_dir: str, size: str = "tiny", seed: int = 0) -> str:
         attn_scales=[], temperal_downsample=[False, True, True], dropout=0.0,
         latents_mean=list(LATENTS_MEAN), latents_std=list(LATENTS_STD),
     ).eval()
+    return {"scheduler": FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG), "vae": vae,
+            "text_encoder": text_encoder, "tokenizer": tokenizer, "transformer": transformer}
 
-    scheduler = FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG)
-    pipe = QwenImagePipeline(
-        scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer
-    )
-    pipe.save_pretrained(out_dir, safe_serialization=True)
+
+def write_marker(out_dir: str, family: str, size: str, seed: int) -> None:
+    """``omni_serve_checkpoint.json``, written last: what wrote the directory (and that it is complete)."""
     with open(os.path.join(out_dir, "omni_serve_checkpoint.json"), "w") as f:
-        json.dump({"family": "qwen_image", "size": size, "seed": seed}, f, indent=2)
+        json.dump({"family": family, "size": size, "seed": seed}, f, indent=2)
+
+
+def make_checkpoint(out_dir: str, size: str = "tiny", seed: int = 0) -> str:
+    """Write a deterministic random-weight Qwen-Image checkpoint to ``out_dir``; returns the path."""
+    from diffusers import QwenImagePipeline
+
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; choose one of {sorted(SIZES)}")
+    s = SIZES[size]
+    os.makedirs(out_dir, exist_ok=True)
+    QwenImagePipeline(**build_components(s, build_tokenizer(s), seed)).save_pretrained(out_dir, safe_serialization=True)
+    write_marker(out_dir, "qwen_image", size, seed)
     return out_dir
