@@ -42,7 +42,6 @@ class ImageRequestChecks:
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         self.multiple = pixel_multiple(spec.checkpoint)
         self.guidance_embeds = guidance_embeds(spec.checkpoint)
-        self.check_size(*spec.default_dimensions(), param="default_size")
 
     def check_size(self, width: int, height: int, param: str = "size") -> None:
         s, m = self.spec, self.multiple
@@ -141,6 +140,7 @@ class QwenImageFrontend(Frontend):
     def __init__(self, spec: QwenImageGraphSpec, stages: StageCalls):
         super().__init__(spec, stages)
         self.checks = ImageRequestChecks(spec, os.path.join(spec.checkpoint, TOKENIZER_SUBFOLDER))
+        self.checks.check_size(*spec.default_dimensions(), param="default_size")
 
     def _calls(self, req: ImageGenerationRequest) -> tuple[str, dict[str, Any], int]:
         c = self.checks
