@@ -111,6 +111,10 @@ class DenoiseProgram(BatchProgram):
         key = ("grid", *self.grid, *(self.condition_grid or ()))
         return key, DenoiseWork(self, rows, self.grid, condition_grid=self.condition_grid)
 
+    def after_step(self) -> None:
+        """Called after each scheduler step, ``step_index`` already advanced: pipelines that constrain the latents
+        between steps (inpainting keeps the unmasked area) do it here."""
+
     def work_left(self) -> float:
         """Denoising steps this request still runs (times its images, true CFG doubling the rows)."""
         rows = self.req.n * (2 if self.true_cfg else 1)
@@ -124,6 +128,7 @@ class DenoiseProgram(BatchProgram):
         t = self.timesteps[self.step_index]
         self.latents = self.scheduler.step(noise, t, self.latents, return_dict=False)[0]
         self.step_index += 1
+        self.after_step()
         if self.step_index < len(self.timesteps):
             return []
         self.done = True
