@@ -1,0 +1,138 @@
+"""The served Qwen-Image-Edit graph over real HTTP (multipart ``POST /v1/images/edits``): the official ``openai``
+client's ``images.edit``, the image equal to diffusers' pipeline, inpainting with a mask, bad input as 400s in
+OpenAI's shape, and the routes this graph does not serve as 404s. Deployed next to the session's other graphs,
+reserving no CPUs, and deleted when the module ends.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.conftest import tiny_checkpoint
+from tests.unit.test_qwen_image_edit import openai_mask, png, reference, reference_pipeline, solid_png
+
+pytestmark = pytest.mark.integration
+MODEL = "qwen-image-edit"
+STAGES = ("text_encoder", "vae_encoder", "dit", "vae")
+
+
+@pytest.fixture(scope="module")
+def edit_dir() -> str:
+    return tiny_checkpoint("qwen_image_edit")
+
+
+@pytest.fixture(scope="module")
+def edit_app(ray_serve, edit_dir):
+    from ray import serve
+
+    from omni_serve.graphs.qwen_image_edit import build_app
+
+    serve.run(build_app({"checkpoint": edit_dir, "ingress.num_cpus": 0, "max_input_bytes": 200_000,
+                         "max_input_pixels": 500_000,
+                         **{f"stages.{s}.num_cpus": 0 for s in STAGES}}),
+              name="qwen_image_edit", route_prefix="/edit")
+    yield ray_serve + "/edit"
+    serve.delete("qwen_image_edit")
+
+
+@pytest.fixture(scope="module")
+def client(edit_app):
+    import httpx
+
+    with httpx.Client(base_url=edit_app, timeout=300) as c:
+        yield c
+
+
+def pixels(b64: str) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"))
+
+
+def edit(client, files: dict, **fields):
+    return client.post("/v1/images/edits", files=files, data={"model": MODEL, **fields})
+
+
+def test_openai_client_edits_equal_the_pipeline(edit_app, edit_dir):
+    """``images.edit`` of the official client (one image, extensions in ``extra_body``), two at once: each
+    response is diffusers' QwenImageEditPipeline on the same checkpoint and seed."""
+    from openai import OpenAI
+
+    oa = OpenAI(base_url=edit_app + "/v1", api_key="unused")
+    cases = [{"prompt": "make the sky red", "image": png(80, 48, 1), "size": "64x64", "steps": 2, "seed": 1},
+             {"prompt": "add a cat", "image": png(48, 80, 2), "size": "64x96", "steps": 3, "seed": 2,
+              "negative_prompt": "blurry", "true_cfg_scale": 3.0}]
+
+    def run(case):
+        extra = {"seed": case["seed"], "num_inference_steps": case["steps"]}
+        extra.update({k: case[k] for k in ("negative_prompt", "true_cfg_scale") if k in case})
+        return oa.images.edit(model=MODEL, image=("in.png", case["image"], "image/png"), prompt=case["prompt"],
+                              size=case["size"], n=1, response_format="b64_json", extra_body=extra)
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        results = list(pool.map(run, cases))
+    pipe = reference_pipeline(edit_dir)
+    for case, result in zip(cases, results):
+        _, ref = reference(pipe, case)
+        got = pixels(result.data[0].b64_json)
+        assert got.shape == ref[0].shape and np.abs(got.astype(int) - ref[0]).max() <= 1, case["prompt"]
+
+
+def test_a_list_of_one_image_cache_fields_and_a_mask(client):
+    """The client's list form (``image[]``), cache settings as form fields, and an inpainting edit (a mask)."""
+    r = edit(client, {"image[]": ("in.png", png(64, 64, 3), "image/png")}, prompt="winter", size="64x64",
+             num_inference_steps="4", seed="3", **{"cache[mode]": "dbcache", "cache[residual_diff_threshold]": "0.5",
+                                                   "cache[max_warmup_steps]": "1"})
+    assert r.status_code == 200, r.text
+    m = r.json()["metrics"]
+    assert m["cache_mode"] == "dbcache" and m["cached_steps"][0] + m["computed_steps"][0] == 4
+    mask = openai_mask(64, 64, (slice(0, 32), slice(None)))
+    r = edit(client, {"image": ("in.png", png(64, 64, 4), "image/png"), "mask": ("m.png", mask, "image/png")},
+             prompt="a bird", num_inference_steps="1", seed="4", strength="0.5")
+    assert r.status_code == 200, r.text
+    assert Image.open(io.BytesIO(base64.b64decode(r.json()["data"][0]["b64_json"]))).size == (1024, 1024)
+
+
+BAD = [
+    ({}, {"prompt": "x"}, "image", "image is required"),
+    ({"image": ("x.png", b"not an image", "image/png")}, {"prompt": "x"}, "image", "not a recognised image"),
+    ({"image": ("x.png", solid_png(1000, 1000), "image/png")}, {"prompt": "x"}, "image", "too large (1000x1000"),
+    ({"image": ("x.png", b"x" * 200_001, "image/png")}, {"prompt": "x"}, "image", "too large"),
+    ({"image": ("x.png", png(16, 16, 0), "image/png"), "mask": ("m.png", openai_mask(8, 8, (slice(None),) * 2),
+                                                                "image/png")}, {"prompt": "x"}, "mask",
+     "does not match"),
+    ({"image": ("x.png", png(16, 16, 0), "image/png")}, {"prompt": ""}, "prompt", None),
+    ({"image": ("x.png", png(16, 16, 0), "image/png")}, {"prompt": "x", "size": "65x64"}, "size", None),
+    ({"image": ("x.png", png(16, 16, 0), "image/png")}, {"prompt": "x", "model": "dall-e-2"}, "model", None),
+    ({"image": ("x.png", png(16, 16, 0), "image/png")}, {"prompt": "x", "cache[mode]": "fastest"}, "cache.mode",
+     None),
+    ({"image": ("x.png", png(16, 16, 0), "image/png")},
+     {"prompt": "x", "cache[mode]": "dbcache", "cache[residual_diff_threshold]": "5"}, "cache.residual_diff_threshold",
+     None),
+]
+
+
+@pytest.mark.parametrize("files, fields, param, words", BAD, ids=[f"{i}-{b[2]}" for i, b in enumerate(BAD)])
+def test_bad_edits_are_400s_in_openais_shape(client, files, fields, param, words):
+    r = client.post("/v1/images/edits", files=files or {"unused": ("u", b"", "text/plain")},
+                    data={"model": MODEL, **fields})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"]
+    assert words is None or words in err["message"], err["message"]
+
+
+def test_a_json_body_is_a_400_and_other_routes_are_404(client):
+    r = client.post("/v1/images/edits", json={"prompt": "x", "model": MODEL})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = client.post("/v1/images/generations", json={"prompt": "a cat"})
+    assert r.status_code == 404 and "/v1/images/edits" in r.json()["error"]["message"]
+    r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": []})
+    assert r.status_code == 404
+    assert client.get("/v1/models").json()["data"][0]["id"] == MODEL
+    health = client.get("/health").json()
+    assert set(health["stages"]) == set(STAGES) and all(s["active"] == 0 for s in health["stages"].values())

@@ -1,0 +1,267 @@
+"""Qwen-Image-Edit, in process (no Ray): the checkpoint loads in diffusers' pipeline, and the graph (the family's
+own frontend, runners and engines, wired from its declaration by ``LocalGraph``) returns the latents and the
+uint8 image of ``QwenImageEditPipeline`` on the same checkpoint and seed: alone, and with six edits of different
+sizes, steps, CFG and input images in flight. A swapped prompt or input image must fail the same comparison.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from starlette.datastructures import Headers, UploadFile
+
+from omni_serve.api.errors import OpenAIError
+from omni_serve.graphs.frontend import RequestContext
+from omni_serve.graphs.local import LocalGraph
+from omni_serve.graphs.qwen_image_edit import FAMILY
+from omni_serve.graphs.qwen_image_edit.frontend import ImageEditRequest, condition_size
+from omni_serve.graphs.qwen_image_edit.messages import FinalLatents
+from omni_serve.models.qwen_image_edit import EditPromptProcessor
+from omni_serve.transport.memory import MemoryConnector
+from tests.conftest import tiny_checkpoint
+
+# Served latents differ from the pipeline's by float rounding only (other thread counts and batch partners change
+# the order of sums: at most 1.2e-6 measured here). With random tiny weights the image barely reacts to the prompt:
+# a swapped prompt moves the latents by 1.3e-4 to 4e-4 and the pixels by one level at most, a swapped input image
+# by ~4e-3. So the latents are compared at 1e-5, and the negative controls check a swap misses that by 10x.
+LATENT_ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def edit_dir() -> str:
+    return tiny_checkpoint("qwen_image_edit")
+
+
+def reference_pipeline(checkpoint: str):
+    """diffusers' QwenImageEditPipeline on the checkpoint (its Qwen2VLProcessor needs torchvision, which has no
+    CPU build here: the processor is transformers' tokenizer and image processor, as the served graph's)."""
+    from diffusers import QwenImageEditPipeline
+
+    pipe = QwenImageEditPipeline.from_pretrained(checkpoint, processor=None)
+    pipe.register_modules(processor=EditPromptProcessor.from_pretrained(checkpoint))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@pytest.fixture(scope="module")
+def pipe(edit_dir):
+    return reference_pipeline(edit_dir)
+
+
+def png(width: int, height: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray((rng.random((height, width, 3)) * 255).astype(np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def solid_png(width: int, height: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 30)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def upload(data: bytes, name: str = "in.png") -> UploadFile:
+    return UploadFile(io.BytesIO(data), filename=name, headers=Headers({"content-type": "image/png"}))
+
+
+def reference(pipe, case: dict) -> tuple[torch.Tensor, np.ndarray]:
+    """(packed latents, uint8 images) of the pipeline for an edit case."""
+    image = Image.open(io.BytesIO(case["image"])).convert("RGB")
+    w, h = (int(v) for v in case["size"].split("x"))
+    kwargs = dict(image=image, prompt=case["prompt"], negative_prompt=case.get("negative_prompt"),
+                  true_cfg_scale=case.get("true_cfg_scale", 4.0), height=h, width=w,
+                  num_inference_steps=case["steps"], num_images_per_prompt=case.get("n", 1))
+    latents = pipe(**kwargs, generator=torch.Generator().manual_seed(case["seed"]), output_type="latent").images
+    images = pipe(**kwargs, generator=torch.Generator().manual_seed(case["seed"]), output_type="np").images
+    return latents, (images * 255).round().astype(np.uint8)
+
+
+class Recording(MemoryConnector):
+    """The in-process connector, keeping each request's final latents (the DiT -> VAE payload)."""
+
+    def __init__(self):
+        super().__init__()
+        self.latents = {}
+
+    async def put(self, key, payload):
+        if isinstance(payload, FinalLatents):
+            self.latents[key.split("/")[0]] = payload.latents
+        await super().put(key, payload)
+
+
+class RecordedGraph(LocalGraph):
+    """The edit graph in process, remembering each request's seed (from its DiT call)."""
+
+    def __init__(self, checkpoint: str, connector: Recording, **args):
+        super().__init__(FAMILY, {"checkpoint": checkpoint, **args}, connector=connector)
+        self.seeds = {}
+
+    def _open(self, stage, call):
+        if stage == "dit":
+            self.seeds[call.seed] = call.request_id
+        return super()._open(stage, call)
+
+
+def request(case: dict) -> ImageEditRequest:
+    fields = {k: v for k, v in case.items() if k not in ("image", "mask", "steps")}
+    if "mask" in case:
+        fields["mask"] = upload(case["mask"], "mask.png")
+    return ImageEditRequest.model_validate({**fields, "image": [upload(case["image"])],
+                                            "num_inference_steps": case["steps"]})
+
+
+def decode(response) -> np.ndarray:
+    return np.stack([np.asarray(Image.open(io.BytesIO(base64.b64decode(d.b64_json))).convert("RGB"))
+                     for d in response.data])
+
+
+async def serve(checkpoint: str, cases: list[dict], **args) -> list[tuple[torch.Tensor, np.ndarray, object]]:
+    """(final latents, uint8 images, response) the graph returns for each case, all in flight at once."""
+    connector = Recording()
+    graph = RecordedGraph(checkpoint, connector, **args)
+    try:
+        responses = await asyncio.gather(*(graph.frontend.images_edits(request(c), RequestContext(timeout_s=600))
+                                           for c in cases))
+    finally:
+        await graph.aclose()
+    return [(connector.latents[graph.seeds[c["seed"]]], decode(r), r) for c, r in zip(cases, responses)]
+
+
+def test_checkpoint_loads_in_the_pipeline_and_drops_the_template_prefix(edit_dir, pipe):
+    from omni_serve.checkpoints.qwen_image_edit import template_prefix_tokens
+
+    assert type(pipe).__name__ == "QwenImageEditPipeline"
+    assert template_prefix_tokens(pipe.processor.tokenizer) == pipe.prompt_template_encode_start_idx == 64
+    assert pipe.text_encoder.config.vision_config.out_hidden_size == pipe.transformer.config.joint_attention_dim
+
+
+def test_conditioning_size_is_the_pipelines(pipe):
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dimensions
+
+    for w, h in [(80, 48), (48, 80), (64, 64), (1920, 1080), (333, 999), (17, 3000)]:
+        assert condition_size(w, h) == calculate_dimensions(1024 * 1024, w / h)[:2]
+
+
+CASES = [
+    {"prompt": "make the sky red", "image": png(80, 48, 1), "size": "64x64", "steps": 2, "seed": 1},
+    {"prompt": "add a cat", "image": png(48, 80, 2), "size": "96x64", "steps": 3, "seed": 2,
+     "negative_prompt": "blurry", "true_cfg_scale": 3.0},
+    {"prompt": "a house by the sea", "image": png(64, 64, 3), "size": "64x96", "steps": 2, "seed": 3, "n": 2},
+    {"prompt": "turn it blue", "image": png(80, 48, 4), "size": "64x64", "steps": 4, "seed": 4},
+    {"prompt": "winter", "image": png(72, 72, 5), "size": "64x64", "steps": 2, "seed": 5,
+     "negative_prompt": " ", "true_cfg_scale": 2.0},
+    {"prompt": "make the sky red", "image": png(80, 48, 6), "size": "64x64", "steps": 3, "seed": 6},
+]
+
+
+def test_one_edit_equals_the_pipeline(edit_dir, pipe):
+    case = CASES[1]
+    ref_latents, ref_images = reference(pipe, case)
+    [(latents, images, response)] = asyncio.run(serve(edit_dir, [case]))
+    torch.testing.assert_close(latents, ref_latents, rtol=0, atol=LATENT_ATOL)
+    assert np.array_equal(images, ref_images)
+    assert response.metrics.true_cfg and response.metrics.num_inference_steps == case["steps"]
+
+
+def test_six_edits_in_flight_equal_the_pipeline_and_a_swap_fails(edit_dir, pipe):
+    refs = [reference(pipe, c) for c in CASES]
+    served = asyncio.run(serve(edit_dir, CASES))
+    for case, (ref_latents, ref_images), (latents, images, _) in zip(CASES, refs, served):
+        torch.testing.assert_close(latents, ref_latents, rtol=0, atol=LATENT_ATOL, msg=case["prompt"])
+        assert images.shape == ref_images.shape
+        assert np.abs(images.astype(int) - ref_images).max() <= 1, case["prompt"]
+    # Negative controls: the first edit with another prompt, or another input image, fails the comparison.
+    latents, images, _ = served[0]
+    for swap in ({"prompt": "add a cat"}, {"image": CASES[5]["image"]}):
+        other_latents, other_images = reference(pipe, {**CASES[0], **swap})
+        assert (latents - other_latents).abs().max() > 10 * LATENT_ATOL, swap.keys()
+        assert not np.array_equal(images, other_images), swap.keys()
+
+
+def openai_mask(width: int, height: int, edit: tuple[slice, slice]) -> bytes:
+    """OpenAI's mask: an RGBA PNG, fully transparent where the image is edited."""
+    rgba = np.full((height, width, 4), 255, np.uint8)
+    rgba[edit + (3,)] = 0
+    buf = io.BytesIO()
+    Image.fromarray(rgba, "RGBA").save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def inpaint_reference(checkpoint: str, case: dict) -> tuple[torch.Tensor, np.ndarray]:
+    """diffusers' QwenImageEditInpaintPipeline on the case, its mask in diffusers' convention (white: repaint)."""
+    from diffusers import QwenImageEditInpaintPipeline
+
+    pipe = QwenImageEditInpaintPipeline.from_pretrained(checkpoint, processor=None)
+    pipe.register_modules(processor=EditPromptProcessor.from_pretrained(checkpoint))
+    pipe.set_progress_bar_config(disable=True)
+    alpha = np.asarray(Image.open(io.BytesIO(case["mask"])))[..., 3]
+    kwargs = dict(image=Image.open(io.BytesIO(case["image"])).convert("RGB"), prompt=case["prompt"],
+                  mask_image=Image.fromarray(np.where(alpha == 0, 255, 0).astype(np.uint8), "L"),
+                  negative_prompt=case.get("negative_prompt"), true_cfg_scale=case.get("true_cfg_scale", 4.0),
+                  num_inference_steps=case["steps"], strength=case.get("strength", 1.0))
+    latents = pipe(**kwargs, generator=torch.Generator().manual_seed(case["seed"]), output_type="latent").images
+    images = pipe(**kwargs, generator=torch.Generator().manual_seed(case["seed"]), output_type="np").images
+    return latents, (images * 255).round().astype(np.uint8)
+
+
+LEFT, TOP = (slice(None), slice(0, 40)), (slice(0, 20), slice(None))
+INPAINT = [
+    {"prompt": "a cat", "image": png(80, 48, 7), "mask": openai_mask(80, 48, LEFT), "steps": 3, "seed": 7,
+     "negative_prompt": " ", "true_cfg_scale": 2.0},
+    {"prompt": "snow", "image": png(80, 48, 8), "mask": openai_mask(80, 48, TOP), "steps": 3, "seed": 8,
+     "strength": 0.6},
+]
+
+
+def test_edits_with_a_mask_equal_the_inpainting_pipeline(edit_dir):
+    """Two inpainting edits in flight (the whole masked area repainted with CFG; 60% of the way): latents and
+    pixels of diffusers' inpainting pipeline (the VAE decodes untiled, as the pipeline). A swapped mask fails."""
+    refs = [inpaint_reference(edit_dir, c) for c in INPAINT]
+    served = asyncio.run(serve(edit_dir, INPAINT, **{"stages.vae.params.tile_min_pixels": None}))
+    for case, (ref_latents, ref_images), (latents, images, response) in zip(INPAINT, refs, served):
+        torch.testing.assert_close(latents, ref_latents, rtol=0, atol=LATENT_ATOL, msg=case["prompt"])
+        assert images.shape == ref_images.shape == (1, 800, 1312, 3)  # the conditioning size of an 80x48 input
+        assert np.abs(images.astype(int) - ref_images).max() <= 1, case["prompt"]
+    assert served[1][2].metrics.num_inference_steps == 2  # the last 3 - int(3 - 3 * 0.6) of the 3 steps run
+    swapped, _ = inpaint_reference(edit_dir, {**INPAINT[0], "mask": openai_mask(80, 48, TOP)})
+    assert (served[0][0] - swapped).abs().max() > 10 * LATENT_ATOL
+
+
+def _bad(edit_dir, **fields):
+    async def main():
+        graph = LocalGraph(FAMILY, {"checkpoint": edit_dir, "max_input_pixels": 10_000, "max_input_bytes": 20_000})
+        try:
+            req = ImageEditRequest.model_validate({"prompt": "x", "size": "64x64", **fields})
+            await graph.frontend.images_edits(req, RequestContext(timeout_s=60))
+        finally:
+            await graph.aclose()
+    with pytest.raises(OpenAIError) as info:
+        asyncio.run(main())
+    return info.value
+
+
+@pytest.mark.parametrize("fields, param, words", [
+    ({}, "image", "image is required"),
+    ({"image": [upload(b"not a png")]}, "image", "not a recognised image"),
+    ({"image": [upload(solid_png(120, 100))]}, "image", "too large (120x100"),
+    ({"image": [upload(b"x" * 20_001)]}, "image", "too large (more than 20000 bytes"),
+    ({"image": [upload(png(8, 8, 0))], "image[]": [upload(png(8, 8, 1))]}, "image", "one image at a time"),
+    ({"image": [upload(png(8, 8, 0))], "mask": upload(openai_mask(8, 6, LEFT))}, "mask",
+     "mask size 8x6 does not match the image's 8x8"),
+    ({"image": [upload(png(8, 8, 0))], "mask": upload(png(8, 8, 1))}, "mask", "no fully transparent pixel"),
+    ({"image": [upload(png(8, 8, 0))], "strength": 0.5}, "strength", "applies to edits with a mask"),
+    ({"image": [upload(png(8, 8, 0))], "mask": upload(openai_mask(8, 8, LEFT)), "size": "64x64"}, "size",
+     "keeps the input image's size"),
+    ({"image": [upload(png(8, 8, 0))], "size": "50x50"}, "size", "multiples of 16"),
+    ({"image": [upload(png(8, 8, 0))], "n": 99}, "n", "between 1"),
+])
+def test_bad_edits_are_400s_before_any_stage_runs(edit_dir, fields, param, words):
+    err = _bad(edit_dir, **fields)
+    assert err.status_code == 400 and err.param == param and words in err.message, err.message
