@@ -7,8 +7,7 @@ from pydantic import Field
 from omni_serve.graphs.family import Family
 from omni_serve.graphs.graph import EdgeDef, EngineKind, GraphDef, StageDef
 from omni_serve.graphs.messages import Message, Tensor
-from omni_serve.graphs.spec import GraphSpecBase, IngressSpec
-from omni_serve.transport.config import DataPlaneSpec
+from omni_serve.graphs.spec import GraphSpecBase
 
 
 class EchoCall(Message):
@@ -39,13 +38,9 @@ ToyStages, ToyEdges = GRAPH.stages_model("ToyStages"), GRAPH.edges_model("ToyEdg
 
 
 class ToySpec(GraphSpecBase):
-    checkpoint: str = Field(..., description="Checkpoint directory.")
     model_name: str = Field("toy", description="Served model id.")
-    data_timeout_s: float = Field(5.0, gt=0, description="Upstream wait.")
-    ingress: IngressSpec = Field(default_factory=IngressSpec, description="Ingress.")
     stages: ToyStages = Field(default_factory=ToyStages, description="Stages.")
     edges: ToyEdges = Field(default_factory=ToyEdges, description="Edges.")
-    data_plane: DataPlaneSpec = Field(default_factory=DataPlaneSpec, description="Connector settings.")
 
 
 FAMILY = Family(name="toy", module=__name__, description="A toy plug-in.", graph=GRAPH, spec=ToySpec,

@@ -24,7 +24,6 @@ def build_app(family: Family, args: dict[str, Any] | None = None) -> serve.Appli
     from omni_serve.deployments.stage import StageDeployment
 
     spec = family.validate(args)
-    _check_connectors(family, spec)
     spec_dict = spec.model_dump(mode="json")
     logging_config = spec.logging.model_dump()
     handles = {}
@@ -42,13 +41,3 @@ def build_app(family: Family, args: dict[str, Any] | None = None) -> serve.Appli
         ray_actor_options={"num_cpus": ing.num_cpus}, logging_config=logging_config, **replicas,
     ).bind(family.path, spec_dict, **handles)
 
-
-def _check_connectors(family: Family, spec) -> None:
-    """Every edge of a deployed graph crosses processes: an in-process connector cannot carry it."""
-    from omni_serve.transport.base import connector_class
-
-    for link in family.graph.links(spec.layout()):
-        name = spec.edge_spec(link.edge).connector
-        if connector_class(name).scope == "process":
-            raise ValueError(f"edges.{link.edge}.connector={name!r} works inside one process only; a served "
-                             f"graph's stages are separate processes (use ray, shm, mooncake or mooncake_store)")

@@ -5,13 +5,15 @@ handles)`` builds it over Ray Serve handles (``omni_serve.graphs.local`` builds 
 Edges use the connectors the spec names (``edges.<edge>.connector``), or ``connector`` for all.
 - ``put(request_id, edge, payload)``: writes a payload on an edge the ingress feeds (``GraphDef.ingress_writes``),
   e.g. a request's preprocessed media; the payload must be the edge's declared type.
-- ``stream(request_id, calls, timeout_s)``: opens one streaming call per entry of ``calls`` (stage name -> the
-  stage's declared call message) and yields ``(stage, output)`` in arrival order until every call ended. Each
+- ``stream(request_id, calls, timeout_s, inputs=None)``: puts ``inputs`` (edge -> payload, as ``put``), opens
+  one streaming call per entry of ``calls`` (stage name -> the stage's declared call message) and yields
+  ``(stage, output)`` in arrival order until every call ended. Each
   output must be one of the stage's declared output types. A stage failure raises an ``OpenAIError`` naming the
   stage: 503 with Retry-After when the stage's replica died or is unavailable, 500 when the stage failed on the
   request; passing the deadline raises a 504. Whatever ends the iteration (success,
-  error, the client going away), every open call is cancelled (which aborts the request in the stage's engine)
-  and the request's data-plane payloads are freed on every connector the deployed graph uses.
+  error, the client going away, a failure while putting the inputs or opening the calls), every open call is
+  cancelled (which aborts the request in the stage's engine) and the request's data-plane payloads are freed on
+  every connector the deployed graph uses.
 - ``health()``: each deployed stage's ``ready()`` answer, or ``{"error": ...}`` for one that does not answer.
 """
 
@@ -105,13 +107,19 @@ class StageCalls:
         if not isinstance(call, expected):
             raise TypeError(f"stage {stage} takes {expected.__name__}, not {type(call).__name__}")
 
-    async def stream(self, request_id: str, calls: Mapping[str, Message],
-                     timeout_s: float) -> AsyncIterator[tuple[str, Message]]:
+    async def stream(self, request_id: str, calls: Mapping[str, Message], timeout_s: float,
+                     inputs: Mapping[str, Message] | None = None) -> AsyncIterator[tuple[str, Message]]:
+        opened: dict[str, StageCall] = {}
         try:
             for stage, call in calls.items():
                 self._check_call(stage, call)
-            opened = {stage: self._open(stage, call) for stage, call in calls.items()}
+            for edge, payload in (inputs or {}).items():
+                await self.put(request_id, edge, payload)
+            for stage, call in calls.items():
+                opened[stage] = self._open(stage, call)
         except BaseException:
+            for gen in opened.values():
+                gen.cancel()
             await asyncio.shield(self.free(request_id))
             raise
         queue: asyncio.Queue = asyncio.Queue()

@@ -7,7 +7,9 @@ package must not import torch or model code: the registry (``omni_serve.graphs.r
 Serve config writer import every family to list and validate them.
 
 ``validate(args)`` turns user values (a dict; dotted keys allowed, as ``serve run ... key=value`` passes them)
-into the family's spec, with the checkpoint path made absolute after checking it is a checkpoint directory.
+into the family's spec, with the checkpoint path made absolute after checking it is a checkpoint directory, and
+(``served=True``, the default: a deployed graph, whose stages are separate processes) every edge's connector
+able to cross processes.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ class Family:
     checkpoint_marker: str  # a file every checkpoint directory of the family has
     checkpoint_writer: str | None = None  # module:function(out_dir, size, seed) for tiny/small random checkpoints
 
+    def __post_init__(self) -> None:
+        if self.name != self.graph.name:
+            raise ValueError(f"family {self.name!r} declares the graph {self.graph.name!r}: give both one name")
+
     @property
     def path(self) -> str:
         """Import path of this object (what deployments are given to find the family)."""
@@ -46,10 +52,27 @@ class Family:
             return f"give a {self.name} checkpoint directory"
         return f"write one with `omni-serve make-checkpoint {self.name} --size tiny DIR`"
 
-    def validate(self, args: dict[str, Any] | None) -> GraphSpecBase:
-        spec = self.spec.model_validate(apply_overrides(dict(args or {})))
+    def validate(self, args: dict[str, Any] | None, served: bool = True) -> GraphSpecBase:
+        spec = self.parse(args, served)
         checkpoint = os.path.abspath(os.path.expanduser(spec.checkpoint))
         if not os.path.isfile(os.path.join(checkpoint, self.checkpoint_marker)):
             raise ValueError(f"checkpoint {spec.checkpoint!r} is not a checkpoint directory (no "
                              f"{self.checkpoint_marker}); {self.checkpoint_hint()}")
         return spec.model_copy(update={"checkpoint": checkpoint})
+
+    def parse(self, args: dict[str, Any] | None, served: bool = True) -> GraphSpecBase:
+        """The spec of ``args`` (the checkpoint unchecked: it may exist only where the graph is deployed)."""
+        spec = self.spec.model_validate(apply_overrides(dict(args or {})))
+        if served:
+            self._check_connectors(spec)
+        return spec
+
+    def _check_connectors(self, spec: GraphSpecBase) -> None:
+        """A served graph's stages are separate processes: an in-process connector cannot carry an edge."""
+        from omni_serve.transport.base import connector_class
+
+        for link in self.graph.links(spec.layout()):
+            name = spec.edge_spec(link.edge).connector
+            if connector_class(name).scope == "process":
+                raise ValueError(f"edges.{link.edge}.connector={name!r} works inside one process only; a served "
+                                 f"graph's stages are separate processes (use ray, shm, mooncake or mooncake_store)")

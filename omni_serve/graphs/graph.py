@@ -152,7 +152,7 @@ class GraphDef:
                 out.append(f"layout {lay}:")
             out.append(indent + "stages: " + ", ".join(f"{s.name} ({s.engine.value})" for s in self.deployed(lay)))
             pairs = [(f"{link.writer} -> {link.reader}", self.edge(link.edge)) for link in self.links(lay)]
-            width = max(len(pair) for pair, _ in pairs)
+            width = max((len(pair) for pair, _ in pairs), default=0)
             for pair, edge in pairs:
                 kind = "stream" if edge.stream else "one per request"
                 out.append(f"{indent}{pair:<{width}}  edge {edge.name}: {edge.payload.__name__}, {kind}")

@@ -43,7 +43,7 @@ class LocalGraph:
         if connector is None:
             args.update({f"edges.{e.name}.connector": "memory" for e in family.graph.edges})
         self.family = family
-        self.spec = family.validate(args)
+        self.spec = family.validate(args, served=False)
         self.runners: dict[str, StageRunner] = {stage.name: build_runner(family, stage.name, self.spec, connector)
                                                 for stage in family.graph.deployed(self.spec.layout())}
         self.engines = {name: runner.make_engine() for name, runner in self.runners.items()}

@@ -7,7 +7,8 @@ Contract: every object that crosses a process boundary on the serving path is a 
 A family declares its messages in one module (``graphs/<family>/messages.py``) and names them in its graph
 declaration (``omni_serve.graphs.graph``), which checks them where they cross: a stage validates each call
 it receives (``Message.model_validate`` re-validates an instance: ``revalidate_instances="always"``),
-each payload it reads off the data plane, and the type of every output and payload it produces.
+each payload it reads off the data plane, and the type of every output and payload it produces; fields are
+validated when a message is built and when one is assigned (``validate_assignment``).
 
 Tensor fields are typed ``Tensor``: checked as ``torch.Tensor`` at validation time, but declaring them does
 not import torch, so specs, graph declarations and the CLI load without it.
@@ -41,7 +42,8 @@ Tensor = Annotated[Any, _TensorField(), PlainValidator(_check_tensor),
 class Message(BaseModel):
     """Base of every stage call, stage output and edge payload."""
 
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, revalidate_instances="always")
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, revalidate_instances="always",
+                              validate_assignment=True)
 
 
 class StreamChunk(Message):

@@ -33,7 +33,7 @@ from omni_serve.transport.base import ChunkWriter, Connector, chunk_key, get_con
 class StageIO:
     def __init__(self, graph: GraphDef, stage: StageDef, spec: Any, connector: Connector | None = None):
         self.graph, self.stage, self.spec = graph, stage, spec
-        self.timeout_s = spec.data_timeout_s
+        self.timeout_s = spec.data_timeout()
         self._connector = connector
 
     def connector(self, edge: str) -> Connector:

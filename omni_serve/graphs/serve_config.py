@@ -19,7 +19,6 @@ import os
 from typing import Any
 
 from omni_serve.graphs.registry import family as find_family
-from omni_serve.graphs.spec import apply_overrides
 
 
 def resolve_checkpoint(checkpoint: str, marker: str) -> tuple[str, str | None]:
@@ -41,7 +40,7 @@ def build_serve_config(graph: str, values: dict[str, Any], *, app_name: str | No
     from ray.serve.schema import ServeDeploySchema
 
     family = find_family(graph)
-    spec = family.spec.model_validate(apply_overrides(dict(values)))
+    spec = family.parse(values)
     checkpoint, note = resolve_checkpoint(spec.checkpoint, family.checkpoint_marker)
     args = spec.model_copy(update={"checkpoint": checkpoint}).model_dump(mode="json")
     app: dict[str, Any] = {"name": app_name or graph, "route_prefix": route_prefix,

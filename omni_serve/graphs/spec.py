@@ -13,6 +13,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from omni_serve.engines.ar.config import ARConfig
+from omni_serve.transport.config import DataPlaneSpec
 
 
 class SpecModel(BaseModel):
@@ -110,7 +111,7 @@ class EdgeSpec(BaseModel):
         "Data-plane backend carrying this edge's tensors, a name in the connector registry: 'ray' (Ray object "
         "store, any node), 'shm' (shared memory: producer and consumer on one node, zero-copy), 'mooncake' "
         "(Mooncake Transfer Engine, P2P over tcp/rdma), 'mooncake_store' (Mooncake Store behind a master), or "
-        "one added with omni_serve.transport.base.register_connector. See docs/data_plane.md."))
+        "one registered under the omni_serve.connectors entry-point group. See docs/data_plane.md."))
     chunk_size: int = Field(8, ge=1, description="Items (tokens/states) per streamed chunk.")
     first_chunk_size: int = Field(1, ge=1, description="Items in the first chunk (smaller cuts time to first output).")
 
@@ -166,12 +167,27 @@ class LoggingSpec(BaseModel):
 
 
 class GraphSpecBase(SpecModel):
-    """Fields every graph spec has. A family's spec adds its own, and its ``stages``/``edges`` sections derived
-    from its graph declaration (``GraphDef.stages_model`` / ``edges_model``)."""
+    """Fields every graph spec has. A family's spec adds its own (and may override these fields' descriptions and
+    defaults), and its ``stages``/``edges`` sections derived from its graph declaration (``GraphDef.stages_model``
+    / ``edges_model``)."""
+
+    checkpoint: str = Field(..., description="Local checkpoint directory of the family's model.")
+    model_name: str = Field(..., description="Model id served at /v1/models and accepted in requests.")
+    data_timeout_s: float | None = Field(None, gt=0, description=(
+        "How long a stage waits for an upstream payload; null (the default): the request deadline, "
+        "ingress.request_timeout_s. Waiting includes the upstream stages' queueing and compute under load; a "
+        "producer that dies fails its call at the ingress first, which then cancels every call of the request."))
+    ingress: IngressSpec = Field(default_factory=IngressSpec, description="HTTP ingress deployment.")
+    data_plane: DataPlaneSpec = Field(default_factory=DataPlaneSpec, description=(
+        "Settings of the data-plane backends the edges use (shared memory, Mooncake)."))
 
     def layout(self) -> str:
         """The graph layout this spec deploys (``GraphDef.layouts``); families with several override it."""
         return "default"
+
+    def data_timeout(self) -> float:
+        """Seconds a stage waits for an upstream payload."""
+        return self.data_timeout_s or self.ingress.request_timeout_s
 
     def stage_spec(self, stage: str) -> "StageSpec":
         return getattr(self.stages, stage)

@@ -9,8 +9,10 @@ Contract:
   an ordered stream that ends with a payload whose ``end`` attribute is true (``omni_serve.graphs.messages.
   StreamChunk``), reporting each put/get (backend, bytes, seconds) to the process' transfer observer when one
   is set (metrics).
-- Backends register lazily by name (``register_connector``) so optional dependencies (Mooncake, shared
-  memory) load only where a graph edge asks for them.
+- Backends register lazily by name so optional dependencies (Mooncake, shared memory) load only where a graph
+  edge asks for them: the built-in ones, those of the ``omni_serve.connectors`` entry-point group (``name =
+  "package.module:Class"``: every process of a deployed graph sees them) and ``register_connector`` (this
+  process only: tests, in-process graphs).
 """
 
 from __future__ import annotations
@@ -197,8 +199,26 @@ _REGISTRY: dict[str, str] = {
 _INSTANCES: dict[str, Connector] = {}
 
 
+CONNECTOR_ENTRY_POINTS = "omni_serve.connectors"
+_entry_points_read = False
+
+
+def _registry() -> dict[str, str]:
+    """The registry, with the ``omni_serve.connectors`` entry points added the first time it is read."""
+    global _entry_points_read
+    if not _entry_points_read:
+        from importlib.metadata import entry_points
+
+        for entry in entry_points(group=CONNECTOR_ENTRY_POINTS):
+            _REGISTRY.setdefault(entry.name, entry.value)
+        _entry_points_read = True
+    return _REGISTRY
+
+
 def register_connector(name: str, path: str) -> None:
-    """Register a backend as ``module:Class``; it is imported only when first used."""
+    """Register a backend as ``module:Class`` in this process; it is imported only when first used. A deployed
+    graph's processes each validate their spec: register there through the ``omni_serve.connectors`` entry-point
+    group instead."""
     _REGISTRY[name] = path
 
 
@@ -208,14 +228,15 @@ def connector_stats() -> dict[str, dict]:
 
 
 def known_connectors() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(_registry())
 
 
 def connector_class(name: str) -> type[Connector]:
     """The class registered under ``name`` (imports its module)."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown connector {name!r}; known: {sorted(_REGISTRY)}")
-    module, _, cls = _REGISTRY[name].partition(":")
+    registry = _registry()
+    if name not in registry:
+        raise ValueError(f"unknown connector {name!r}; known: {sorted(registry)}")
+    module, _, cls = registry[name].partition(":")
     return getattr(importlib.import_module(module), cls)
 
 

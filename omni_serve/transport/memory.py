@@ -40,7 +40,11 @@ class MemoryConnector(Connector):
             try:
                 await asyncio.wait_for(self._event(key).wait(), timeout)
             except asyncio.TimeoutError:
+                self._arrived.pop(key, None)
                 raise DataPlaneTimeout(f"no payload under {key!r} after {timeout:.1f} s") from None
+            except asyncio.CancelledError:
+                self._arrived.pop(key, None)
+                raise
         item = self._items.pop(key, None)
         self._arrived.pop(key, None)
         if item is None:
@@ -52,7 +56,7 @@ class MemoryConnector(Connector):
         self._arrived.pop(key, None)
 
     async def free_request(self, request_id: str) -> None:
-        for key in [k for k in self._items if (split_key(k) or ("",))[0] == request_id]:
+        for key in [k for k in {**self._items, **self._arrived} if (split_key(k) or ("",))[0] == request_id]:
             await self.free(key)
 
     def sweep(self, now: float | None = None) -> int:

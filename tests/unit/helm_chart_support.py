@@ -101,10 +101,9 @@ def _graph_spec(render):
 
 
 def _deployed(spec) -> list[str]:
-    """Stages build_app deploys (the Omni spec knows its layout; Qwen-Image deploys every stage)."""
-    if hasattr(spec, "deployed_stages"):
-        return spec.deployed_stages()
-    return list(type(spec.stages).model_fields)
+    """Stages build_app deploys for the spec's layout (its family's graph declaration)."""
+    (family,) = [f for f in families().values() if type(spec) is f.spec]
+    return [s.name for s in family.graph.deployed(spec.layout())]
 
 
 def _groups(rs: dict) -> list[dict]:

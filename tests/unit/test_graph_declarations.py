@@ -114,9 +114,37 @@ def test_edge_connectors_are_names_in_the_connector_registry():
 
 def test_a_served_graph_refuses_an_in_process_connector(qwen_image_tiny_dir):
     from omni_serve.deployments.builder import build_app
+    from omni_serve.graphs.serve_config import build_serve_config
 
-    with pytest.raises(ValueError, match="edges.dit_vae.connector='memory' works inside one process only"):
-        build_app(families()["qwen_image"], {"checkpoint": qwen_image_tiny_dir, "edges.dit_vae.connector": "memory"})
+    args = {"checkpoint": qwen_image_tiny_dir, "edges.dit_vae.connector": "memory"}
+    for build in (lambda: build_app(families()["qwen_image"], args), lambda: build_serve_config("qwen_image", args)):
+        with pytest.raises(ValueError, match="edges.dit_vae.connector='memory' works inside one process only"):
+            build()
+
+
+def test_connectors_of_the_entry_point_group_are_known_everywhere(monkeypatch):
+    toy = importlib.metadata.EntryPoint(name="toy_memory", value="omni_serve.transport.memory:MemoryConnector",
+                                        group=base.CONNECTOR_ENTRY_POINTS)
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group=None, **kw: [toy] if group == base.CONNECTOR_ENTRY_POINTS else real(group=group, **kw))
+    monkeypatch.setattr(base, "_entry_points_read", False)
+    try:
+        assert EdgeSpec(connector="toy_memory").connector == "toy_memory"
+        assert base.connector_class("toy_memory") is MemoryConnector
+    finally:
+        base._REGISTRY.pop("toy_memory", None)
+
+
+def test_a_family_names_its_graph_and_a_graph_without_edges_describes_itself():
+    from omni_serve.graphs.family import Family
+    from tests.toy_family import GRAPH, ToySpec
+
+    with pytest.raises(ValueError, match="give both one name"):
+        Family(name="other", module=__name__, description="x", graph=GRAPH, spec=ToySpec, frontend="m:F",
+               checkpoint_marker="config.json")
+    lonely = GraphDef("lonely", stages=(_stage("only", Call),), edges=())
+    assert lonely.describe() == "stages: only (step)"
 
 
 def test_a_plug_in_family_registers_through_an_entry_point(monkeypatch):
@@ -258,6 +286,28 @@ def test_image_traffic_carries_only_messages(qwen_image_tiny_dir):
     assert len(response.data) == 1 and response.metrics.true_cfg
     kinds = _check_recorded(graph)
     assert kinds["payloads"] == {"PromptEmbeds", "FinalLatents"}
+
+
+def test_edit_traffic_carries_only_messages():
+    from omni_serve.graphs.frontend import RequestContext
+    from omni_serve.graphs.qwen_image_edit import FAMILY
+    from tests.conftest import tiny_checkpoint
+    from tests.unit.test_qwen_image_edit import ImageEditRequest, openai_mask, png, upload
+
+    async def main():
+        graph = RecordedGraph(FAMILY, {"checkpoint": tiny_checkpoint("qwen_image_edit")})
+        try:
+            req = ImageEditRequest.model_validate({
+                "prompt": "a cat", "image": [upload(png(64, 64, 0))], "mask": upload(openai_mask(64, 64, (
+                    slice(0, 32), slice(None)))), "num_inference_steps": 1, "negative_prompt": " ",
+                "true_cfg_scale": 2.0, "cache[mode]": "dbcache"})
+            return graph, await graph.frontend.images_edits(req, RequestContext(timeout_s=300))
+        finally:
+            await graph.aclose()
+    graph, response = asyncio.run(main())
+    assert len(response.data) == 1
+    kinds = _check_recorded(graph)
+    assert kinds["payloads"] == {"InputImage", "InpaintMask", "PromptEmbeds", "ConditionLatents", "FinalLatents"}
 
 
 @pytest.mark.parametrize("layout", ["aggregated", "disaggregated"])

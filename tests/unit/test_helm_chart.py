@@ -224,8 +224,9 @@ def test_app_args_validate_against_the_graph_spec(renders, case):
 def test_gpu_example_args_in_detail(renders):
     spec = _graph_spec(renders["gpu-prod"])
     assert spec.data_plane.mooncake.protocol == "rdma"
-    assert {spec.edges.encoder_thinker.connector, spec.edges.thinker_talker.connector,
-            spec.edges.talker_code2wav.connector} == {"mooncake"}
+    # every edge of the layout crosses pods: all on Mooncake (the ingress' media too)
+    graph = families()["qwen2_5_omni"].graph
+    assert {getattr(spec.edges, link.edge).connector for link in graph.links(spec.layout())} == {"mooncake"}
     for stage in spec.deployed_stages():
         settings = getattr(spec.stages, stage)
         assert settings.engine.device == "cuda" and settings.engine.dtype == "bfloat16", stage

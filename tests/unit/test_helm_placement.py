@@ -114,28 +114,18 @@ def test_placement_check_catches_unschedulable_layouts(chart):
         _check_schedulable(_render(chart, values))
 
 
-def _edge_endpoints(edge: str, stages: list[str]) -> tuple[str, str] | None:
-    """Split an edge field name (producer_consumer) into two stage names."""
-    parts = edge.split("_")
-    for i in range(1, len(parts)):
-        producer, consumer = "_".join(parts[:i]), "_".join(parts[i:])
-        if producer in stages and consumer in stages:
-            return producer, consumer
-    return None
-
-
 def _check_shm_edges(render) -> None:
     """`shm` needs producer and consumer on one node: both pinned to one group that has a single pod."""
+    from omni_serve.graphs.registry import families
+
     spec, candidates, groups = _placement(render)
-    all_stages = list(type(spec.stages).model_fields)
-    thinkers = spec.thinker_stages() if hasattr(spec, "thinker_stages") else []
-    for edge in type(spec.edges).model_fields:
+    (graph,) = [f.graph for f in families().values() if type(spec) is f.spec]
+    for link in graph.links(spec.layout()):
+        edge = link.edge
         if getattr(spec.edges, edge).connector != "shm":
             continue
-        endpoints = _edge_endpoints(edge, all_stages)
-        assert endpoints, edge
-        # `thinker` in an edge name means the deployed thinker stage(s) of the layout.
-        involved = {s for end in endpoints for s in (thinkers if end == "thinker" else [end])}
+        involved = {link.writer, link.reader}
+        assert "ingress" not in involved, f"shm edge {edge}: the ingress is not pinned to a group"
         involved &= set(candidates)
         assert involved, f"shm edge {edge} joins no deployed stages"
         where = {tuple(candidates[s]) for s in involved}

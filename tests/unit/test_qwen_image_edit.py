@@ -235,8 +235,13 @@ def test_edits_with_a_mask_equal_the_inpainting_pipeline(edit_dir):
 
 
 def _bad(edit_dir, **fields):
+    """The 400 of an edit with ``fields``; no stage call was opened and nothing put on the data plane."""
+    connector = Recording()
+    graph = RecordedGraph(edit_dir, connector, max_input_pixels=10_000, max_input_bytes=20_000)
+    opened = []
+    graph.stages._open = lambda stage, call: opened.append(stage)  # what the ingress side would open
+
     async def main():
-        graph = LocalGraph(FAMILY, {"checkpoint": edit_dir, "max_input_pixels": 10_000, "max_input_bytes": 20_000})
         try:
             req = ImageEditRequest.model_validate({"prompt": "x", "size": "64x64", **fields})
             await graph.frontend.images_edits(req, RequestContext(timeout_s=60))
@@ -244,6 +249,7 @@ def _bad(edit_dir, **fields):
             await graph.aclose()
     with pytest.raises(OpenAIError) as info:
         asyncio.run(main())
+    assert opened == [] and connector.stats() == {"unread": 0}
     return info.value
 
 
@@ -253,6 +259,7 @@ def _bad(edit_dir, **fields):
     ({"image": [upload(solid_png(120, 100))]}, "image", "too large (120x100"),
     ({"image": [upload(b"x" * 20_001)]}, "image", "too large (more than 20000 bytes"),
     ({"image": [upload(png(8, 8, 0))], "image[]": [upload(png(8, 8, 1))]}, "image", "one image at a time"),
+    ({"image": [upload(solid_png(400, 1))]}, "image", "aspect ratio must be at most 200:1"),
     ({"image": [upload(png(8, 8, 0))], "mask": upload(openai_mask(8, 6, LEFT))}, "mask",
      "mask size 8x6 does not match the image's 8x8"),
     ({"image": [upload(png(8, 8, 0))], "mask": upload(png(8, 8, 1))}, "mask", "no fully transparent pixel"),

@@ -63,7 +63,7 @@ def test_codec_round_trip_keeps_structure_dtypes_and_views():
 
 
 def test_split_key_inverts_chunk_key():
-    assert split_key(chunk_key("req-1", "thinker.talker", 12)) == ("req-1", "thinker.talker", 12)
+    assert split_key(chunk_key("req-1", "thinker_talker", 12)) == ("req-1", "thinker_talker", 12)
     assert split_key("no-index/edge") is None and split_key("plain") is None
 
 
@@ -157,7 +157,7 @@ def test_cross_node_consumer_gets_a_clear_error(shm_root):
         c = connector(shm_root, directory=FakeDirectory())
         t0 = time.monotonic()
         with pytest.raises(DataPlaneError, match="another-node.*use connector 'mooncake' or 'ray'"):
-            await c.get("r/thinker.talker/0", 30)
+            await c.get("r/thinker_talker/0", 30)
         assert time.monotonic() - t0 < 5
     run(main())
 
@@ -226,9 +226,9 @@ def test_killed_producer_fails_the_waiting_consumer_and_its_pool_is_collected(sh
 def test_payload_without_tensors_needs_no_segment_and_still_expires(shm_root):
     async def main():
         c = connector(shm_root, ttl_s=30)
-        await c.put("r/talker.code2wav/0", {"codes": [5, 6, 7], "end": False})
-        assert (await c.get("r/talker.code2wav/0", 1)) == {"codes": [5, 6, 7], "end": False}
-        await c.put("r/talker.code2wav/1", {"codes": [], "end": True})  # never read
+        await c.put("r/talker_code2wav/0", {"codes": [5, 6, 7], "end": False})
+        assert (await c.get("r/talker_code2wav/0", 1)) == {"codes": [5, 6, 7], "end": False}
+        await c.put("r/talker_code2wav/1", {"codes": [], "end": True})  # never read
         assert c.stats()["segments"] == 0 and c.stats()["unread"] == 1
         assert c.sweep(now=time.monotonic() + 31) == 1 and c.stats()["unread"] == 0
     run(main())

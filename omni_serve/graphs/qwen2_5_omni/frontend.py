@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import logging
 import random
 import time
 from dataclasses import dataclass, field
@@ -40,7 +39,6 @@ from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
 from omni_serve.models.qwen2_5_omni_layout import SAMPLE_RATE, load_config, load_speakers
 from omni_serve.request_ids import new_request_id
 
-log = logging.getLogger(__name__)
 AUDIO_TTL_S = 3600
 
 
@@ -181,10 +179,9 @@ class OmniFrontend(Frontend):
 
     async def _events(self, p: Prepared) -> AsyncIterator[tuple[str, Message]]:
         """Merged (stage, output) events of every stage call of the request, as they arrive."""
-        if p.media is not None:
-            await self.stages.put(p.request_id, "ingress_encoder", p.media)
+        inputs = {"ingress_encoder": p.media} if p.media is not None else None
         async for event in self.stages.stream(p.request_id, self._stage_calls(p),
-                                              p.timeout_s or self.spec.ingress.request_timeout_s):
+                                              p.timeout_s or self.spec.ingress.request_timeout_s, inputs=inputs):
             yield event
 
     async def complete(self, p: Prepared) -> P.ChatCompletionResponse:

@@ -11,14 +11,13 @@ from typing import Literal
 
 from pydantic import Field
 
-from omni_serve.graphs.qwen2_5_omni.graph import GRAPH
-from omni_serve.graphs.qwen2_5_omni.messages import TextDelta
+from omni_serve.graphs.qwen2_5_omni.graph import AGGREGATED, GRAPH
+from omni_serve.graphs.qwen2_5_omni.messages import TextDelta, ThinkerCall
 from omni_serve.graphs.qwen2_5_omni.params import (  # noqa: F401 - the spec's section types, importable from here
     Code2WavParams, Code2WavStage, EncoderStage, TalkerParams, TalkerStage, ThinkerParams, ThinkerPrefillStage,
     ThinkerStage,
 )
-from omni_serve.graphs.spec import GraphSpecBase, IngressSpec
-from omni_serve.transport.config import DataPlaneSpec
+from omni_serve.graphs.spec import GraphSpecBase
 
 # Qwen2.5-Omni's system prompt, which the model needs to answer with speech (Qwen's model card).
 SPEECH_SYSTEM_PROMPT = (
@@ -38,16 +37,12 @@ class OmniGraphSpec(GraphSpecBase):
         None, description="System prompt added when a request has none (default: Qwen2.5-Omni's speech prompt).")
     max_audio_seconds: float = Field(60.0, gt=0, description="Longest input audio clip accepted.")
     max_image_pixels: int = Field(4096 * 4096, gt=0, description="Largest input image accepted (pixels).")
-    data_timeout_s: float = Field(60.0, gt=0, description="How long a stage waits for an upstream chunk.")
-    thinker_layout: Literal["aggregated", "disaggregated"] = Field("aggregated", description=(
+    thinker_layout: Literal[GRAPH.layouts] = Field(AGGREGATED, description=(
         "'aggregated': one thinker stage runs prompt and generation. 'disaggregated': thinker_prefill computes "
         "the prompt's KV and hands it through the thinker_prefill_thinker_decode edge to thinker_decode, which "
         "generates (each scales and is placed on its own); outputs are identical."))
-    ingress: IngressSpec = Field(default_factory=IngressSpec, description="HTTP ingress deployment.")
     stages: OmniStages = Field(default_factory=OmniStages, description="One deployment per stage.")
     edges: OmniEdges = Field(default_factory=OmniEdges, description="Data-plane settings per edge.")
-    data_plane: DataPlaneSpec = Field(default_factory=DataPlaneSpec, description=(
-        "Settings of the data-plane backends the edges use (shared memory, Mooncake)."))
 
     def layout(self) -> str:
         return self.thinker_layout
@@ -57,8 +52,8 @@ class OmniGraphSpec(GraphSpecBase):
         return [s.name for s in GRAPH.deployed(self.layout())]
 
     def thinker_stages(self) -> list[str]:
-        """The deployed thinker stages, in data-flow order."""
-        return [s for s in self.deployed_stages() if s.startswith("thinker")]
+        """The deployed thinker stages (those taking the thinker's call), in data-flow order."""
+        return [s.name for s in GRAPH.deployed(self.layout()) if s.call is ThinkerCall]
 
     def text_stage(self) -> str:
         """The stage whose outputs are the response's text tokens."""

@@ -120,12 +120,13 @@ def image_response(images: list[bytes], done: DenoiseDone, cache: CacheSettings 
         usage=ImageUsage(input_tokens=tokens, total_tokens=tokens), metrics=metrics)
 
 
-async def collect_images(stages: StageCalls, request_id: str, calls: dict[str, Any],
-                         timeout_s: float) -> tuple[list[bytes], DenoiseDone]:
-    """Run a request's stage calls; (the encoded images, the DiT's step counts)."""
+async def collect_images(stages: StageCalls, request_id: str, calls: dict[str, Any], timeout_s: float,
+                         inputs: dict[str, Any] | None = None) -> tuple[list[bytes], DenoiseDone]:
+    """Run a request's stage calls (after putting ``inputs`` on the ingress' edges); (the encoded images, the DiT's
+    step counts)."""
     images: list[bytes] = []
     done: DenoiseDone | None = None
-    async for _, out in stages.stream(request_id, calls, timeout_s):
+    async for _, out in stages.stream(request_id, calls, timeout_s, inputs=inputs):
         if isinstance(out, ImagesEncoded):
             images.extend(out.images)
         elif isinstance(out, DenoiseDone):

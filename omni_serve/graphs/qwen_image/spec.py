@@ -9,8 +9,7 @@ from omni_serve.graphs.qwen_image.graph import GRAPH
 from omni_serve.graphs.qwen_image.params import (  # noqa: F401 - the spec's section types, importable from here
     CacheSpec, DiTParams, DiTStage, TextEncoderParams, TextEncoderStage, VAEParams, VAEStage,
 )
-from omni_serve.graphs.spec import GraphSpecBase, IngressSpec
-from omni_serve.transport.config import DataPlaneSpec
+from omni_serve.graphs.spec import GraphSpecBase
 
 QwenImageStages = GRAPH.stages_model("QwenImageStages")
 QwenImageEdges = GRAPH.edges_model("QwenImageEdges")
@@ -28,12 +27,8 @@ class QwenImageGraphSpec(GraphSpecBase):
     default_true_cfg_scale: float = Field(4.0, ge=0, description=(
         "CFG scale when a request gives a negative_prompt but no scale (as diffusers' default)."))
     default_guidance_scale: float = Field(1.0, ge=0, description="Distilled guidance (guidance-distilled models only).")
-    data_timeout_s: float = Field(60.0, gt=0, description="How long a stage waits for an upstream payload.")
-    ingress: IngressSpec = Field(default_factory=IngressSpec, description="HTTP ingress deployment.")
     stages: QwenImageStages = Field(default_factory=QwenImageStages, description="One deployment per stage.")
     edges: QwenImageEdges = Field(default_factory=QwenImageEdges, description="Data-plane settings per edge.")
-    data_plane: DataPlaneSpec = Field(default_factory=DataPlaneSpec, description=(
-        "Settings of the data-plane backends the edges use (shared memory, Mooncake)."))
 
     @model_validator(mode="after")
     def _check(self) -> "QwenImageGraphSpec":

@@ -20,7 +20,7 @@ FAMILY = Family(
     description="Qwen-Image-Edit image editing: the input image through Qwen2.5-VL's vision tower and the VAE "
                 "encoder conditions the MMDiT denoising loop.",
     frontend="omni_serve.graphs.qwen_image_edit.frontend:QwenImageEditFrontend",
-    checkpoint_marker="model_index.json",
+    checkpoint_marker="processor/preprocessor_config.json",  # what Qwen-Image's checkpoints lack
     checkpoint_writer="omni_serve.checkpoints.qwen_image_edit:make_checkpoint",
 )
 

@@ -5,8 +5,8 @@ Contract: ``QwenImageEditFrontend(spec, stages)`` serves ``images_edits(body, ct
 (Qwen-Image's limits on size, count, steps, prompt length and cache; one input image, its file size and pixel
 count checked before it is decoded; 400s are raised before any stage is called), resizes the input image to its
 conditioning size as diffusers' ``QwenImageEditPipeline`` does (the input's aspect ratio at ~1 MP, multiples of
-32, its ``VaeImageProcessor.resize``), puts it on both ingress edges, opens the four stage calls at once and
-returns an ``ImageGenerationResponse``. The output size is the request's ``size``, else the spec's
+32, its ``VaeImageProcessor.resize``; aspect ratios beyond 200:1, which its prompt encoder cannot take, are a 400),
+puts it on both ingress edges, opens the four stage calls at once and returns an ``ImageGenerationResponse``. The output size is the request's ``size``, else the spec's
 ``default_size``, which by default ('auto') is the conditioning size, as in the pipeline.
 
 With a ``mask`` (OpenAI's: a PNG of the image's size whose fully transparent pixels mark what to edit) the edit
@@ -45,6 +45,7 @@ from omni_serve.models.qwen_image_layout import pixel_multiple
 from omni_serve.request_ids import new_request_id
 
 CONDITION_PIXELS = 1024 * 1024  # the pipeline resizes the input image to this area (QwenImageEditPipeline.__call__)
+MAX_ASPECT_RATIO = 200  # the most the prompt encoder's image processor takes (transformers' smart_resize)
 
 
 def condition_size(width: int, height: int) -> tuple[int, int]:
@@ -135,6 +136,11 @@ class QwenImageEditFrontend(Frontend):
         if req.strength is not None and req.mask is None:
             raise bad_request("strength applies to edits with a mask.", param="strength")
         image = await self._decoded(files[0], "image")
+        cond = condition_size(*image.size)
+        if min(cond) < 32 or max(cond) > MAX_ASPECT_RATIO * min(cond):
+            raise bad_request(f"image is {image.size[0]}x{image.size[1]}: its aspect ratio must be at most "
+                              f"{MAX_ASPECT_RATIO}:1 (at the ~1 MP conditioning size, {cond[0]}x{cond[1]}).",
+                              param="image")
         if req.mask is None:
             return image, None
         mask = await self._decoded(req.mask, "mask", mode="RGBA")
@@ -183,6 +189,9 @@ class QwenImageEditFrontend(Frontend):
         strength = None if mask is None else (1.0 if req.strength is None else req.strength)
         cfg_scale, guidance = c.guidance(req)
         pixels = await asyncio.to_thread(self._conditioning, image, cond_w, cond_h)
+        inputs = {"ingress_text_encoder": InputImage(pixels=pixels), "ingress_vae_encoder": InputImage(pixels=pixels)}
+        if mask is not None:
+            inputs["ingress_dit"] = InpaintMask(mask=await asyncio.to_thread(self._mask, mask, cond_w, cond_h))
         rid = new_request_id("imgedit")
         negative = req.negative_prompt if cfg_scale > 1 else None
         seed = c.seed(req.seed)
@@ -195,11 +204,5 @@ class QwenImageEditFrontend(Frontend):
                                    cache=cache, condition_height=cond_h, condition_width=cond_w, strength=strength),
             "vae": DecodeCall(request_id=rid, height=height, width=width, output_format=req.output_format or "png"),
         }
-        payload = InputImage(pixels=pixels)
-        for edge in ("ingress_text_encoder", "ingress_vae_encoder"):
-            await self.stages.put(rid, edge, payload)
-        if mask is not None:
-            binary = await asyncio.to_thread(self._mask, mask, cond_w, cond_h)
-            await self.stages.put(rid, "ingress_dit", InpaintMask(mask=binary))
-        images, done = await collect_images(self.stages, rid, calls, ctx.timeout_s)
+        images, done = await collect_images(self.stages, rid, calls, ctx.timeout_s, inputs=inputs)
         return image_response(images, done, cache, req.n, tokens)
