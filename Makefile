@@ -9,7 +9,7 @@ IMAGE_CHECKPOINT ?= checkpoints/qwen_image-tiny
 PORT ?= 8000
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: setup checkpoint run run-image test unit integration bench bench-image bench-transport soak k8s clean
+.PHONY: setup checkpoint run run-image test unit integration bench bench-image bench-edit bench-transport soak k8s clean
 
 $(VENV)/.installed: pyproject.toml
 	scripts/install_system_deps.sh
@@ -58,6 +58,10 @@ bench: setup
 # The issue-4 benchmark (Qwen-Image, small checkpoint, ~5 min): see docs/qwen_image.md.
 bench-image: setup
 	loadtests/run_image_bench.sh bench_image
+
+# The image-edit benchmark (Qwen-Image-Edit, small checkpoint, ~10 min): see docs/qwen_image.md.
+bench-edit: setup
+	loadtests/run_edit_bench.sh bench_edit
 
 # Data-plane backends (shm, ray, mooncake, mooncake_store) vs memcpy, 4 KiB to 512 MiB: docs/data_plane.md.
 bench-transport: setup

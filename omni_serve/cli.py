@@ -156,6 +156,8 @@ Modes:
         graph, closed loop at each --concurrency (default 1,8), vs --baseline diffusers (default with
         --checkpoint): QwenImagePipeline run one request at a time in this process with the same prompts,
         seeds (request i: --seed + i), --size, --steps, --n, --true-cfg-scale and --negative-prompt.
+        --endpoint edits: image edits instead (POST /v1/images/edits, e.g. the qwen_image_edit graph), each
+        request with its own --input-size input image, vs diffusers' QwenImageEditPipeline.
         Reports images/s and requests/s, E2E P50/P95/P99/mean, engine/baseline ratios, pixel parity
         (max abs uint8 difference per request vs diffusers) and, per --cache-modes entry (default
         dbcache; none skips), one run at --cache-concurrency with that cache mode and --cache-threshold:
@@ -221,6 +223,7 @@ def _image_bench_config(args):
         raise ValueError(f"image mode baselines are diffusers or none, got {baseline!r}")
     return ImageBenchConfig(
         url=args.url, checkpoint=args.checkpoint, model=args.model, num_requests=args.num_requests,
+        endpoint=args.endpoint, input_size=args.input_size,
         concurrency=args.concurrency or [1, 8], size=args.size, steps=args.steps, n=args.n,
         true_cfg_scale=args.true_cfg_scale, negative_prompt=args.negative_prompt, seed=args.seed, warmup=args.warmup,
         baseline=baseline, threads=args.threads, cache_modes=args.cache_modes, cache_threshold=args.cache_threshold,
@@ -385,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
     bn.add_argument("--cb-attn-implementation", default="sdpa", choices=["sdpa", "paged|eager"],
                     help="CB attention implementation (both work on CPU; default sdpa)")
     im = bn.add_argument_group("image mode")
+    im.add_argument("--endpoint", choices=["generations", "edits"], default="generations",
+                    help="POST /v1/images/generations (default), or /v1/images/edits: every request edits its "
+                         "own input image, the baseline is diffusers' QwenImageEditPipeline")
+    im.add_argument("--input-size", default="256x256", metavar="WxH",
+                    help="edits: size of the generated input images (default 256x256)")
     im.add_argument("--size", default="256x256", metavar="WxH", help="image size (default 256x256)")
     im.add_argument("--steps", type=int, default=20, help="num_inference_steps per image (default 20)")
     im.add_argument("--n", type=int, default=1, help="images per request (default 1)")

@@ -1,13 +1,17 @@
-"""``omni-serve bench --mode image``: OpenAI image generation against a running endpoint vs diffusers in process.
+"""``omni-serve bench --mode image``: OpenAI image generation (or image edits) against a running endpoint vs
+diffusers in process.
 
 Contract: ``run_image_bench(ImageBenchConfig) -> BenchOutcome`` (the runner's: report dict, JSON path, PNG
 path, printable table, runs); the report is ``omni_serve.bench.image_report``'s.
 
 * Workload (``build_image_workload``): a pure function of the config. ``num_requests`` prompts of 4 to 12
   words from ``omni_serve.bench.workload.WORDS`` drawn with ``random.Random(seed)``; request ``i`` uses noise
-  seed ``seed + i`` and the config's size, steps, ``n``, ``true_cfg_scale`` and ``negative_prompt``.
+  seed ``seed + i`` and the config's size, steps, ``n``, ``true_cfg_scale`` and ``negative_prompt``. With
+  ``endpoint="edits"`` each request also gets its input image: a PNG of ``input_size``, random 8x8-pixel
+  blocks from ``numpy.random.default_rng(seed + i)`` upscaled bilinearly.
 * Engine runs (``run_image_load``): per ``concurrency`` value, a closed loop keeping C requests in flight
-  (``httpx.AsyncClient``, ``POST /v1/images/generations``, ``response_format: b64_json``). The uncached
+  (``httpx.AsyncClient``, ``POST /v1/images/generations``, or ``/v1/images/edits`` as multipart with the
+  input image and the cache settings as ``cache[...]`` form fields; ``response_format: b64_json``). The uncached
   runs send ``cache: {"mode": "off"}`` so they are comparable with diffusers; each ``cache_modes`` entry
   adds one run at ``cache_concurrency`` with ``cache: {mode, residual_diff_threshold}``. Per request
   (``ImageRecord``): ok or the error (HTTP status + OpenAI error message, transport error, timeout, a
@@ -15,7 +19,8 @@ path, printable table, runs); the report is ``omni_serve.bench.image_report``'s.
   (request sent -> response body read; PNG decoding is not timed), the decoded images (uint8 HxWx3 numpy,
   in memory only) and the server's per-image computed / cached step counts. ``warmup`` unmeasured requests
   run first, for the uncached engine and for each cache mode.
-* Baseline ``diffusers`` (``DiffusersImageBaseline``): ``QwenImagePipeline.from_pretrained(checkpoint)`` in
+* Baseline ``diffusers`` (``DiffusersImageBaseline``): ``QwenImagePipeline.from_pretrained(checkpoint)`` (for
+  edits ``QwenImageEditPipeline``, with the served graph's prompt processor, as the oracle tests) in
   this process (float32, local files only, progress bar off, ``torch.set_num_threads(threads)`` first),
   the same requests one at a time after ``warmup`` unmeasured ones, with ``generator =
   torch.Generator().manual_seed(seed_i)`` (the server draws its noise the same way) and the server's
@@ -56,7 +61,11 @@ class ImageBenchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: str = Field(description="Base URL of the running server, e.g. http://127.0.0.1:8000.")
-    checkpoint: str | None = Field(None, description="Local Qwen-Image checkpoint directory (the baseline's).")
+    checkpoint: str | None = Field(None, description=(
+        "Local Qwen-Image checkpoint directory (the baseline's; a Qwen-Image-Edit one for edits)."))
+    endpoint: Literal["generations", "edits"] = Field("generations", description=(
+        "POST /v1/images/generations, or /v1/images/edits (each request with its own input image)."))
+    input_size: str = Field("256x256", description="Input image size of edits 'WIDTHxHEIGHT'.")
     model: str | None = Field(None, description="Model id in requests; default: the first id at /v1/models.")
     num_requests: int = Field(16, ge=1, description="Requests per run.")
     concurrency: list[int] = Field(default_factory=lambda: [1, 8],
@@ -81,7 +90,7 @@ class ImageBenchConfig(BaseModel):
         "PID of the local server process: after the engine runs it gets SIGTERM and the baseline waits for "
         "it to exit, so the baseline runs on a quiet machine (idle Ray processes slow multi-threaded torch)."))
 
-    @field_validator("size")
+    @field_validator("size", "input_size")
     @classmethod
     def _size(cls, value: str) -> str:
         if not re.fullmatch(r"[1-9]\d*x[1-9]\d*", value):
@@ -98,8 +107,8 @@ class ImageBenchConfig(BaseModel):
             self.cache_concurrency = max(self.concurrency)
         return self
 
-    def dimensions(self) -> tuple[int, int]:
-        width, height = self.size.split("x")
+    def dimensions(self, size: str | None = None) -> tuple[int, int]:
+        width, height = (size or self.size).split("x")
         return int(width), int(height)
 
 
@@ -117,6 +126,7 @@ class ImageRequest:
     n: int = 1
     true_cfg_scale: float | None = None
     negative_prompt: str | None = None
+    input_image: bytes | None = None  # PNG: an edit request (POST /v1/images/edits)
 
     def body(self, model: str | None, cache: dict[str, Any] | None = None) -> dict[str, Any]:
         """The ``POST /v1/images/generations`` JSON."""
@@ -132,11 +142,22 @@ class ImageRequest:
             body["cache"] = cache
         return body
 
+    def form(self, model: str | None, cache: dict[str, Any] | None = None) -> tuple[dict[str, str], dict]:
+        """The ``POST /v1/images/edits`` multipart form: (fields, files), as the official client sends it."""
+        fields = {k: str(v) for k, v in self.body(model).items() if k != "cache"}
+        fields.update({f"cache[{k}]": str(v) for k, v in (cache or {}).items()})
+        return fields, {"image": ("input.png", self.input_image, "image/png")}
+
     def pipeline_kwargs(self) -> dict[str, Any]:
-        """``QwenImagePipeline.__call__`` arguments (the generator aside) matching ``body``."""
+        """``QwenImagePipeline.__call__`` (or ``QwenImageEditPipeline.__call__``) arguments, the generator aside,
+        matching ``body``/``form``."""
         kw: dict[str, Any] = {"prompt": self.prompt, "width": self.width, "height": self.height,
                               "num_inference_steps": self.steps, "num_images_per_prompt": self.n,
                               "output_type": "np"}
+        if self.input_image is not None:
+            from PIL import Image
+
+            kw["image"] = Image.open(io.BytesIO(self.input_image)).convert("RGB")
         if self.negative_prompt is None:
             kw["true_cfg_scale"] = 1.0  # no CFG on either side; avoids diffusers' per-call warning
         else:
@@ -146,15 +167,28 @@ class ImageRequest:
         return kw
 
 
+def input_png(width: int, height: int, seed: int) -> bytes:
+    """A deterministic input image for edits: random 8x8-pixel blocks, upscaled bilinearly."""
+    import numpy as np
+    from PIL import Image
+
+    blocks = np.random.default_rng(seed).random((max(1, height // 8), max(1, width // 8), 3))
+    image = Image.fromarray((blocks * 255).astype(np.uint8)).resize((width, height), Image.BILINEAR)
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
 def build_image_workload(cfg: ImageBenchConfig) -> list[ImageRequest]:
     rng = random.Random(cfg.seed)
     width, height = cfg.dimensions()
     out = []
     for i in range(cfg.num_requests):
         words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12)))
+        image = input_png(*cfg.dimensions(cfg.input_size), cfg.seed + i) if cfg.endpoint == "edits" else None
         out.append(ImageRequest(index=i, prompt=f"{rng.choice(STYLES)} {words}", seed=cfg.seed + i, width=width,
                                 height=height, steps=cfg.steps, n=cfg.n, true_cfg_scale=cfg.true_cfg_scale,
-                                negative_prompt=cfg.negative_prompt))
+                                negative_prompt=cfg.negative_prompt, input_image=image))
     return out
 
 
@@ -190,9 +224,9 @@ class ImageRunResult(RunResult):
 # --------------------------------------------------------------------------- HTTP engine
 
 
-def images_url(url: str) -> str:
-    """``http://host:port`` or ``http://host:port/v1`` -> the image-generations endpoint."""
-    return chat_url(url)[: -len("/chat/completions")] + "/images/generations"
+def images_url(url: str, endpoint: str = "generations") -> str:
+    """``http://host:port`` or ``http://host:port/v1`` -> the image-generations (or image-edits) endpoint."""
+    return chat_url(url)[: -len("/chat/completions")] + f"/images/{endpoint}"
 
 
 def decode_png(b64: str):
@@ -219,12 +253,17 @@ def _read_response(rec: ImageRecord, payload: Any, n: int) -> None:
 
 async def send_image(client: httpx.AsyncClient, url: str, req: ImageRequest, model: str | None, *,
                      cache: dict[str, Any] | None = None, t_run: float | None = None) -> ImageRecord:
-    """One request to ``url`` (the image-generations endpoint); never raises for request failures."""
+    """One request to ``url`` (the image-generations endpoint, or image-edits for a request with an input image);
+    never raises for request failures."""
     rec = ImageRecord(index=req.index)
     t0 = time.perf_counter()
     rec.start_s = t0 - t_run if t_run is not None else 0.0
     try:
-        resp = await client.post(url, json=req.body(model, cache))
+        if req.input_image is None:
+            resp = await client.post(url, json=req.body(model, cache))
+        else:
+            fields, files = req.form(model, cache)
+            resp = await client.post(url, data=fields, files=files)
         rec.e2e_s = time.perf_counter() - t0
         rec.status = resp.status_code
         if resp.status_code != 200:
@@ -251,7 +290,7 @@ async def run_image_load(url: str, requests: list[ImageRequest], model: str | No
     """Closed loop: ``concurrency`` requests in flight until all are done; one record per request."""
     mode = (cache or {}).get("mode", "off")
     label = label or (f"engine c={concurrency}" if mode == "off" else f"engine {mode} c={concurrency}")
-    endpoint = images_url(url)
+    endpoint = images_url(url, "edits" if requests and requests[0].input_image is not None else "generations")
     on_done = progress_logger(label, len(requests), progress_every)
     records: list[ImageRecord | None] = [None] * len(requests)
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
@@ -275,15 +314,23 @@ async def run_image_load(url: str, requests: list[ImageRequest], model: str | No
 
 
 class DiffusersImageBaseline:
-    """``QwenImagePipeline`` in this process; requests run one at a time."""
+    """``QwenImagePipeline`` (``edits``: ``QwenImageEditPipeline``) in this process; requests run one at a time."""
 
-    def __init__(self, checkpoint: str, threads: int | None = None):
+    def __init__(self, checkpoint: str, threads: int | None = None, edits: bool = False):
         import torch
-        from diffusers import QwenImagePipeline
+        from diffusers import QwenImageEditPipeline, QwenImagePipeline
 
         self.threads = threads or os.cpu_count() or 1
         torch.set_num_threads(self.threads)
-        self.pipe = QwenImagePipeline.from_pretrained(checkpoint, local_files_only=True, dtype=torch.float32)
+        if edits:
+            from omni_serve.models.qwen_image_edit import EditPromptProcessor
+
+            # Qwen2VLProcessor needs torchvision (no CPU build here): the served graph's processor, as the oracle
+            self.pipe = QwenImageEditPipeline.from_pretrained(checkpoint, processor=None, local_files_only=True,
+                                                              dtype=torch.float32)
+            self.pipe.register_modules(processor=EditPromptProcessor.from_pretrained(checkpoint))
+        else:
+            self.pipe = QwenImagePipeline.from_pretrained(checkpoint, local_files_only=True, dtype=torch.float32)
         self.pipe.set_progress_bar_config(disable=True)
 
     def run_one(self, req: ImageRequest) -> ImageRecord:
@@ -317,7 +364,7 @@ class DiffusersImageBaseline:
             records[-1].start_s = start
             on_done(records[-1])
         wall = time.perf_counter() - t_run
-        note = f"diffusers QwenImagePipeline in process, one request at a time, {self.threads} torch threads"
+        note = f"diffusers {type(self.pipe).__name__} in process, one request at a time, {self.threads} torch threads"
         return ImageRunResult(label=label, system="diffusers", mode="image", concurrency=1, wall_s=wall,
                               streaming=False, records=records, notes=[note])
 
@@ -378,15 +425,17 @@ def run_image_bench(cfg: ImageBenchConfig) -> BenchOutcome:
     model = cfg.model or asyncio.run(discover_model(cfg.url))
     if model is None:
         log.warning("could not list models at %s; requests name no model (the server's default)", cfg.url)
-    notes = [f"engine: {images_url(cfg.url)} model {model!r}, response_format b64_json (PNG); "
+    notes = [f"engine: {images_url(cfg.url, cfg.endpoint)} model {model!r}, response_format b64_json (PNG); "
              "uncached runs send cache.mode=off"]
+    if cfg.endpoint == "edits":
+        notes.append(f"edits: each request edits its own {cfg.input_size} input image (conditioning at ~1 MP)")
     runs = _engine_runs(cfg, requests, model)
     if cfg.stop_server_pid is not None:
         stop_server(cfg.stop_server_pid)
         notes.append("the server was stopped before the baseline ran")
     if cfg.baseline == "diffusers":
         log.info("loading the diffusers baseline from %s ...", cfg.checkpoint)
-        runs.append(DiffusersImageBaseline(cfg.checkpoint, cfg.threads).run(
+        runs.append(DiffusersImageBaseline(cfg.checkpoint, cfg.threads, edits=cfg.endpoint == "edits").run(
             requests, warmup=cfg.warmup, progress_every=cfg.progress_every))
     report = build_image_report(runs, config=cfg.model_dump(mode="json"), notes=notes)
     json_path, png_path = write_image_report(report, runs, cfg.out)

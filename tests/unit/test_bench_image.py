@@ -204,3 +204,51 @@ def test_cli_image_arguments(capsys, monkeypatch):
     assert main(["bench", "--mode", "image", "--url", "http://h:1", "--request-rate", "2"]) == 2
     with pytest.raises(SystemExit):
         main(["bench", "--mode", "image", "--url", "http://h:1", "--cache-modes", "fast"])
+
+
+def test_edits_workload_sends_each_request_its_input_image_as_a_form():
+    cfg = ImageBenchConfig(url="http://fake:8000", baseline="none", endpoint="edits", input_size="40x24",
+                           num_requests=3, steps=2, size="64x64")
+    requests = build_image_workload(cfg)
+    assert requests == build_image_workload(cfg) and all(r.input_image for r in requests)
+    assert len({r.input_image for r in requests}) == 3  # one input image per request (its seed)
+    from PIL import Image
+
+    assert Image.open(io.BytesIO(requests[0].input_image)).size == (40, 24)
+    fields, files = requests[0].form("qwen-image-edit", {"mode": "dbcache", "residual_diff_threshold": 0.2})
+    assert fields["cache[mode]"] == "dbcache" and fields["cache[residual_diff_threshold]"] == "0.2"
+    assert fields["seed"] == "0" and fields["size"] == "64x64" and "cache" not in fields
+    assert files["image"][1] == requests[0].input_image
+    assert images_url("http://h:1", "edits") == "http://h:1/v1/images/edits"
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/v1/images/edits"
+        assert request.headers["content-type"].startswith("multipart/form-data")
+        seen.append(request.content)
+        return httpx.Response(200, json={"created": 1, "data": [{"b64_json": _png(_pixels(len(seen)))}],
+                                         "metrics": {"computed_steps": [2], "cached_steps": [0], "cache_mode": "off"}})
+    run = asyncio.run(run_image_load(cfg.url, requests, "qwen-image-edit", 2, cache={"mode": "off"},
+                                     transport=httpx.MockTransport(handler), progress_every=0))
+    assert run.num_errors == 0 and len(seen) == 3
+    assert all(b'name="image"; filename="input.png"' in body and b'name="cache[mode]"' in body for body in seen)
+
+
+def test_diffusers_edit_baseline_on_the_tiny_checkpoint():
+    from tests.conftest import tiny_checkpoint
+
+    checkpoint = tiny_checkpoint("qwen_image_edit")
+    cfg = ImageBenchConfig(url="http://x", checkpoint=checkpoint, endpoint="edits", input_size="32x32",
+                           num_requests=1, size="64x64", steps=1)
+    [request] = build_image_workload(cfg)
+    rec = DiffusersImageBaseline(checkpoint, threads=2, edits=True).run_one(request)
+    assert rec.ok and rec.images[0].shape == (64, 64, 3)
+
+
+def test_cli_image_edits_arguments(monkeypatch):
+    captured = {}
+    monkeypatch.setattr("omni_serve.bench.image.run_image_bench", lambda cfg: captured.setdefault("cfg", cfg))
+    monkeypatch.setattr("omni_serve.cli._finish_bench", lambda outcome: 0)
+    assert main(["bench", "--mode", "image", "--url", "http://h:1", "--endpoint", "edits", "--input-size", "96x64",
+                 "--cache-modes", "none"]) == 0
+    assert captured["cfg"].endpoint == "edits" and captured["cfg"].input_size == "96x64"
