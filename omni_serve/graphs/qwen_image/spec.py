@@ -3,6 +3,8 @@ graph declaration (overridable from Python, CLI or YAML)."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field, model_validator
 
 from omni_serve.graphs.qwen_image.graph import GRAPH
@@ -30,15 +32,20 @@ class QwenImageGraphSpec(GraphSpecBase):
     stages: QwenImageStages = Field(default_factory=QwenImageStages, description="One deployment per stage.")
     edges: QwenImageEdges = Field(default_factory=QwenImageEdges, description="Data-plane settings per edge.")
 
+    # default_size words besides WIDTHxHEIGHT that a family built on this spec accepts ('auto' for edits)
+    size_words: ClassVar[tuple[str, ...]] = ()
+
     @model_validator(mode="after")
     def _check(self) -> "QwenImageGraphSpec":
         if self.default_steps > self.max_steps:
             raise ValueError("default_steps must be <= max_steps")
-        parts = self.default_size.split("x")
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
-            raise ValueError("default_size must be 'WIDTHxHEIGHT'")
+        if self.default_size not in self.size_words and self.default_dimensions() is None:
+            raise ValueError(f"default_size must be {' or '.join([*map(repr, self.size_words), repr('WIDTHxHEIGHT')])}")
         return self
 
-    def default_dimensions(self) -> tuple[int, int]:
-        w, h = self.default_size.split("x")
-        return int(w), int(h)
+    def default_dimensions(self) -> tuple[int, int] | None:
+        """(width, height) of ``default_size``; None when it is one of ``size_words``."""
+        parts = self.default_size.split("x")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            return None
+        return int(parts[0]), int(parts[1])

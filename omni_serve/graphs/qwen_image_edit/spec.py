@@ -7,7 +7,7 @@ conditioning size, the input's aspect ratio at ~1 MP in multiples of 32, as diff
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from omni_serve.graphs.qwen_image.spec import QwenImageGraphSpec
 from omni_serve.graphs.qwen_image_edit.graph import GRAPH
@@ -17,6 +17,8 @@ QwenImageEditEdges = GRAPH.edges_model("QwenImageEditEdges")
 
 
 class QwenImageEditGraphSpec(QwenImageGraphSpec):
+    size_words = ("auto",)
+
     checkpoint: str = Field(..., description="Local Qwen-Image-Edit checkpoint directory (diffusers layout).")
     model_name: str = Field("qwen-image-edit", description="Model id served at /v1/models and accepted in requests.")
     default_size: str = Field("auto", description=(
@@ -26,18 +28,3 @@ class QwenImageEditGraphSpec(QwenImageGraphSpec):
     max_input_bytes: int = Field(32 << 20, ge=1024, description="Largest uploaded image (or mask) file, bytes.")
     stages: QwenImageEditStages = Field(default_factory=QwenImageEditStages, description="One deployment per stage.")
     edges: QwenImageEditEdges = Field(default_factory=QwenImageEditEdges, description="Data-plane settings per edge.")
-
-    @model_validator(mode="after")
-    def _check(self) -> "QwenImageEditGraphSpec":
-        if self.default_steps > self.max_steps:
-            raise ValueError("default_steps must be <= max_steps")
-        if self.default_size != "auto" and self.default_dimensions() is None:
-            raise ValueError("default_size must be 'auto' or 'WIDTHxHEIGHT'")
-        return self
-
-    def default_dimensions(self) -> tuple[int, int] | None:
-        """(width, height) of ``default_size``, or None for 'auto'."""
-        parts = self.default_size.split("x")
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
-            return None
-        return int(parts[0]), int(parts[1])
