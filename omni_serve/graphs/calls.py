@@ -57,11 +57,7 @@ def _replica_lost_errors() -> tuple[type[BaseException], ...]:
 def stage_error(stage: str, exc: BaseException) -> OpenAIError:
     """The client's error for a failed stage call: 503 with Retry-After when the stage's replica died or is
     unavailable (a retry reaches a healthy one), 500 when the stage failed on the request itself."""
-    try:
-        lost = _replica_lost_errors()
-    except ImportError:  # in-process graphs run without Ray
-        lost = ()
-    if isinstance(exc, lost):
+    if isinstance(exc, _replica_lost_errors()):
         return OpenAIError(f"Stage {stage} is temporarily unavailable (its replica was lost or is overloaded); "
                            "retry the request.", status_code=503, type="service_unavailable",
                            code="stage_unavailable", headers={"Retry-After": "1"})

@@ -1,0 +1,36 @@
+"""The margins behind the Qwen-Image-Edit oracle's tolerance (tests/unit/test_qwen_image_edit.py, LATENT_ATOL):
+how far the served latents are from diffusers' (float rounding), and how far a swapped prompt, input image or seed
+moves diffusers' own latents and pixels, on the tiny checkpoint.
+
+    PYTHONPATH=. .venv/bin/python loadtests/edit_oracle_margins.py   (it reuses the unit test's cases)
+
+Runs the unit test's six edit cases in flight through the family's in-process graph (``LocalGraph``) and
+``QwenImageEditPipeline`` one by one, then the first case with one thing swapped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from tests.conftest import tiny_checkpoint
+from tests.unit.test_qwen_image_edit import CASES, reference, reference_pipeline, serve
+
+
+def main() -> None:
+    checkpoint = tiny_checkpoint("qwen_image_edit")
+    pipe = reference_pipeline(checkpoint)
+    refs = [reference(pipe, c) for c in CASES]
+    served = asyncio.run(serve(checkpoint, CASES))
+    for case, (ref_latents, ref_images), (latents, images, _) in zip(CASES, refs, served):
+        print(f"served vs diffusers, {case['prompt']!r}: latents max |diff| {float((latents - ref_latents).abs().max()):.2e}, "
+              f"pixels max |diff| {int(np.abs(images.astype(int) - ref_images).max())}")
+    for swap in ({"prompt": "add a cat"}, {"prompt": "make the sky blue"}, {"image": CASES[5]["image"]}, {"seed": 99}):
+        other_latents, other_images = reference(pipe, {**CASES[0], **swap})
+        print(f"diffusers, first case with {sorted(swap)} swapped: latents move {float((refs[0][0] - other_latents).abs().max()):.2e}, "
+              f"pixels {int(np.abs(refs[0][1].astype(int) - other_images).max())}")
+
+
+if __name__ == "__main__":
+    main()
