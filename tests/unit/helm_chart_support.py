@@ -54,14 +54,18 @@ CASES = {
                           "idleTimeoutSeconds": 300, "resources": {"limits": {"cpu": "2", "memory": "8Gi"}}}],
         "rayAutoscaler": {"enabled": True, "options": {"version": "v2", "idleTimeoutSeconds": 120}},
         # Options the examples leave at their defaults, for the CRD check.
-        "ray": {"authOptions": {"mode": "token"}},
+        "ray": {"authOptions": {"mode": "token", "secretName": "omni-ray-token"}},
+        "apiKey": {"existingSecret": "omni-api-key"},
+        "head": {"nodeSelector": {"pool": "cpu"}, "podAnnotations": {"example.com/a": "b"},
+                 "rayStartParams": {"num-cpus": 2}, "rayClient": {"enabled": True}},
+        "networkPolicy": {"serveFrom": [{"namespaceSelector": {"matchLabels": {
+                              "kubernetes.io/metadata.name": "ingress"}}}],
+                          "egress": [{"to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}], "ports": [{"port": 443}]}]},
         "serveService": {"type": "LoadBalancer", "annotations": {"example.com/lb": "internal"}},
         "image": {"pullSecrets": [{"name": "regcred"}], "pullPolicy": "Always"},
         "serviceAccountName": "omni-serve",
         "podSecurityContext": {"fsGroup": 1000},
         "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
-        "head": {"nodeSelector": {"pool": "cpu"}, "podAnnotations": {"example.com/a": "b"},
-                 "rayStartParams": {"num-cpus": 2}},
         "ingress": {"enabled": True, "className": "nginx"},
         "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
     },
@@ -113,3 +117,13 @@ def _groups(rs: dict) -> list[dict]:
 
 def _ray_containers(rs: dict) -> list[dict]:
     return [group["template"]["spec"]["containers"][0] for group in _groups(rs)]
+
+
+def _network_policy(render) -> dict | None:
+    policies = [o for o in _objects(render) if o["kind"] == "NetworkPolicy"]
+    assert len(policies) <= 1, policies
+    return policies[0] if policies else None
+
+
+def _notes(chart, values: dict, release: str = "omni") -> str:
+    return chart.render(values, name=release, namespace="omni", is_install=True)["omni-serve/templates/NOTES.txt"]

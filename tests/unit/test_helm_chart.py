@@ -5,7 +5,9 @@ the RayService is checked against KubeRay's v1.7.0 CRD schema (tests/data/kubera
 Ray Serve's ServeDeploySchema, the application args against the graph's pydantic spec, each stage's
 autoscaling_config against Ray's AutoscalingConfig, and the stage placement against the worker groups
 (custom resources declared, GPUs where GPU stages land, enough capacity at max replicas, shm edges inside
-one pod). Bad values must be rejected by the chart's values schema or its template checks.
+one pod). Bad values must be rejected by the chart's values schema or its template checks. The security
+defaults are checked too: Ray token auth, the NetworkPolicy, non-root pods without privileges (IPC_LOCK only
+for RDMA groups) and the API key Secret.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from tests.unit.helm_chart_support import (
     _graph_spec,
     _groups,
     _load_render_script,
+    _network_policy,
+    _notes,
     _objects,
     _ray_containers,
     _rayservice,
@@ -150,9 +154,9 @@ def test_gpu_example_ingress_and_monitors_point_at_kuberay_objects(renders):
         assert group["rayStartParams"]["metrics-export-port"] == "8080"
 
 
-def test_default_values_render_only_the_rayservice(renders):
-    kinds = [o["kind"] for o in _objects(renders["default"])]
-    assert kinds == ["RayService"]
+def test_default_values_render_only_the_rayservice_and_its_network_policy(renders):
+    kinds = sorted(o["kind"] for o in _objects(renders["default"]))
+    assert kinds == ["NetworkPolicy", "RayService"]
     assert "enableInTreeAutoscaling" not in _rayservice(renders["default"])["spec"]["rayClusterConfig"]
 
 
@@ -184,7 +188,8 @@ def test_every_ray_container_has_a_sized_dev_shm_and_the_omni_serve_env(renders,
         assert float(env["OMNI_SERVE_DATA_TTL_S"]) > 0 and env["OMNI_SERVE_RAY_NAMESPACE"]
         memory_limit = container["resources"]["limits"]["memory"]
         assert _quantity_mib(memory_limit) * MiB > size, "tmpfs pages count against the memory limit"
-        assert "RAY_AUTH_MODE" not in env  # Ray auth is the operator's (ray.authOptions)
+        # Ray auth is the operator's: KubeRay sets RAY_AUTH_MODE / RAY_AUTH_TOKEN from ray.authOptions.
+        assert "RAY_AUTH_MODE" not in env and "RAY_AUTH_TOKEN" not in env
 
 
 # --------------------------------------------------------------------------------- Ray Serve config + spec
@@ -345,6 +350,13 @@ def test_checkpoint_from_a_pvc_or_a_host_path(renders):
     ({"checkpoint": {"generate": {"size": "huge"}}}, "size"),
     ({"serve": {"port": 70000}}, "port"),
     ({"replicaCount": 2}, "replicaCount"),
+    ({"ray": {"authOptions": {"mode": "on"}}}, "mode"),
+    ({"apiKey": {"existingSecret": "Not_A_Secret_Name"}}, "existingSecret"),
+    ({"apiKey": {"secretKey": ""}}, "secretKey"),
+    ({"networkPolicy": {"serveFrom": [{}]}}, "serveFrom"),
+    ({"networkPolicy": {"serveFrom": [{"podSelectr": {}}]}}, "podSelectr"),
+    ({"workerGroups": [{"name": "cpu", "minReplicas": 1, "maxReplicas": 1, "rdma": "yes"}]}, "rdma"),
+    ({"head": {"rayClient": {"enabled": "yes"}}}, "enabled"),
 ])
 def test_values_schema_rejects_bad_values(chart, values, message):
     with pytest.raises(helm_python.HelmValuesError, match=message):
@@ -367,6 +379,9 @@ def test_values_schema_rejects_bad_values(chart, values, message):
      "needs the Ray autoscaler v2"),
     ({"head": {"rayResources": {"CPU": 0}, "rayStartParams": {"num-cpus": "0"}}}, "both in rayResources"),
     ({"head": {"rayStartParams": {"labels": "a=b"}}}, "rayStartParams.labels"),
+    ({"head": {"rayStartParams": {"dashboard-host": "127.0.0.1"}}}, "must listen on the pod IP"),
+    ({"head": {"ports": [{"name": "dashboard", "containerPort": 8266}]}}, "declared by the chart"),
+    ({"ray": {"authOptions": {"mode": "disabled", "secretName": "tok"}}}, "apply to mode: token"),
 ])
 def test_template_checks_reject_inconsistent_values(chart, values, message):
     chart.validate_schema(values)  # valid per key; inconsistent together
@@ -423,6 +438,225 @@ def test_every_value_is_documented():
         return missing if is_block and children else [key]
 
     assert not [m for node in nodes for m in undocumented(node)]
+
+
+# ------------------------------------------------------------------------------------------- security
+
+
+def _containers(pod: dict) -> list[dict]:
+    return [*pod.get("initContainers", []), *pod["containers"]]
+
+
+@pytest.mark.parametrize("case", EXAMPLES)
+def test_ray_token_auth_is_on_by_default(renders, case):
+    cluster = _rayservice(renders[case])["spec"]["rayClusterConfig"]
+    assert cluster["authOptions"] == {"mode": "token"}  # KubeRay generates the token Secret
+
+
+def test_ray_auth_uses_a_named_secret_or_is_disabled_only_when_asked(chart):
+    def auth(values):
+        return _rayservice(_render(chart, values))["spec"]["rayClusterConfig"].get("authOptions")
+
+    assert auth({"ray": {"authOptions": {"secretName": "omni-ray-token"}}}) == {
+        "mode": "token", "secretName": "omni-ray-token"}
+    assert auth({"ray": {"authOptions": {"mode": "disabled"}}}) == {"mode": "disabled"}
+    # An empty map merges with the default: still token.
+    assert auth({"ray": {"authOptions": {}}}) == {"mode": "token"}
+    assert "Ray token authentication is on" in _notes(chart, {})
+    assert "WARNING: Ray authentication is off" in _notes(chart, {"ray": {"authOptions": {"mode": "disabled"}}})
+
+
+@pytest.mark.parametrize("case", EXAMPLES)
+def test_head_exposes_only_the_ray_ports_kuberay_needs(renders, case):
+    """gcs-server (workers join through the head Service) and dashboard (the operator deploys the Serve config
+    through it) besides serve and metrics; the Ray Client port only when asked. The dashboard listens on the
+    pod IP (KubeRay needs it), behind the Ray token and the NetworkPolicy."""
+    rs = _rayservice(renders[case])
+    head = _groups(rs)[0]
+    ports = {p["name"]: p["containerPort"] for p in head["template"]["spec"]["containers"][0]["ports"]}
+    assert ports == {"gcs-server": 6379, "dashboard": 8265, "serve": 8000, "metrics": 8080}
+    assert head["rayStartParams"]["dashboard-host"] == "0.0.0.0"
+    assert rs["spec"]["rayClusterConfig"]["authOptions"]["mode"] == "token"
+    policy = _network_policy(renders[case])
+    dashboard_rules = [r for r in policy["spec"]["ingress"] if 8265 in {p["port"] for p in r.get("ports", [])}]
+    (rule,) = dashboard_rules
+    assert rule["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "kuberay-operator"}}}]
+
+
+def test_ray_client_port_only_when_enabled(renders):
+    head = _groups(_rayservice(renders["omni-disagg"]))[0]
+    ports = {p["name"]: p["containerPort"] for p in head["template"]["spec"]["containers"][0]["ports"]}
+    assert ports["client"] == 10001
+    for group in _groups(_rayservice(renders["default"])):
+        assert "client" not in {p["name"] for p in group["template"]["spec"]["containers"][0]["ports"]}
+
+
+# The shape of a networking.k8s.io/v1 NetworkPolicy (the API's required fields, enums and one-of rules).
+_SELECTOR = {"type": "object", "additionalProperties": False, "properties": {
+    "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+    "matchExpressions": {"type": "array", "items": {
+        "type": "object", "required": ["key", "operator"], "additionalProperties": False, "properties": {
+            "key": {"type": "string"}, "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+            "values": {"type": "array", "items": {"type": "string"}}}}}}}
+_PEER = {"type": "object", "minProperties": 1, "additionalProperties": False, "properties": {
+    "podSelector": _SELECTOR, "namespaceSelector": _SELECTOR,
+    "ipBlock": {"type": "object", "required": ["cidr"], "additionalProperties": False, "properties": {
+        "cidr": {"type": "string"}, "except": {"type": "array", "items": {"type": "string"}}}}},
+    "not": {"required": ["ipBlock"], "anyOf": [{"required": ["podSelector"]}, {"required": ["namespaceSelector"]}]}}
+_PORT = {"type": "object", "additionalProperties": False, "properties": {
+    "protocol": {"enum": ["TCP", "UDP", "SCTP"]},
+    "port": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 65535}, {"type": "string", "minLength": 1}]},
+    "endPort": {"type": "integer", "minimum": 1, "maximum": 65535}}}
+NETWORK_POLICY_SCHEMA = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "networking.k8s.io/v1"}, "kind": {"const": "NetworkPolicy"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {"type": "object", "required": ["podSelector"], "additionalProperties": False, "properties": {
+            "podSelector": _SELECTOR,
+            "policyTypes": {"type": "array", "uniqueItems": True, "items": {"enum": ["Ingress", "Egress"]}},
+            "ingress": {"type": "array", "items": {"type": "object", "additionalProperties": False, "properties": {
+                "from": {"type": "array", "items": _PEER}, "ports": {"type": "array", "items": _PORT}}}},
+            "egress": {"type": "array", "items": {"type": "object", "additionalProperties": False, "properties": {
+                "to": {"type": "array", "items": _PEER}, "ports": {"type": "array", "items": _PORT}}}}}}}}
+
+
+def _policy_errors(policy: dict) -> list[str]:
+    validator = jsonschema.Draft7Validator(NETWORK_POLICY_SCHEMA)
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(policy)]
+
+
+def test_network_policy_shape_check_can_fail(renders):
+    policy = copy.deepcopy(_network_policy(renders["default"]))
+    policy["spec"]["policyTypes"] = ["Inbound"]
+    policy["spec"]["ingress"][0]["from"][0]["ipBlock"] = {"cidr": "0.0.0.0/0"}  # ipBlock with a selector
+    policy["spec"]["ingress"][1]["ports"][0]["protocol"] = "HTTP"
+    assert len(_policy_errors(policy)) == 3, _policy_errors(policy)
+
+
+@pytest.mark.parametrize("case", [*EXAMPLES, "omni-disagg"])
+def test_network_policy_admits_only_what_the_release_needs(renders, case):
+    render, values = renders[case], CASES[case]
+    policy = _network_policy(render)
+    assert not _policy_errors(policy), _policy_errors(policy)
+    spec = policy["spec"]
+    # It selects every Ray pod of the release, and only them (the release's selector labels).
+    selector = spec["podSelector"]["matchLabels"]
+    assert selector == {"app.kubernetes.io/name": "omni-serve", "app.kubernetes.io/instance": "omni"}
+    for group in _groups(_rayservice(render)):
+        labels = group["template"]["metadata"]["labels"]
+        assert all(labels.get(k) == v for k, v in selector.items()), group["groupName"]
+    rules = spec["ingress"]
+    # 1. Every port (Ray's GCS, raylet, object manager and worker ports, Mooncake) from the release's pods only.
+    assert rules[0] == {"from": [{"podSelector": {"matchLabels": selector}}]}
+    # 2. Nothing but the Serve port is open to any source; rules with ports name them all.
+    open_ports = {p["port"] for r in rules if "from" not in r for p in r["ports"]}
+    serve_from = (values.get("networkPolicy") or {}).get("serveFrom")
+    assert open_ports == (set() if serve_from else {8000})
+    assert all(r.get("ports") for r in rules[1:])
+    by_port = {p["port"]: r.get("from") for r in rules[1:] for p in r["ports"]}
+    operator = [{"namespaceSelector": {},
+                 "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}}}]
+    assert by_port[8265] == operator
+    if serve_from:
+        assert by_port[8000] == [*serve_from, *operator]  # KubeRay checks the proxies' health
+    # 3. The metrics port from the monitoring namespace, when a monitor scrapes it.
+    metrics = values.get("metrics", {})
+    monitored = any(metrics.get(m, {}).get("enabled") for m in ("serviceMonitor", "podMonitor"))
+    assert (8080 in by_port) == monitored
+    if monitored:
+        assert by_port[8080] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    assert set(by_port) <= {8000, 8265, 8080}
+    # 4. Egress: unrestricted unless configured.
+    egress = (values.get("networkPolicy") or {}).get("egress")
+    assert spec["policyTypes"] == (["Ingress", "Egress"] if egress else ["Ingress"])
+    if egress:
+        assert spec["egress"][0] == {"to": [{"podSelector": {"matchLabels": selector}}]}
+        assert {(p["protocol"], p["port"]) for p in spec["egress"][1]["ports"]} == {("UDP", 53), ("TCP", 53)}
+        assert spec["egress"][2:] == egress
+    else:
+        assert "egress" not in spec
+
+
+def test_network_policy_can_be_disabled(chart):
+    render = _render(chart, {"networkPolicy": {"enabled": False}})
+    assert _network_policy(render) is None
+    assert "NetworkPolicy" not in _notes(chart, {"networkPolicy": {"enabled": False}})
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_container_runs_non_root_without_privileges(renders, case):
+    rs = _rayservice(renders[case])
+    for group in _groups(rs):
+        pod = group["template"]["spec"]
+        pod_sc = pod["securityContext"]
+        assert pod_sc["runAsNonRoot"] is True and pod_sc["runAsUser"] == 1000, group["groupName"]
+        assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert pod_sc["fsGroup"] == CASES[case].get("podSecurityContext", {}).get("fsGroup", 100)
+        for container in _containers(pod):
+            sc = container["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, (group["groupName"], container["name"])
+            assert sc["capabilities"]["drop"] == ["ALL"], (group["groupName"], container["name"])
+            assert not sc.get("privileged") and sc.get("runAsUser", 1000) != 0
+    cluster = rs["spec"]["rayClusterConfig"]
+    if cluster.get("enableInTreeAutoscaling"):
+        sc = cluster["autoscalerOptions"]["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+
+
+def _added_capabilities(rs: dict) -> dict[str, set[str]]:
+    return {f"{g['groupName']}/{c['name']}": set(c["securityContext"]["capabilities"].get("add", []))
+            for g in _groups(rs) for c in _containers(g["template"]["spec"])}
+
+
+def test_ipc_lock_only_on_the_rdma_worker_groups(renders):
+    """Mooncake over RDMA registers (pins) memory: IPC_LOCK, and only there, in the groups declaring rdma."""
+    values = CASES["gpu-prod"]
+    assert values["args"]["data_plane"]["mooncake"]["protocol"] == "rdma"
+    rdma_groups = {g["name"] for g in values["workerGroups"] if g.get("rdma")}
+    # Every worker group hosts Mooncake-connected replicas (the ingress included); the head hosts none.
+    assert rdma_groups == {g["name"] for g in values["workerGroups"]} and not values["head"].get("rdma")
+    added = _added_capabilities(_rayservice(renders["gpu-prod"]))
+    assert {name: caps for name, caps in added.items() if caps} == {
+        f"{group}/ray-worker": {"IPC_LOCK"} for group in rdma_groups}
+    for case in ("default", "cpu-demo", "qwen-image", "omni-disagg"):
+        assert not any(_added_capabilities(_rayservice(renders[case])).values()), case
+
+
+def test_rdma_adds_ipc_lock_to_a_groups_own_security_context(chart):
+    values = {"workerGroups": [{"name": "cpu", "minReplicas": 1, "maxReplicas": 1, "rdma": True,
+                                "securityContext": {"capabilities": {"add": ["NET_RAW"]},
+                                                    "readOnlyRootFilesystem": True}}]}
+    (worker,) = _ray_containers(_rayservice(_render(chart, values)))[1:]
+    sc = worker["securityContext"]
+    assert sc["capabilities"] == {"add": ["NET_RAW", "IPC_LOCK"], "drop": ["ALL"]}
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+
+
+@pytest.mark.parametrize("values, secret, key", [
+    ({"apiKey": {"existingSecret": "omni-api-key"}}, "omni-api-key", "api-key"),
+    ({"apiKey": {"existingSecret": "keys", "secretKey": "openai"}, **CASES["cpu-demo"]}, "keys", "openai"),
+])
+def test_api_key_comes_from_the_named_secret(chart, values, secret, key):
+    rs = _rayservice(_render(chart, values))
+    for group in _groups(rs):
+        pod = group["template"]["spec"]
+        env = pod["containers"][0]["env"]
+        (api_key,) = [e for e in env if e["name"] == "OMNI_SERVE_API_KEY"]
+        assert api_key == {"name": "OMNI_SERVE_API_KEY", "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+        for init in pod.get("initContainers", []):
+            assert "OMNI_SERVE_API_KEY" not in {e["name"] for e in init.get("env", [])}
+    notes = _notes(chart, values)
+    assert "the API is open" not in notes and f"get secret {secret}" in notes and "Bearer $KEY" in notes
+
+
+@pytest.mark.parametrize("case", EXAMPLES)
+def test_without_an_api_key_the_api_is_open_and_notes_warn(chart, renders, case):
+    for container in _ray_containers(_rayservice(renders[case])):
+        assert "OMNI_SERVE_API_KEY" not in {e["name"] for e in container["env"]}
+    notes = _notes(chart, CASES[case])
+    assert "WARNING: the API is open" in notes and "--from-literal=api-key=" in notes
 
 
 # ------------------------------------------------------------------------------------------- k8s/ golden

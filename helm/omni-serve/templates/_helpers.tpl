@@ -152,6 +152,56 @@ Configuration checks that the values schema cannot express; rendered (empty) by 
 {{- range .Values.workerGroups }}
 {{- $_ := include "omni-serve.sharedMemory" (dict "root" $ "group" . "groupName" (printf "workerGroups[%s]" .name)) }}
 {{- end }}
+{{- /* Security settings. */}}
+{{- $auth := .Values.ray.authOptions | default dict }}
+{{- if and (ne (toString $auth.mode) "token") (or $auth.secretName $auth.enableK8sTokenAuth) }}
+{{- fail "ray.authOptions: secretName and enableK8sTokenAuth apply to mode: token" }}
+{{- end }}
+{{- $dashboardHost := toString (dig "dashboard-host" "0.0.0.0" (.Values.head.rayStartParams | default dict)) }}
+{{- if has $dashboardHost (list "localhost" "127.0.0.1" "::1") }}
+{{- fail (printf "head.rayStartParams.dashboard-host %q: the KubeRay operator deploys the Serve config and reads its status through the dashboard (head Service, port `dashboard`), so it must listen on the pod IP; ray.authOptions (token) and the NetworkPolicy protect it" $dashboardHost) }}
+{{- end }}
+{{- $reserved := list "gcs-server" "dashboard" "client" "serve" "metrics" }}
+{{- range .Values.head.ports }}
+{{- if has .name $reserved }}
+{{- fail (printf "head.ports: %q is declared by the chart (reserved: %s); head.ports holds extra ports only" .name (join ", " $reserved)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Ray ports of the head container: gcs-server and dashboard (KubeRay needs both on the head Service), client
+with head.rayClient.enabled. Numbers follow head.rayStartParams (port, dashboard-port, ray-client-server-port).
+Output: YAML {gcs-server: N, dashboard: N[, client: N]}.
+*/}}
+{{- define "omni-serve.headRayPorts" -}}
+{{- $params := .Values.head.rayStartParams | default dict }}
+{{- $ports := dict
+      "gcs-server" (int (dig "port" 6379 $params))
+      "dashboard" (int (dig "dashboard-port" 8265 $params)) }}
+{{- if .Values.head.rayClient.enabled }}
+{{- $_ := set $ports "client" (int (dig "ray-client-server-port" 10001 $params)) }}
+{{- end }}
+{{- toYaml $ports }}
+{{- end }}
+
+{{/*
+securityContext of a container: containerSecurityContext, the group's securityContext merged over it, and
+IPC_LOCK for a group with rdma: true. Args: dict root, group (may be empty: the initContainer).
+*/}}
+{{- define "omni-serve.containerSecurityContext" -}}
+{{- $sc := mergeOverwrite (deepCopy (.root.Values.containerSecurityContext | default dict)) (deepCopy (.group.securityContext | default dict)) }}
+{{- if .group.rdma }}
+{{- /* Mooncake's RDMA memory registration pins its registered buffer (mlock). */}}
+{{- $caps := $sc.capabilities | default dict }}
+{{- $add := $caps.add | default list }}
+{{- if not (has "IPC_LOCK" $add) }}
+{{- $add = append $add "IPC_LOCK" }}
+{{- end }}
+{{- $_ := set $caps "add" $add }}
+{{- $_ := set $sc "capabilities" $caps }}
+{{- end }}
+{{- toYaml $sc }}
 {{- end }}
 
 {{/*
@@ -211,6 +261,8 @@ Args: dict root, group, groupName, head (bool).
       "metrics-export-port" (toString .root.Values.metrics.port)
       "object-store-memory" (toString (mul (int $shm.objectStoreMiB) 1048576)) }}
 {{- if .head }}
+{{- /* On the pod IP: KubeRay reaches the dashboard through the head Service to deploy the Serve config
+     (authenticated by the Ray token; the NetworkPolicy admits only the operator and the release's pods). */}}
 {{- $_ := set $params "dashboard-host" "0.0.0.0" }}
 {{- end }}
 {{- range $key, $value := (.group.rayStartParams | default dict) }}
@@ -278,6 +330,10 @@ spec:
       resources:
         {{- toYaml . | nindent 8 }}
       {{- end }}
+      {{- with include "omni-serve.containerSecurityContext" (dict "root" $root "group" dict) | fromYaml }}
+      securityContext:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
       volumeMounts:
         - name: checkpoint
           mountPath: {{ include "omni-serve.checkpointPath" $root }}
@@ -289,6 +345,10 @@ spec:
       imagePullPolicy: {{ $v.image.pullPolicy }}
       ports:
         {{- if .head }}
+        {{- range $name, $port := include "omni-serve.headRayPorts" $root | fromYaml }}
+        - name: {{ $name }}
+          containerPort: {{ $port }}
+        {{- end }}
         {{- with $group.ports }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -306,6 +366,13 @@ spec:
           value: {{ $v.dataPlane.dataTtlSeconds | toString | quote }}
         - name: OMNI_SERVE_RAY_NAMESPACE
           value: {{ $v.dataPlane.rayNamespace | quote }}
+        {{- with $v.apiKey.existingSecret }}
+        - name: OMNI_SERVE_API_KEY
+          valueFrom:
+            secretKeyRef:
+              name: {{ . }}
+              key: {{ $v.apiKey.secretKey }}
+        {{- end }}
         {{- with $v.env }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -316,7 +383,7 @@ spec:
       resources:
         {{- toYaml . | nindent 8 }}
       {{- end }}
-      {{- with $group.securityContext }}
+      {{- with include "omni-serve.containerSecurityContext" (dict "root" $root "group" $group) | fromYaml }}
       securityContext:
         {{- toYaml . | nindent 8 }}
       {{- end }}
