@@ -7,7 +7,6 @@ PY := $(VENV)/bin/python
 CHECKPOINT ?= checkpoints/qwen2_5_omni-tiny
 IMAGE_CHECKPOINT ?= checkpoints/qwen_image-tiny
 PORT ?= 8000
-export RAY_AUTH_MODE ?= disabled
 
 .PHONY: setup checkpoint run run-image test unit integration bench bench-image bench-edit bench-transport soak k8s clean
 

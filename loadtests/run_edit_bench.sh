@@ -13,7 +13,6 @@ CKPT=checkpoints/qwen_image_edit-small
 PORT=${PORT:-8125}
 N=${N:-8}
 STEPS=${STEPS:-5}
-export RAY_AUTH_MODE=disabled
 source loadtests/serve_lib.sh
 
 [ -f "$CKPT/omni_serve_checkpoint.json" ] || "$BIN/omni-serve" make-checkpoint qwen_image_edit --size small "$CKPT"

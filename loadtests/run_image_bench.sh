@@ -14,7 +14,6 @@ CKPT=checkpoints/qwen_image-small
 PORT=${PORT:-8124}
 N=${N:-16}
 SIZES=${SIZES:-128x128 64x64}
-export RAY_AUTH_MODE=disabled
 source loadtests/serve_lib.sh
 
 [ -f "$CKPT/omni_serve_checkpoint.json" ] || "$BIN/omni-serve" make-checkpoint qwen_image --size small "$CKPT"

@@ -13,7 +13,6 @@ OUT=${1:-soak_out}
 BIN=${VENV:-.venv}/bin
 CKPT=checkpoints/qwen2_5_omni-tiny
 PORT=${PORT:-8124}
-export RAY_AUTH_MODE=disabled
 source loadtests/serve_lib.sh
 
 [ -f "$CKPT/spk_dict.pt" ] || "$BIN/omni-serve" make-checkpoint qwen2_5_omni --size tiny "$CKPT"

@@ -2,7 +2,7 @@
 
 Commands (GRAPH: a model family of the registry, ``omni-serve graph`` lists them):
   omni-serve make-checkpoint GRAPH --size tiny|small DIR
-  omni-serve serve [--graph GRAPH] [--config FILE.yaml] [key=value ...]
+  omni-serve serve [--graph GRAPH] [--config FILE.yaml] [--api-key KEY] [key=value ...]
   omni-serve build GRAPH [key=value ...] [--config FILE.yaml] [-o serve_config.yaml]
   omni-serve graph [GRAPH] [--layout L] [--markdown]   (the families, or one graph's stages and edges)
   omni-serve bench --url URL --checkpoint DIR [--concurrency 1,16] [--mode omni|text|image] ... (see bench --help)
@@ -86,7 +86,15 @@ def cmd_serve(args) -> int:
         with open(args.config) as f:
             overrides = {**yaml.safe_load(f), **overrides}
     family = _families()[args.graph]
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if args.api_key:
+        # The ingress replicas read it from their environment (inherited from this process, which starts the
+        # local Ray), so the key is in no deployment's arguments.
+        os.environ[settings.API_KEY_ENV] = args.api_key
+    elif not os.environ.get(settings.API_KEY_ENV) and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: serving on {args.host} without an API key: anyone who can reach the port can use the "
+              f"API (--api-key, {settings.API_KEY_ENV} or ingress.api_key_file set one).", file=sys.stderr)
+    # Ray's own default applies: token authentication for a new local cluster (the token is written to
+    # ~/.ray/auth_token); RAY_AUTH_MODE=disabled opts out.
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, namespace=settings.RAY_NAMESPACE)
     serve.start(http_options={"host": args.host, "port": args.port})
     print(f"starting the {args.graph} graph (first start loads every stage; this takes a little while)...",
@@ -285,7 +293,8 @@ def cmd_bench(args) -> int:
             seed=args.seed, min_words=args.min_words, max_words=args.max_words, baselines=baselines, out=args.out,
             warmup=args.warmup, timeout_s=args.timeout, progress_every=args.progress_every,
             max_codec_tokens=args.max_codec_tokens, num_steps=args.num_steps, system_prompt=args.system_prompt,
-            threads=args.threads, cb_page_size=args.cb_page_size, cb_attn_implementation=args.cb_attn_implementation)
+            threads=args.threads, cb_page_size=args.cb_page_size, cb_attn_implementation=args.cb_attn_implementation,
+            stop_server_pid=args.stop_server_pid)
     except ValidationError as exc:
         print(f"omni-serve bench: {exc.errors()[0]['msg']}", file=sys.stderr)
         return 2
@@ -320,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     sv.add_argument("--config", help="YAML file with graph spec values")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* and /metrics "
+                    "(also: the OMNI_SERVE_API_KEY environment variable, or ingress.api_key_file=FILE)")
     sv.add_argument("--num-cpus", type=int, default=None, help="CPUs Ray may use (default: all)")
     sv.set_defaults(func=cmd_serve)
     bd = sub.add_parser("build", help="write a complete Ray Serve config (serve run / serve deploy) for a graph")
@@ -384,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(default: the graph spec default)")
     bn.add_argument("--system-prompt", default=None, help="the server's system_prompt, if it overrides the default")
     bn.add_argument("--threads", type=int, default=None, help="torch threads for baselines (default: all cores)")
+    bn.add_argument("--stop-server-pid", type=int, default=None, metavar="PID",
+                    help="SIGTERM this local server after the engine runs and wait for it to exit, so the "
+                         "baselines run on a quiet machine (omni and image modes)")
     bn.add_argument("--cb-page-size", type=int, default=32, help="CB paged-cache page size in tokens (default 32)")
     bn.add_argument("--cb-attn-implementation", default="sdpa", choices=["sdpa", "paged|eager"],
                     help="CB attention implementation (both work on CPU; default sdpa)")
@@ -403,9 +417,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="one cached engine run per mode: dbcache, taylorseer; none skips them (default dbcache)")
     im.add_argument("--cache-threshold", type=float, default=0.2,
                     help="cache.residual_diff_threshold of the cached runs (default 0.2)")
-    im.add_argument("--stop-server-pid", type=int, default=None, metavar="PID",
-                    help="SIGTERM this local server after the engine runs and wait for it to exit, so the "
-                         "baseline runs on a quiet machine")
     im.add_argument("--cache-concurrency", type=int, default=None,
                     help="concurrency of the cached runs (default: the largest --concurrency)")
     tr = bn.add_argument_group("transport")

@@ -12,3 +12,5 @@ DATA_TTL_S = float(os.environ.get("OMNI_SERVE_DATA_TTL_S", "120"))
 SHM_DIR = os.environ.get("OMNI_SERVE_SHM_DIR", "/dev/shm")
 #: Bytes of shared-memory segments one producing process may hold at once (unread payloads + free pool).
 SHM_POOL_BYTES = int(os.environ.get("OMNI_SERVE_SHM_POOL_BYTES", str(4 << 30)))
+#: API keys of the HTTP API (comma-separated), besides ``ingress.api_keys`` and ``ingress.api_key_file``.
+API_KEY_ENV = "OMNI_SERVE_API_KEY"

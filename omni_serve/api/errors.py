@@ -10,8 +10,10 @@ Contract:
   ``invalid_request_error`` with ``code="invalid_request"`` and ``param`` set to
   the path of the first offending field (``messages[0].content[1].input_audio.data``).
 * Starlette ``HTTPException`` keeps its status (and headers, e.g. ``Allow`` on 405).
-* Anything else becomes a 500 ``internal_error``; it is logged with
-  ``logging.exception`` and the exception text is never sent to the client.
+* Anything else becomes a 500 ``internal_error`` with a fixed message naming the
+  request id; it is logged with ``logging.exception`` under that id, and the
+  exception text is never sent to the client. Code raising a 5xx ``OpenAIError``
+  itself must follow the same rule (a fixed message, the detail in the log).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -196,8 +199,14 @@ def _http_error_message(request: Request, exc: StarletteHTTPException) -> str:
     return json.dumps(detail, default=str)
 
 
-def _unexpected_error_response(exc: BaseException) -> JSONResponse:
-    err = internal_error(f"Internal server error ({type(exc).__name__})")
+def _request_id() -> str:
+    from omni_serve.request_ids import serve_request_id
+
+    return serve_request_id() or uuid.uuid4().hex
+
+
+def _unexpected_error_response(exc: BaseException, rid: str) -> JSONResponse:
+    err = internal_error(f"Internal server error (request {rid}); the details are in the server log.")
     return JSONResponse(err.body(), status_code=err.status_code)
 
 
@@ -225,8 +234,9 @@ async def _http_exception_handler(request: Request, exc: Exception) -> JSONRespo
 
 
 async def _unhandled_exception_handler(request: Request, exc: Exception) -> JSONResponse:
-    logger.exception("Unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return _unexpected_error_response(exc)
+    rid = _request_id()
+    logger.exception("Unhandled error on %s %s (request %s)", request.method, request.url.path, rid, exc_info=exc)
+    return _unexpected_error_response(exc, rid)
 
 
 class _CatchAllMiddleware:
@@ -258,10 +268,11 @@ class _CatchAllMiddleware:
         except Exception as exc:
             if started:
                 raise
+            rid = _request_id()
             logger.exception(
-                "Unhandled error on %s %s", scope.get("method"), scope.get("path"), exc_info=exc
+                "Unhandled error on %s %s (request %s)", scope.get("method"), scope.get("path"), rid, exc_info=exc
             )
-            await _unexpected_error_response(exc)(scope, receive, send)
+            await _unexpected_error_response(exc, rid)(scope, receive, send)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -9,6 +9,11 @@ Contract:
 * Audio comes back as mono ``float32`` in ``[-1, 1]`` (nominally) at the
   requested sample rate; images come back as fully loaded RGB ``PIL.Image``.
 * Only inline ``data:`` image URLs are accepted; nothing is fetched remotely.
+* Limits are checked from headers before anything is decoded: an audio file's
+  sample rate, channels and length; an image's pixel count (``probe_image``, so
+  a caller can also bound the pixels of all of a request's images); images
+  open only in the formats the caller allows (``IMAGE_FORMATS`` by default).
+* Decoding is CPU work: callers on an event loop run decoders in a thread.
 * Encoders take float samples, clip to ``[-1, 1]`` and write 16-bit PCM.
 """
 
@@ -16,11 +21,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import io
 import math
 import re
 import struct
 import warnings
+from collections.abc import Sequence
 
 import numpy as np
 import soundfile as sf
@@ -35,6 +42,9 @@ __all__ = [
     "decode_input_audio",
     "decode_image_url",
     "decode_image_bytes",
+    "image_url_bytes",
+    "probe_image",
+    "IMAGE_FORMATS",
     "encode_wav",
     "encode_pcm16",
     "encode_audio",
@@ -42,6 +52,9 @@ __all__ = [
 
 PCM16_SAMPLE_RATE = 24_000
 """Sample rate assumed for raw ``pcm16`` input (OpenAI's convention)."""
+
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
+"""The image formats the API documents (PIL opens no other unless a caller allows it)."""
 
 # Upper bound on encoded audio bytes per second of allowed duration (96 kHz,
 # stereo, float32), plus slack for headers; guards memory before decoding.
@@ -109,12 +122,19 @@ def _too_long(param: str, seconds: float | None, max_seconds: float) -> OpenAIEr
     return bad_request(f"{param}: audio is too long ({got}; limit {max_seconds:g} s)", param=param)
 
 
-def _read_container(raw: bytes, fmt: str, max_seconds: float, param: str) -> tuple[np.ndarray, int]:
+def _read_container(raw: bytes, fmt: str, max_seconds: float, param: str, max_sample_rate: int,
+                    max_channels: int) -> tuple[np.ndarray, int]:
     try:
         with sf.SoundFile(io.BytesIO(raw)) as f:
             sample_rate = int(f.samplerate)
             if sample_rate <= 0:
                 raise bad_request(f"{param}: audio has an invalid sample rate", param=param)
+            if sample_rate > max_sample_rate:
+                raise bad_request(f"{param}: audio sample rate {sample_rate} Hz is above the limit of "
+                                  f"{max_sample_rate} Hz", param=param)
+            if f.channels > max_channels:
+                raise bad_request(f"{param}: audio has {f.channels} channels; at most {max_channels} are "
+                                  "accepted", param=param)
             declared = f.frames / sample_rate if 0 < f.frames < 2**62 else None
             if declared is not None and declared > max_seconds:
                 raise _too_long(param, declared, max_seconds)
@@ -132,23 +152,29 @@ def _read_container(raw: bytes, fmt: str, max_seconds: float, param: str) -> tup
 
 
 def decode_input_audio(
-    data_b64: str, fmt: str, *, target_sr: int, max_seconds: float, param: str
+    data_b64: str, fmt: str, *, target_sr: int, max_seconds: float, param: str,
+    max_sample_rate: int = 48_000, max_channels: int = 2,
 ) -> np.ndarray:
     """Decode base64 audio to mono float32 at ``target_sr``.
 
     ``fmt`` is one of ``wav``/``mp3``/``flac``/``ogg`` (container detected by
     soundfile from the bytes) or ``pcm16`` (raw little-endian int16 mono, 24 kHz).
-    Empty, undecodable, non-finite or longer-than-``max_seconds`` audio is a 400.
+    Empty, undecodable, non-finite or longer-than-``max_seconds`` audio is a 400,
+    and so is a header declaring more than ``max_sample_rate`` or ``max_channels``
+    (checked before any sample is decoded).
     """
     if fmt not in ("wav", "mp3", "flac", "ogg", "pcm16"):
         raise bad_request(f"{param}: unsupported audio format {fmt!r}", param=param)
-    max_bytes = int(max_seconds * _AUDIO_BYTES_PER_SECOND) + _AUDIO_HEADER_SLACK
+    if fmt == "pcm16":
+        max_bytes = int(max_seconds * PCM16_SAMPLE_RATE) * 2 * 2  # 2x: just too long is "too long", not "too large"
+    else:
+        max_bytes = int(max_seconds * _AUDIO_BYTES_PER_SECOND) + _AUDIO_HEADER_SLACK
     raw = decode_base64(data_b64, param=param, max_bytes=max_bytes)
 
     if fmt == "pcm16":
         samples, sample_rate = _read_pcm16(raw, param)
     else:
-        samples, sample_rate = _read_container(raw, fmt, max_seconds, param)
+        samples, sample_rate = _read_container(raw, fmt, max_seconds, param, max_sample_rate, max_channels)
 
     if samples.size == 0:
         raise bad_request(f"{param}: audio contains no samples", param=param)
@@ -166,12 +192,19 @@ def decode_input_audio(
 _DATA_IMAGE_URL = re.compile(r"^data:(?P<mime>[^;,]*)(?P<params>(;[^;,]*)*),", re.IGNORECASE)
 
 
-def decode_image_url(url: str, *, max_pixels: int, max_bytes: int, param: str) -> Image.Image:
+def decode_image_url(url: str, *, max_pixels: int, max_bytes: int, param: str,
+                     formats: Sequence[str] = IMAGE_FORMATS) -> Image.Image:
     """Decode a ``data:image/...;base64,`` URL to a loaded RGB image.
 
-    Remote (http/https) URLs, non-image media types, undecodable bytes and
-    images with more than ``max_pixels`` pixels are a 400.
+    Remote (http/https) URLs, non-image media types, undecodable bytes, formats
+    not in ``formats`` and images with more than ``max_pixels`` pixels are a 400.
     """
+    raw = image_url_bytes(url, max_bytes=max_bytes, param=param)
+    return decode_image_bytes(raw, max_pixels=max_pixels, param=param, formats=formats)
+
+
+def image_url_bytes(url: str, *, max_bytes: int, param: str) -> bytes:
+    """The encoded image of a ``data:image/...;base64,`` URL (not decoded: see ``probe_image``)."""
     if not isinstance(url, str):
         raise bad_request(f"{param} must be a string", param=param)
     lowered = url[:8].lower()
@@ -190,31 +223,47 @@ def decode_image_url(url: str, *, max_pixels: int, max_bytes: int, param: str) -
         raise bad_request(f"{param}: data URL media type must be image/*, got {mime or 'none'!r}", param=param)
     if ";base64" not in match.group("params").lower():
         raise bad_request(f"{param}: image data URL must be base64-encoded (';base64,')", param=param)
-    raw = decode_base64(url[match.end():], param=param, max_bytes=max_bytes)
-    return decode_image_bytes(raw, max_pixels=max_pixels, param=param)
+    return decode_base64(url[match.end():], param=param, max_bytes=max_bytes)
 
 
-def decode_image_bytes(raw: bytes, *, max_pixels: int, param: str, mode: str = "RGB") -> Image.Image:
-    """Decode an encoded image (PNG, JPEG, WebP, ... e.g. an uploaded file) to a loaded image in ``mode``
+def probe_image(raw: bytes, *, max_pixels: int, param: str, formats: Sequence[str] = IMAGE_FORMATS) -> tuple[int, int]:
+    """(width, height) of an encoded image, read from its header and checked (format, ``max_pixels``) without
+    decoding its pixels."""
+    with _image_errors(param, max_pixels, formats):
+        with Image.open(io.BytesIO(raw), formats=list(formats)) as probe:
+            width, height = probe.size
+            if width * height > max_pixels:
+                raise bad_request(_too_many_pixels(param, width, height, max_pixels), param=param)
+            probe.verify()
+            return width, height
+
+
+def decode_image_bytes(raw: bytes, *, max_pixels: int, param: str, mode: str = "RGB",
+                       formats: Sequence[str] = IMAGE_FORMATS) -> Image.Image:
+    """Decode an encoded image (one of ``formats``, e.g. an uploaded file) to a loaded image in ``mode``
     (``RGB``, or ``RGBA`` to keep transparency). The pixel count is checked before the pixels are decoded."""
+    probe_image(raw, max_pixels=max_pixels, param=param, formats=formats)
+    with _image_errors(param, max_pixels, formats):
+        image = Image.open(io.BytesIO(raw), formats=list(formats))
+        image.load()
+        return image.convert(mode)
+
+
+@contextlib.contextmanager
+def _image_errors(param: str, max_pixels: int, formats: Sequence[str]):
+    """PIL's failures as 400s naming ``param``."""
     try:
         with warnings.catch_warnings():
             # Our own max_pixels check replaces PIL's bomb warning.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(raw)) as probe:
-                width, height = probe.size
-                if width * height > max_pixels:
-                    raise bad_request(_too_many_pixels(param, width, height, max_pixels), param=param)
-                probe.verify()
-            image = Image.open(io.BytesIO(raw))
-            image.load()
-            return image.convert(mode)
+            yield
     except OpenAIError:
         raise
     except Image.DecompressionBombError:
         raise bad_request(f"{param}: image has too many pixels (limit {max_pixels})", param=param) from None
     except UnidentifiedImageError:
-        raise bad_request(f"{param}: data is not a recognised image", param=param) from None
+        raise bad_request(f"{param}: data is not an image in an accepted format ({', '.join(formats)})",
+                          param=param) from None
     except (OSError, SyntaxError, ValueError, EOFError, struct.error) as exc:
         detail = str(exc).strip() or type(exc).__name__
         raise bad_request(f"{param}: could not decode image: {detail}", param=param) from None

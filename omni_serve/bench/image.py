@@ -397,27 +397,6 @@ def _engine_runs(cfg: ImageBenchConfig, requests: list[ImageRequest], model: str
     return runs
 
 
-def stop_server(pid: int, timeout_s: float = 120.0) -> None:
-    """SIGTERM the local server and wait until it has exited (it shuts Ray down first)."""
-    import os
-    import signal
-    import time
-
-    log.info("stopping the server (pid %d) before the baseline ...", pid)
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.5)
-    log.warning("server pid %d still running after %.0f s; the baseline runs anyway", pid, timeout_s)
-
-
 def run_image_bench(cfg: ImageBenchConfig) -> BenchOutcome:
     from omni_serve.bench.image_report import build_image_report, format_image_table, write_image_report
 
@@ -431,6 +410,8 @@ def run_image_bench(cfg: ImageBenchConfig) -> BenchOutcome:
         notes.append(f"edits: each request edits its own {cfg.input_size} input image (conditioning at ~1 MP)")
     runs = _engine_runs(cfg, requests, model)
     if cfg.stop_server_pid is not None:
+        from omni_serve.bench.server import stop_server
+
         stop_server(cfg.stop_server_pid)
         notes.append("the server was stopped before the baseline ran")
     if cfg.baseline == "diffusers":

@@ -59,6 +59,9 @@ class BenchConfig(BaseModel):
     threads: int | None = Field(None, ge=1, description="torch threads for in-process baselines (default: all).")
     cb_page_size: int = Field(32, ge=4)
     cb_attn_implementation: str = "sdpa"
+    stop_server_pid: int | None = Field(None, description=(
+        "Local server to stop (SIGTERM, wait for exit) after the engine runs, so the baselines run on a quiet "
+        "machine."))
 
     @model_validator(mode="after")
     def _check(self) -> "BenchConfig":
@@ -172,6 +175,11 @@ def run_bench(cfg: BenchConfig) -> BenchOutcome:
         engine_runs, engine_notes = _engine_omni_runs(cfg, requests)
         runs += engine_runs
         notes += engine_notes
+        if cfg.stop_server_pid is not None:
+            from omni_serve.bench.server import stop_server
+
+            stop_server(cfg.stop_server_pid)
+            notes.append("the server was stopped before the baselines ran")
         if "hf" in cfg.baselines:
             runs.append(_hf_run(cfg, requests))
         if "cb" in cfg.baselines:

@@ -6,7 +6,13 @@ handle). Its FastAPI app is built per replica (Serve's ``__serve_build_asgi_app_
 ``routes`` (``omni_serve.graphs.frontend``), plus ``GET /v1/models``, ``GET /health`` (200 only when every stage
 answers) and ``GET /metrics`` (this replica's request counters, Prometheus text; the cluster-wide metrics of
 ``omni_serve.metrics`` go through Ray's metrics endpoint). Any other route answers 404 with an OpenAI-style body
-naming the routes served; all errors are OpenAI-style bodies (``omni_serve.api.errors``).
+naming the routes served; all errors are OpenAI-style bodies (``omni_serve.api.errors``). ``/docs``, ``/redoc``
+and ``/openapi.json`` exist only with ``ingress.enable_docs``.
+
+Guards (``omni_serve.api.guards``), before any body is read or parsed: with API keys configured, ``/v1/*`` and
+``/metrics`` need ``Authorization: Bearer <key>`` (401 otherwise) and ``/health`` tells an unauthenticated
+caller only its status; every body is bounded (``ingress.max_body_bytes``: 413) and must arrive within
+``ingress.body_timeout_s`` (408).
 
 Every frontend route goes through one path: admission, the handler, metrics and errors. Beyond
 ``ingress.max_inflight_requests`` per replica a request is answered 429 with ``Retry-After`` at once (Serve
@@ -27,6 +33,7 @@ from ray import serve
 from starlette.background import BackgroundTask
 
 from omni_serve.api.errors import OpenAIError, install_error_handlers, not_found
+from omni_serve.api.guards import ApiKeyAuth, BodyLimit, api_keys
 from omni_serve.api.protocol import ModelCard, ModelList
 from omni_serve.deployments.admission import TIMEOUT_HEADER, InflightLimit, Ticket, request_deadline
 from omni_serve.graphs.calls import StageCalls
@@ -53,6 +60,8 @@ class OpenAIIngress:
         observe_transfers()
         self.inflight = InflightLimit(spec.ingress.max_inflight_requests, spec.ingress.retry_after_s)
         self.default_timeout_s = spec.ingress.request_timeout_s
+        self.ingress_spec = spec.ingress
+        self.api_keys = api_keys(spec.ingress)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return build_asgi_app(self)
@@ -118,13 +127,19 @@ class OpenAIIngress:
     async def models(self):
         return ModelList(data=[ModelCard(id=self.model_name)]).model_dump()
 
-    async def health(self):
+    async def health(self, request: Request):
         stages = await self.frontend.health()
         ok = all("error" not in v for v in stages.values())
-        ingress = {"inflight": self.inflight.inflight, "max_inflight": self.inflight.limit,
-                   "rejected": self.inflight.rejected}
-        return JSONResponse({"status": "ok" if ok else "unavailable", "ingress": ingress, "stages": stages},
-                            status_code=200 if ok else 503)
+        status = {"status": "ok" if ok else "unavailable"}
+        if request.scope.get("state", {}).get("authenticated", True):  # strangers learn only the status
+            status["ingress"] = {"inflight": self.inflight.inflight, "max_inflight": self.inflight.limit,
+                                 "rejected": self.inflight.rejected}
+            status["stages"] = stages
+        return JSONResponse(status, status_code=200 if ok else 503)
+
+    def rejected(self, status: int, err: OpenAIError) -> None:
+        """A guard answered a request itself (401, 408, 413)."""
+        self._failed("auth" if status == 401 else "body", err)
 
     async def metrics_text(self):
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
@@ -132,8 +147,16 @@ class OpenAIIngress:
 
 def build_asgi_app(ingress: OpenAIIngress) -> FastAPI:
     """The replica's FastAPI app: the frontend's routes, then the fixed ones, then OpenAI-style errors."""
-    app = FastAPI(title="omni_serve", description=f"OpenAI-compatible API over the {ingress.family} stage graph")
+    docs = ingress.ingress_spec.enable_docs
+    app = FastAPI(title="omni_serve", description=f"OpenAI-compatible API over the {ingress.family} stage graph",
+                  docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None,
+                  openapi_url="/openapi.json" if docs else None)
     install_error_handlers(app)
+    # Added last = outermost: the key is checked before the body is read.
+    spec = ingress.ingress_spec
+    app.add_middleware(BodyLimit, max_bytes=spec.max_body_bytes, timeout_s=spec.body_timeout_s,
+                       on_reject=ingress.rejected)
+    app.add_middleware(ApiKeyAuth, keys=ingress.api_keys, protected=("/v1/", "/metrics"), on_reject=ingress.rejected)
     for route in ingress.frontend.routes:
         app.add_api_route(route.path, _endpoint(ingress, route), methods=[route.method], name=route.name,
                           summary=route.summary or None)

@@ -54,14 +54,15 @@ def _replica_lost_errors() -> tuple[type[BaseException], ...]:
             BackPressureError)
 
 
-def stage_error(stage: str, exc: BaseException) -> OpenAIError:
+def stage_error(stage: str, exc: BaseException, request_id: str) -> OpenAIError:
     """The client's error for a failed stage call: 503 with Retry-After when the stage's replica died or is
-    unavailable (a retry reaches a healthy one), 500 when the stage failed on the request itself."""
+    unavailable (a retry reaches a healthy one), 500 when the stage failed on the request itself. The message is
+    fixed (stage and request id): what went wrong inside the stage goes to the log, never to the client."""
     if isinstance(exc, _replica_lost_errors()):
         return OpenAIError(f"Stage {stage} is temporarily unavailable (its replica was lost or is overloaded); "
-                           "retry the request.", status_code=503, type="service_unavailable",
-                           code="stage_unavailable", headers={"Retry-After": "1"})
-    return internal_error(f"Stage {stage} failed: {short_error(exc)}")
+                           f"retry the request (request {request_id}).", status_code=503,
+                           type="service_unavailable", code="stage_unavailable", headers={"Retry-After": "1"})
+    return internal_error(f"Stage {stage} failed on request {request_id}; the details are in the server log.")
 
 
 class StageCalls:
@@ -143,11 +144,11 @@ class StageCalls:
                     open_calls.discard(stage)
                 elif isinstance(item, BaseException):
                     log.error("request %s: stage %s failed: %r", request_id, stage, item)
-                    raise stage_error(stage, item)
+                    raise stage_error(stage, item, request_id)
                 elif not isinstance(item, self.graph.stage(stage).outputs):
                     log.error("request %s: stage %s sent a %s, not one of its declared outputs",
                               request_id, stage, type(item).__name__)
-                    raise internal_error(f"Stage {stage} sent an unexpected output.")
+                    raise internal_error(f"Stage {stage} sent an unexpected output (request {request_id}).")
                 else:
                     yield stage, item
         finally:

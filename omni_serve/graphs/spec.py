@@ -144,6 +144,20 @@ class IngressSpec(BaseModel):
     max_queued_requests: int = Field(256, ge=-1, description=(
         "Requests Ray Serve queues for the ingress while every replica is at max_ongoing_requests; more get "
         "503 with Retry-After (-1: unbounded)."))
+    api_keys: list[str] = Field(default_factory=list, description=(
+        "API keys accepted as 'Authorization: Bearer <key>' on every /v1/* route and /metrics (401 otherwise). "
+        "Keys are also read from the OMNI_SERVE_API_KEY environment variable (comma-separated) and from "
+        "api_key_file; prefer those, since spec values are visible in the Serve config. No key anywhere: "
+        "the API is open."))
+    api_key_file: str | None = Field(None, description=(
+        "File with one API key per line (e.g. a mounted Kubernetes Secret); read when the ingress starts."))
+    enable_docs: bool = Field(False, description="Serve /docs, /redoc and /openapi.json (off: 404).")
+    max_body_bytes: int = Field(32 << 20, ge=1024, description=(
+        "Largest request body, bytes (413 beyond it, checked from Content-Length and while reading, before "
+        "anything is parsed). Base64 media count at 4/3 of their size."))
+    body_timeout_s: float = Field(60.0, gt=0, description=(
+        "Seconds a client may take to send its whole request body (408 past it: a slow body cannot hold the "
+        "ingress)."))
 
     @field_validator("autoscaling_config")
     @classmethod
@@ -153,6 +167,27 @@ class IngressSpec(BaseModel):
 
             _importable(value.get("policy") or {}, lambda: AutoscalingConfig.model_validate(value))
         return value
+
+
+ImageFormat = Literal["PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF"]
+
+
+class RequestLimits(BaseModel):
+    """Limits on what one request may carry, checked at the ingress before anything is decoded or tokenized."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_prompt_chars: int = Field(100_000, ge=1, description=(
+        "Most characters of text in one request (all messages' text, or a prompt and its negative prompt), "
+        "checked before tokenizing."))
+    max_media_parts: int = Field(16, ge=0, description="Most media parts (images, audio clips) in one request.")
+    max_audio_sample_rate: int = Field(48_000, ge=8_000, description=(
+        "Highest sample rate of input audio (Hz), read from the file's header before decoding."))
+    max_audio_channels: int = Field(2, ge=1, description="Most channels of input audio, read from the header.")
+    max_total_image_pixels: int = Field(4096 * 4096, ge=256, description=(
+        "Most pixels of all of a request's images together, read from their headers before decoding."))
+    image_formats: list[ImageFormat] = Field(["PNG", "JPEG", "WEBP", "GIF"], min_length=1, description=(
+        "Image formats accepted (PIL decodes no other)."))
 
 
 class LoggingSpec(BaseModel):
@@ -180,6 +215,8 @@ class GraphSpecBase(SpecModel):
     ingress: IngressSpec = Field(default_factory=IngressSpec, description="HTTP ingress deployment.")
     data_plane: DataPlaneSpec = Field(default_factory=DataPlaneSpec, description=(
         "Settings of the data-plane backends the edges use (shared memory, Mooncake)."))
+    limits: RequestLimits = Field(default_factory=RequestLimits, description=(
+        "What one request may carry (text, media parts, audio format, image pixels and formats)."))
 
     def layout(self) -> str:
         """The graph layout this spec deploys (``GraphDef.layouts``); families with several override it."""

@@ -190,10 +190,25 @@ def test_unexpected_exception_is_500_and_logged(client: TestClient, caplog: pyte
     assert resp.status_code == 500
     err = error_of(resp)
     assert err["type"] == "internal_error"
-    assert "secret internal detail" not in err["message"]
+    assert "secret internal detail" not in err["message"] and "RuntimeError" not in err["message"]
     records = [r for r in caplog.records if r.name == "omni_serve.api.errors"]
     assert records and records[0].exc_info is not None
     assert "secret internal detail" in caplog.text
+    rid = err["message"].split("(request ")[1].split(")")[0]
+    assert rid and rid in records[0].getMessage()  # the id in the answer finds the detail in the log
+
+
+def test_a_stage_failure_reaches_the_client_as_a_fixed_message_with_the_request_id() -> None:
+    from ray.exceptions import RayActorError
+
+    from omni_serve.graphs.calls import stage_error
+
+    failed = stage_error("thinker", RuntimeError("CUDA error at /secret/path.cu:12"), "chatcmpl-abc")
+    assert failed.status_code == 500 and failed.type == "internal_error"
+    assert failed.message == "Stage thinker failed on request chatcmpl-abc; the details are in the server log."
+    lost = stage_error("talker", RayActorError(), "chatcmpl-abc")
+    assert lost.status_code == 503 and lost.headers == {"Retry-After": "1"}
+    assert "chatcmpl-abc" in lost.message and "actor" not in lost.message.lower()
 
 
 def test_openapi_schema_builds_with_protocol_models() -> None:

@@ -223,7 +223,7 @@ def test_uploaded_image_bytes_decode_keeping_alpha_when_asked() -> None:
     expect_400(info, "image", "image is too large (6x4 = 24 pixels; limit 23)")
     with pytest.raises(OpenAIError) as info:
         decode_image_bytes(b"not an image", max_pixels=100, param="image")
-    expect_400(info, "image", "not a recognised image")
+    expect_400(info, "image", "not an image in an accepted format")
 
 
 def test_jpeg_data_url_decodes() -> None:
@@ -244,7 +244,7 @@ def test_remote_image_url_rejected(url: str) -> None:
 @pytest.mark.parametrize(
     ("url", "word"),
     [
-        ("data:image/png;base64," + b64(b"garbage bytes, not an image"), "not a recognised image"),
+        ("data:image/png;base64," + b64(b"garbage bytes, not an image"), "not an image in an accepted format"),
         ("data:image/png;base64,!!!!", "base64"),
         ("data:text/plain;base64," + b64(b"hi"), "image/*"),
         ("data:image/png,rawbytes", "base64"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import random
 import time
 from dataclasses import dataclass, field
@@ -24,7 +25,8 @@ import numpy as np
 
 from omni_serve.api import protocol as P
 from omni_serve.api.errors import OpenAIError, bad_request
-from omni_serve.api.media import decode_image_url, decode_input_audio, encode_audio
+from omni_serve.api.limits import check_request_size
+from omni_serve.api.media import decode_image_bytes, decode_input_audio, encode_audio, image_url_bytes, probe_image
 from omni_serve.api.sse import SSE_DONE, sse_error, sse_event
 from omni_serve.graphs.calls import StageCalls
 from omni_serve.graphs.frontend import EventStream, Frontend, RequestContext, Route
@@ -40,6 +42,8 @@ from omni_serve.models.qwen2_5_omni_layout import SAMPLE_RATE, load_config, load
 from omni_serve.request_ids import new_request_id
 
 AUDIO_TTL_S = 3600
+MAX_ASPECT_RATIO = 200  # the Qwen2-VL image processor's limit (it raises beyond it)
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -93,13 +97,16 @@ class OmniFrontend(Frontend):
             if voice is None:
                 raise bad_request(f"Unknown voice {req.audio.voice!r}; available voices: "
                                   f"{', '.join(sorted(self.voices))}.", param="audio.voice", code="invalid_value")
-        messages, audios, images = self._convert_messages(req.messages)
-        try:
-            inputs = await asyncio.to_thread(self.inputs, messages, audios, images)
+        check_request_size(req.messages, self.spec.limits)
+        rid = new_request_id("chatcmpl")
+        try:  # decoding, preprocessing and tokenizing are CPU work: off the event loop
+            inputs = await asyncio.to_thread(self._preprocess, req.messages)
         except OpenAIError:
             raise
-        except Exception as exc:  # preprocessing rejected the media (e.g. too small an image)
-            raise bad_request(f"Could not process the request's media: {exc}", param="messages") from exc
+        except Exception as exc:  # noqa: BLE001 - the processor failed on media we decoded and checked
+            log.warning("request %s: preprocessing failed", rid, exc_info=exc)
+            raise bad_request(f"Could not process the request's media (request {rid}); the details are in the "
+                              "server log.", param="messages") from None
         prompt_len = int(inputs.input_ids.shape[1])
         max_new = req.max_new_tokens(self.spec.thinker_params().default_max_tokens)
         if prompt_len + max_new > self.max_model_len:
@@ -107,7 +114,6 @@ class OmniFrontend(Frontend):
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                 f"{prompt_len + max_new} tokens ({prompt_len} in the messages, {max_new} in the completion).",
                 param="messages", code="context_length_exceeded")
-        rid = new_request_id("chatcmpl")
         temperature = req.temperature if req.temperature is not None else \
             self.spec.thinker_params().default_temperature
         seed = req.seed if req.seed is not None else random.randrange(2**31)
@@ -131,8 +137,23 @@ class OmniFrontend(Frontend):
             expects_media=media is not None, talker=talker)
         return Prepared(req, rid, prompt_len, thinker, media, voice, req.audio.format if voice else None, seed)
 
+    def _preprocess(self, messages: list[P.ChatMessage]):
+        converted, audios, images = self._convert_messages(messages)
+        return self.inputs(converted, audios, [self._checked_image(raw, param) for raw, param in images])
+
+    def _checked_image(self, raw: bytes, param: str):
+        image = decode_image_bytes(raw, max_pixels=self.spec.max_image_pixels, param=param,
+                                   formats=self.spec.limits.image_formats)
+        if max(image.size) / min(image.size) > MAX_ASPECT_RATIO:
+            raise bad_request(f"{param}: image is {image.width}x{image.height}; its aspect ratio must be at most "
+                              f"{MAX_ASPECT_RATIO}.", param=param)
+        return image
+
     def _convert_messages(self, messages: list[P.ChatMessage]):
+        """(chat-template messages, decoded audio clips, images as (encoded bytes, param)); the images' pixels
+        are counted from their headers, all together, before any is decoded."""
         out, audios, images = [], [], []
+        limits, pixels = self.spec.limits, 0
         if not any(m.role in ("system", "developer") for m in messages):
             out.append({"role": "system", "content": [{"type": "text",
                                                         "text": self.spec.system_prompt or SPEECH_SYSTEM_PROMPT}]})
@@ -152,11 +173,19 @@ class OmniFrontend(Frontend):
                 elif part.type == "input_audio":
                     audios.append(decode_input_audio(
                         part.input_audio.data, part.input_audio.format, target_sr=self.inputs.sampling_rate,
-                        max_seconds=self.spec.max_audio_seconds, param=f"{param}.input_audio.data"))
+                        max_seconds=self.spec.max_audio_seconds, param=f"{param}.input_audio.data",
+                        max_sample_rate=limits.max_audio_sample_rate, max_channels=limits.max_audio_channels))
                     parts.append({"type": "audio"})
                 elif part.type == "image_url":
-                    images.append(decode_image_url(part.image_url.url, max_pixels=self.spec.max_image_pixels,
-                                                   max_bytes=64 << 20, param=f"{param}.image_url.url"))
+                    param = f"{param}.image_url.url"
+                    raw = image_url_bytes(part.image_url.url, max_bytes=self.spec.ingress.max_body_bytes, param=param)
+                    width, height = probe_image(raw, max_pixels=self.spec.max_image_pixels, param=param,
+                                                formats=limits.image_formats)
+                    pixels += width * height
+                    if pixels > limits.max_total_image_pixels:
+                        raise bad_request(f"The request's images have more than {limits.max_total_image_pixels} "
+                                          "pixels in all.", param=param)
+                    images.append((raw, param))
                     parts.append({"type": "image"})
             if role != "user" and (len(parts) != sum(p["type"] == "text" for p in parts)):
                 raise bad_request(f"Only user messages may contain audio or images (message {i} is {msg.role}).",

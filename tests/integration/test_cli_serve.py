@@ -1,0 +1,66 @@
+"""``omni-serve serve --api-key`` as a user runs it: its own local Ray with Ray's default token authentication
+(the CLI no longer turns it off), the key required on the API, the official client working with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.integration.http_waits import wait_for_200
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+BIN = os.path.dirname(sys.executable)
+PORT = 8013
+URL = f"http://127.0.0.1:{PORT}"
+KEY = "sk-cli-test"
+
+
+@pytest.fixture(scope="module")
+def served(qwen_image_tiny_dir, tmp_path_factory):
+    home = tmp_path_factory.mktemp("home")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS", "OMNI_SERVE_API_KEY")}
+    # HOME: Ray writes its token under ~/.ray; RAY_ADDRESS=local: a cluster of its own, whatever else runs here
+    env.update(HOME=str(home), RAY_ADDRESS="local")
+    log = open(home / "serve.log", "w")
+    proc = subprocess.Popen(
+        [f"{BIN}/omni-serve", "serve", "--graph", "qwen_image", "--port", str(PORT), "--num-cpus", "2",
+         "--api-key", KEY, f"checkpoint={qwen_image_tiny_dir}", "default_size=64x64", "default_steps=2"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for_200(f"{URL}/health", 300, f"omni-serve serve did not come up (log: {home / 'serve.log'})",
+                     alive=lambda: proc.poll() is None)
+        yield home
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def test_the_cli_keeps_rays_token_authentication_on(served):
+    token = served / ".ray" / "auth_token"
+    assert token.is_file() and token.read_text().strip(), "Ray started without token authentication"
+    assert "Token authentication is enabled" in (served / "serve.log").read_text()
+
+
+def test_the_api_key_is_required_and_the_openai_client_uses_it(served):
+    import openai
+
+    r = httpx.post(f"{URL}/v1/images/generations", json={"prompt": "a cat"}, timeout=60)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(f"{URL}/health", timeout=30).json() == {"status": "ok"}
+    client = openai.OpenAI(base_url=f"{URL}/v1", api_key=KEY, max_retries=0)
+    result = client.images.generate(model="qwen-image", prompt="a small blue bird", size="64x64",
+                                    response_format="b64_json", extra_body={"seed": 1})
+    assert len(result.data) == 1 and result.data[0].b64_json
+    wrong = openai.OpenAI(base_url=f"{URL}/v1", api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.images.generate(model="qwen-image", prompt="a cat", size="64x64", response_format="b64_json")
