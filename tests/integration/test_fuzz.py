@@ -44,11 +44,13 @@ def fuzz_apps(ray_serve, omni_tiny_dir, qwen_image_tiny_dir):
         "stages.thinker.params.max_model_len": 512, "stages.thinker.params.default_max_tokens": 8,
         "stages.talker.params.max_codec_tokens": 16, "stages.code2wav.params.num_steps": 1,
         "max_audio_seconds": 5, "max_image_pixels": 128 * 128, "ingress.request_timeout_s": 60,
+        "ingress.enable_docs": True,  # the fuzzer reads /openapi.json
     }), name="fuzz_omni", route_prefix="/fuzz_omni")
     serve.run(qwen_image.build_app({
         "checkpoint": qwen_image_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in IMAGE_STAGES},
         "stages.dit.engine.torch_threads": 1, "default_size": "32x32", "default_steps": 2, "max_steps": 3,
         "max_side": 64, "max_pixels": 64 * 64, "max_images": 2, "ingress.request_timeout_s": 60,
+        "ingress.enable_docs": True,
     }), name="fuzz_image", route_prefix="/fuzz_image")
     yield {"fuzz_omni": (ray_serve + "/fuzz_omni", "qwen2.5-omni", "/v1/chat/completions", OMNI_STAGES),
            "fuzz_image": (ray_serve + "/fuzz_image", "qwen-image", "/v1/images/generations", IMAGE_STAGES)}
