@@ -138,8 +138,8 @@ class StageCalls:
                 try:
                     stage, item = await asyncio.wait_for(queue.get(), max(remaining, 0.001))
                 except asyncio.TimeoutError:
-                    raise OpenAIError("The request timed out.", status_code=504, type="timeout",
-                                      code="timeout") from None
+                    raise OpenAIError(f"The request timed out (request {request_id}).", status_code=504,
+                                      type="timeout", code="timeout") from None
                 if item is None:
                     open_calls.discard(stage)
                 elif isinstance(item, BaseException):
