@@ -1,4 +1,4 @@
-"""The margins behind the Qwen-Image-Edit oracle's tolerance (tests/unit/test_qwen_image_edit.py, LATENT_ATOL):
+"""The margins behind the Qwen-Image-Edit oracle's tolerance (tests/image_oracle.py, LATENT_ATOL):
 how far the served latents are from diffusers' (float rounding), and how far a swapped prompt, input image or seed
 moves diffusers' own latents and pixels, on the tiny checkpoint.
 
@@ -15,6 +15,7 @@ import asyncio
 import numpy as np
 
 from tests.conftest import tiny_checkpoint
+from tests.image_oracle import latent_distance
 from tests.unit.test_qwen_image_edit import CASES, reference, reference_pipeline, serve
 
 
@@ -23,13 +24,15 @@ def main() -> None:
     pipe = reference_pipeline(checkpoint)
     refs = [reference(pipe, c) for c in CASES]
     served = asyncio.run(serve(checkpoint, CASES))
-    for case, (ref_latents, ref_images), (latents, images, _) in zip(CASES, refs, served):
-        print(f"served vs diffusers, {case['prompt']!r}: latents max |diff| {float((latents - ref_latents).abs().max()):.2e}, "
-              f"pixels max |diff| {int(np.abs(images.astype(int) - ref_images).max())}")
+    for case, ref, (got, _, _) in zip(CASES, refs, served):
+        print(f"served vs diffusers, {case['prompt']!r}: "
+              f"latents max |diff| {latent_distance(got.latents, ref.latents):.2e}, "
+              f"pixels max |diff| {int(np.abs(got.pixels.astype(int) - ref.pixels).max())}")
     for swap in ({"prompt": "add a cat"}, {"prompt": "make the sky blue"}, {"image": CASES[5]["image"]}, {"seed": 99}):
-        other_latents, other_images = reference(pipe, {**CASES[0], **swap})
-        print(f"diffusers, first case with {sorted(swap)} swapped: latents move {float((refs[0][0] - other_latents).abs().max()):.2e}, "
-              f"pixels {int(np.abs(refs[0][1].astype(int) - other_images).max())}")
+        other = reference(pipe, {**CASES[0], **swap})
+        print(f"diffusers, first case with {sorted(swap)} swapped: "
+              f"latents move {latent_distance(refs[0].latents, other.latents):.2e}, "
+              f"pixels {int(np.abs(refs[0].pixels.astype(int) - other.pixels).max())}")
 
 
 if __name__ == "__main__":

@@ -4,12 +4,13 @@ Contract:
 
 * ``ImageGenerationRequest`` accepts what the official ``openai`` client's ``images.generate`` sends, plus
   omni_serve extensions for diffusion models (``seed``, ``num_inference_steps``, ``guidance_scale``,
-  ``true_cfg_scale``, ``negative_prompt``, ``cache``). Unknown fields are ignored. Static rules (empty
-  prompt, malformed ``size``, ``n`` and steps below 1, unsupported ``response_format``) fail validation
+  ``true_cfg_scale``, ``negative_prompt``, ``cache``, ``return_latents``). Unknown fields are ignored. Static
+  rules (empty prompt, malformed ``size``, ``n`` and steps below 1, unsupported ``response_format``) fail validation
   and become 400s via ``omni_serve.api.errors``; limits that depend on the served graph (largest size,
   most steps, most images) are checked by the graph's frontend, also as 400s.
 * ``ImageGenerationResponse`` is OpenAI's ``{created, data: [{b64_json}]}`` plus ``usage`` and an
-  omni_serve ``metrics`` object (denoising steps computed vs served from cache, per image).
+  omni_serve ``metrics`` object (denoising steps computed vs served from cache, per image); with
+  ``return_latents`` each data item also carries its final latents (``ImageLatents``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ class ImageGenerationRequest(_Lenient):
         "Distilled-guidance input of guidance-distilled transformers; for others an alias of true_cfg_scale."))
     negative_prompt: str | None = Field(default=None, description="What not to draw (enables true CFG).")
     cache: CacheOptions | None = Field(default=None, description="Cache acceleration overrides.")
+    return_latents: bool = Field(default=False, description=(
+        "omni_serve extension: add each image's final denoised latents to its data item ('latents'): the packed "
+        "latents [(H/16)*(W/16), 64] after the last scheduler step, before unpacking, de-normalisation and the VAE "
+        "decode, i.e. what diffusers' QwenImagePipeline returns with output_type='latent' (one image's row), as "
+        "base64 little-endian float32 with their shape."))
 
     @field_validator("prompt")
     @classmethod
@@ -89,9 +95,19 @@ class ImageGenerationRequest(_Lenient):
         return int(w), int(h)
 
 
+class ImageLatents(BaseModel):
+    """One image's final latents (``return_latents``)."""
+
+    data: str = Field(description="The latents' bytes, base64: little-endian float32, row-major.")
+    shape: list[int] = Field(description="Their shape: [image tokens, channels], the packed 2x2 latent patches.")
+    dtype: Literal["float32"] = Field(default="float32", description="Element type of data.")
+
+
 class ImageData(BaseModel):
     b64_json: str = Field(description="The encoded image, base64.")
     revised_prompt: str | None = Field(default=None, description="Unused (prompts are not rewritten).")
+    latents: ImageLatents | None = Field(default=None, description=(
+        "omni_serve extension (return_latents): the latents this image was decoded from."))
 
 
 class ImageMetrics(BaseModel):

@@ -1,4 +1,4 @@
-"""Waiting on an HTTP endpoint in integration tests (a server starting, a graph recovering)."""
+"""Waiting in integration tests: on a condition, or on an HTTP endpoint (a server starting, a graph recovering)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,14 @@ import time
 from typing import Callable
 
 import httpx
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
+    """Poll ``condition()`` until it is true; fail with ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} (waited {timeout} s)"
+        time.sleep(interval)
 
 
 def wait_for_200(url: str, timeout: float, what: str, alive: Callable[[], bool] = lambda: True) -> None:

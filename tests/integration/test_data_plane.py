@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.integration.conftest import ORACLE
+from tests.integration.http_waits import wait_until
 from tests.integration import test_omni_graph as aggregated
 from tests.integration.test_omni_graph import check_against_reference, oracle_request
 
@@ -180,6 +181,12 @@ class _Producer:
     def stats(self) -> dict:
         return self.conn.stats()
 
+    def canary(self) -> list:
+        """An object this process owns (in a list: the reference comes back, the ownership stays here)."""
+        import ray
+
+        return [ray.put(b"canary")]
+
 
 @pytest.fixture(scope="module")
 def endpoints(ray_serve):
@@ -213,6 +220,18 @@ def test_payload_crosses_processes_and_unread_ones_are_freed_after_ttl(endpoints
         asyncio.run(consumer.get(f"ttl-{backend}/e/1", timeout=0.5))
 
 
+def _lost(ref) -> bool:
+    """Whether Ray reports an object lost with its owner (once it has processed the owner's death, objects the
+    owner held in the object store are gone; before, a read may still find them)."""
+    import ray
+
+    try:
+        ray.get(ref, timeout=5)
+    except (ray.exceptions.OwnerDiedError, ray.exceptions.ObjectLostError):
+        return True
+    return False
+
+
 class _Consumer:
     def __init__(self, backend):
         self.backend = backend
@@ -237,8 +256,9 @@ def test_killed_producer_fails_the_consumer_within_its_timeout(endpoints, backen
 
     a = endpoints.remote(backend)
     ray.get(a.put.remote(f"kill-{backend}/e/0", 1 << 16))
+    canary = ray.get(a.canary.remote())[0]
     ray.kill(a)
-    time.sleep(1.0)
+    wait_until(lambda: _lost(canary), 30, "Ray did not report the killed producer's objects lost")
     consumer = _Consumer(backend)
     t0 = time.monotonic()
     if backend == "shm":

@@ -1,19 +1,21 @@
-"""Faults: a replica of each stage type is killed (ray.kill) while requests run through it. Every
-in-flight request ends within its deadline with a clear answer (an error event in a stream, 503 otherwise, or
-a normal completion when it was already past that stage); Serve replaces the replica, later requests
-succeed, and no request state is left in any stage (no active request, every KV block free)."""
+"""Faults: a replica of each stage type is killed (ray.kill) while it holds a request past Serve's retry, and
+that request fails because of it. Every in-flight request ends within its deadline with a clear answer (an
+error event in a stream, 503 otherwise, or a normal completion when it was already past that stage, or Serve
+retried it); Serve replaces the replica, later requests succeed, and no request state is left in any stage (no
+active request, every KV block free)."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from tests.integration.http_waits import busy_stages, wait_for_200
+from tests.integration.http_waits import busy_stages, wait_for_200, wait_until
 from tests.integration.test_omni_graph import oracle_request
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -91,30 +93,62 @@ def _wait_healthy(url: str) -> None:
     wait_for_200(f"{url}/health", 180, "the graph did not recover")
 
 
+def _held_encoder_call(pool: ThreadPoolExecutor, request_id: str) -> Future:
+    """An encoder call (as the ingress opens one) whose media never comes: the encoder takes it and holds it,
+    waiting for its input, until the replica dies or the data-plane timeout (the request deadline) passes. The
+    future's result: the exception that ended the call, or None if it ended without one."""
+    from ray import serve
+
+    from omni_serve.graphs.qwen2_5_omni.messages import EncoderCall
+
+    gen = serve.get_deployment_handle("encoder", app_name=APP).options(stream=True).generate.remote(
+        EncoderCall(request_id=request_id))
+
+    def consume():
+        try:
+            for _ in gen:
+                pass
+        except Exception as exc:  # noqa: BLE001 - what ended the call is the result
+            return exc
+        return None
+    return pool.submit(consume)
+
+
 @pytest.mark.parametrize("stage", STAGES)
 def test_killing_a_stage_replica_mid_request_fails_fast_and_the_graph_recovers(faults_app, stage):
+    """The fault lands: the stage holds a request (its ``active`` count, read right before ``ray.kill``) that is
+    past Serve's retry, and that request fails with a 503 because of the kill."""
     import ray
+
+    from omni_serve.graphs.calls import stage_error
 
     _wait_healthy(faults_app)
     reached = threading.Event()
-    with ThreadPoolExecutor(4) as pool:
+    with ThreadPoolExecutor(5) as pool:
         futures = [pool.submit(_run, faults_app, i % 2 == 0, stage, reached) for i in range(4)]
         replica = _replica(stage)
-        if stage == "encoder":  # its part takes milliseconds: kill it as soon as it holds a request, if ever
-            deadline = time.monotonic() + 10
-            caught = False
-            while not caught and time.monotonic() < deadline:
-                caught = _stage_stats(stage)["active"] > 0
+        if stage == "encoder":
+            # The encoder's part of a request takes milliseconds (tiny towers): no kill could be timed to land
+            # inside one. So the proof is a call it is sure to hold: one whose input never comes, opened after
+            # the HTTP requests. Once the encoder reports it active, it is past Serve's retry (a replica runs a
+            # call only after accepting it), so the kill must fail it as replica loss, never retry it.
+            held_id = f"held-{uuid.uuid4().hex}"
+            held = _held_encoder_call(pool, held_id)
+            wait_until(lambda: _stage_stats(stage)["active"] > 0, 30, "the encoder never took the held call")
         else:
             # Kill it once a stream shows the stage's output. Merely holding the requests is not enough:
             # Serve retries a request on a fresh replica when the one it was sent to dies before the router
             # saw it accepted, and such a request then succeeds (seen in CI, and a fine outcome for users).
-            caught = reached.wait(30)
-            assert caught, f"no stream showed {stage} output within 30 s"
+            assert reached.wait(30), f"no stream showed {stage} output within 30 s"
+        active = _stage_stats(stage)["active"]
+        assert active > 0, f"{stage} held no request right before the kill"
         ray.kill(replica)
         outcomes = [f.result() for f in futures]
-    print(f"\nkilled {stage} ({'mid-request' if caught else 'as requests arrived'}): "
-          + ", ".join(f"{o} in {t:.1f} s" for o, t in outcomes))
+        if stage == "encoder":
+            ended = held.result(DEADLINE_S + 30)
+            assert ended is not None and stage_error(stage, ended, held_id).status_code == 503, (
+                f"the call the encoder held was not failed by the kill: {ended!r}")
+    print(f"\nkilled {stage} holding {active} request(s): " + ", ".join(f"{o} in {t:.1f} s" for o, t in outcomes))
     assert all(seconds < DEADLINE_S + 5 for _, seconds in outcomes), outcomes  # nothing hung
     errors = [o for o, _ in outcomes if o != "ok"]
     if stage != "encoder":  # the stream that showed the stage's output was past Serve's retry: it must fail

@@ -3,12 +3,11 @@ the same transformers oracle as the aggregated graph, its own deployments, probe
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.integration import test_omni_graph as aggregated
 from tests.integration.conftest import DISAGG_STAGES
+from tests.integration.http_waits import wait_until
 from tests.integration.test_omni_graph import check_against_reference, check_batch_against_reference, oracle_request
 from tests.omni_cases import CASES
 
@@ -40,12 +39,12 @@ def test_disaggregated_graph_matches_transformers_generate(http_disagg, referenc
 
 def test_disaggregated_batch_matches_and_frees_every_block(http_disagg, reference):
     check_batch_against_reference(http_disagg, reference, 6)
-    deadline = time.monotonic() + 30
-    while True:  # the stage calls end just after the response; give the engines a moment
-        stats = _stats()
-        if all(s["active"] == 0 for s in stats.values()) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    stats = {}
+
+    def idle() -> bool:  # the stage calls end just after the response
+        stats.update(_stats())
+        return all(s["active"] == 0 for s in stats.values())
+    wait_until(idle, 30, "a stage still holds a request after the batch ended")
     for stage in ("thinker_prefill", "thinker_decode", "talker"):
         assert stats[stage]["kv_blocks_used"] == 0, stats
     # decode generated from imported KV: it computed far fewer rows than the prompts had

@@ -10,11 +10,11 @@ import base64
 import io
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import pytest
 from PIL import Image
 
 from tests.conftest import tiny_checkpoint
+from tests.image_oracle import assert_matches, assert_swaps_fail, response_result
 from tests.unit.test_qwen_image_edit import openai_mask, png, reference, reference_pipeline, solid_png
 
 pytestmark = pytest.mark.integration
@@ -49,17 +49,15 @@ def client(edit_app):
         yield c
 
 
-def pixels(b64: str) -> np.ndarray:
-    return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"))
-
-
 def edit(client, files: dict, **fields):
     return client.post("/v1/images/edits", files=files, data={"model": MODEL, **fields})
 
 
 def test_openai_client_edits_equal_the_pipeline(edit_app, edit_dir):
     """``images.edit`` of the official client (one image, extensions in ``extra_body``), two at once: each
-    response is diffusers' QwenImageEditPipeline on the same checkpoint and seed."""
+    response is diffusers' QwenImageEditPipeline on the same checkpoint and seed (its final latents, which
+    ``return_latents`` adds, within float rounding, and its pixels within a level). The first edit's response
+    fails the same comparison against the reference with the second's prompt or seed."""
     from openai import OpenAI
 
     oa = OpenAI(base_url=edit_app + "/v1", api_key="unused")
@@ -68,7 +66,7 @@ def test_openai_client_edits_equal_the_pipeline(edit_app, edit_dir):
               "negative_prompt": "blurry", "true_cfg_scale": 3.0}]
 
     def run(case):
-        extra = {"seed": case["seed"], "num_inference_steps": case["steps"]}
+        extra = {"seed": case["seed"], "num_inference_steps": case["steps"], "return_latents": True}
         extra.update({k: case[k] for k in ("negative_prompt", "true_cfg_scale") if k in case})
         return oa.images.edit(model=MODEL, image=("in.png", case["image"], "image/png"), prompt=case["prompt"],
                               size=case["size"], n=1, response_format="b64_json", extra_body=extra)
@@ -76,10 +74,10 @@ def test_openai_client_edits_equal_the_pipeline(edit_app, edit_dir):
     with ThreadPoolExecutor(len(cases)) as pool:
         results = list(pool.map(run, cases))
     pipe = reference_pipeline(edit_dir)
-    for case, result in zip(cases, results):
-        _, ref = reference(pipe, case)
-        got = pixels(result.data[0].b64_json)
-        assert got.shape == ref[0].shape and np.abs(got.astype(int) - ref[0]).max() <= 1, case["prompt"]
+    served = [response_result(result.data) for result in results]
+    positives = [assert_matches(got, reference(pipe, case), case["prompt"]) for case, got in zip(cases, served)]
+    swapped = {key: reference(pipe, {**cases[0], key: cases[1][key]}, pixels=False) for key in ("prompt", "seed")}
+    assert_swaps_fail(served[0], swapped, positives[0], cases[0]["prompt"])
 
 
 def test_a_list_of_one_image_cache_fields_and_a_mask(client):
@@ -99,7 +97,7 @@ def test_a_list_of_one_image_cache_fields_and_a_mask(client):
 
 BAD = [
     ({}, {"prompt": "x"}, "image", "image is required"),
-    ({"image": ("x.png", b"not an image", "image/png")}, {"prompt": "x"}, "image", "not a recognised image"),
+    ({"image": ("x.png", b"not an image", "image/png")}, {"prompt": "x"}, "image", "not an image in an accepted format"),
     ({"image": ("x.png", solid_png(1000, 1000), "image/png")}, {"prompt": "x"}, "image", "too large (1000x1000"),
     ({"image": ("x.png", b"x" * 200_001, "image/png")}, {"prompt": "x"}, "image", "too large"),
     ({"image": ("x.png", png(16, 16, 0), "image/png"), "mask": ("m.png", openai_mask(8, 8, (slice(None),) * 2),

@@ -8,8 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
+
+from tests.image_oracle import (
+    Result, assert_matches, assert_swaps_fail, decode_pixels, pipeline_result, response_result,
+)
 
 pytestmark = pytest.mark.integration
 MODEL = "qwen-image"
@@ -32,16 +35,15 @@ def pipe(qwen_image_tiny_dir):
     return p
 
 
-def reference(pipe, prompt, seed, steps, size=(64, 64), negative=None, cfg=4.0, n=1) -> np.ndarray:
+def reference(pipe, prompt, seed, steps, size=(64, 64), negative=None, cfg=4.0, n=1) -> Result:
+    """diffusers' latents and uint8 images for a request."""
     w, h = size
-    images = pipe(prompt, negative_prompt=negative, true_cfg_scale=cfg, width=w, height=h,
-                  num_inference_steps=steps, num_images_per_prompt=n,
-                  generator=torch.Generator().manual_seed(seed), output_type="np").images
-    return (images * 255).round().astype(np.uint8)
+    return pipeline_result(pipe, seed, prompt=prompt, negative_prompt=negative, true_cfg_scale=cfg, width=w,
+                           height=h, num_inference_steps=steps, num_images_per_prompt=n)
 
 
 def pixels(item: dict) -> np.ndarray:
-    return np.asarray(Image.open(io.BytesIO(base64.b64decode(item["b64_json"]))).convert("RGB"))
+    return decode_pixels(item["b64_json"])
 
 
 def generate(client, **body):
@@ -56,30 +58,50 @@ CASES = [
 ]
 
 
-def case_reference(pipe, case):
+def case_reference(pipe, case) -> Result:
     size = tuple(int(v) for v in case.get("size", "64x64").split("x"))
     return reference(pipe, case["prompt"], case["seed"], case["num_inference_steps"], size,
                      case.get("negative_prompt"), case.get("true_cfg_scale", 4.0), case.get("n", 1))
 
 
+def swapped_references(pipe, cases: list[dict], i: int) -> dict[str, Result]:
+    """The references of case ``i`` with the prompt, then the seed, of the next case: what a request whose
+    prompt embeddings or noise were mixed up with a batch partner's would return."""
+    other = cases[(i + 1) % len(cases)]
+    return {key: case_reference(pipe, {**cases[i], key: other[key]}) for key in ("prompt", "seed")}
+
+
 def test_concurrent_requests_match_diffusers(client, pipe):
     """Requests at different timesteps and step counts share the DiT's forwards, yet each image equals
-    diffusers' QwenImagePipeline on the same checkpoint and seed (with and without true CFG)."""
+    diffusers' QwenImagePipeline on the same checkpoint and seed (with and without true CFG): its final latents
+    (``return_latents``) within float rounding, its pixels within a level. The same comparison fails for the
+    reference of another request's prompt or seed (negative controls)."""
+    before = client.get("/health").json()["stages"]["dit"]
     with ThreadPoolExecutor(len(CASES)) as pool:
-        responses = list(pool.map(lambda c: generate(client, **c), CASES))
-    for case, r in zip(CASES, responses):
+        responses = list(pool.map(lambda c: generate(client, **c, return_latents=True), CASES))
+    for i, (case, r) in enumerate(zip(CASES, responses)):
         assert r.status_code == 200, r.text
         body = r.json()
-        got = np.stack([pixels(d) for d in body["data"]])
-        ref = case_reference(pipe, case)
-        assert got.shape == ref.shape
-        assert np.abs(got.astype(int) - ref).max() <= 2, case
+        got = response_result(body["data"])
+        positive = assert_matches(got, case_reference(pipe, case), case["prompt"])
+        assert_swaps_fail(got, swapped_references(pipe, CASES, i), positive, case["prompt"])
         m = body["metrics"]
         assert m["num_inference_steps"] == case["num_inference_steps"]
         assert m["true_cfg"] == ("negative_prompt" in case)
         assert m["cached_steps"] == [0] * case.get("n", 1)
     health = client.get("/health").json()
     assert all(stage["active"] == 0 for stage in health["stages"].values())
+    steps, forwards = (health["stages"]["dit"][k] - before[k] for k in ("items", "calls"))
+    print(f"{steps} denoising steps in {forwards} DiT forwards")
+    assert steps == sum(c["num_inference_steps"] for c in CASES)
+    assert forwards < steps, "no two requests shared a DiT forward: the oracle did not see batched requests"
+
+
+def test_latents_come_only_when_asked(client):
+    r = generate(client, prompt="a cat", num_inference_steps=1, seed=1, size="96x64", n=2, return_latents=True)
+    assert r.status_code == 200, r.text
+    assert [d["latents"]["shape"] for d in r.json()["data"]] == [[(96 // 16) * (64 // 16), 64]] * 2
+    assert all("latents" not in d for d in generate(client, prompt="a cat", num_inference_steps=1).json()["data"])
 
 
 def test_cache_dit_reports_cached_steps(client, pipe):
@@ -90,12 +112,12 @@ def test_cache_dit_reports_cached_steps(client, pipe):
     m = cached.json()["metrics"]
     assert m["cache_mode"] == "dbcache"
     assert m["cached_steps"][0] > 0 and m["cached_steps"][0] + m["computed_steps"][0] == 10
-    exact = reference(pipe, body["prompt"], 5, 10)[0]
+    exact = reference(pipe, body["prompt"], 5, 10)
     img = pixels(cached.json()["data"][0]).astype(float)
-    mse = np.mean((img - exact) ** 2)
+    mse = np.mean((img - exact.pixels[0]) ** 2)
     assert mse > 0  # an approximation, not the exact image
-    off = generate(client, **body, cache={"mode": "off"})
-    assert np.abs(pixels(off.json()["data"][0]).astype(int) - exact).max() <= 2
+    off = generate(client, **body, cache={"mode": "off"}, return_latents=True)
+    assert_matches(response_result(off.json()["data"]), exact, "cache off")
     # warm-up beyond the last step: every step computed (not a MemoryError from a 1e16-entry warm-up list)
     warm = generate(client, **body, cache={"mode": "dbcache", "max_warmup_steps": 10**16})
     assert warm.status_code == 200, warm.text

@@ -2,7 +2,8 @@
 
 text_encoder -> dit -> vae run as BatchEngines, with queues standing in for the data plane; every image
 must match diffusers' ``QwenImagePipeline`` on the same checkpoint and seed, alone and while batched with
-other requests at other timesteps, with and without true CFG.
+other requests at other timesteps, with and without true CFG: its final latents within float rounding and its
+pixels within a level (``tests.image_oracle``); the same comparison fails for another request's prompt or seed.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from omni_serve.engines.batch import BatchEngine
 from omni_serve.graphs.qwen_image.messages import DenoiseCall, FinalLatents, PromptEmbeds
 from omni_serve.graphs.qwen_image.replica import programs as P
 from omni_serve.models.qwen_image import QwenImageDecoder, QwenImageDenoiser, QwenImageTextEncoder
+from tests.image_oracle import LATENT_ATOL, Result, assert_matches, assert_swaps_fail, pipeline_result
 
 SIZE = 64
 
@@ -32,11 +34,9 @@ def parts(qwen_image_tiny_dir):
             QwenImageDecoder(qwen_image_tiny_dir))
 
 
-def reference(pipe, prompt, negative, seed, steps, cfg, n=1) -> np.ndarray:
-    images = pipe(prompt, negative_prompt=negative, true_cfg_scale=cfg, height=SIZE, width=SIZE,
-                  num_inference_steps=steps, num_images_per_prompt=n,
-                  generator=torch.Generator().manual_seed(seed), output_type="np").images
-    return (images * 255).round().astype(np.uint8)
+def reference(pipe, prompt, negative, seed, steps, cfg, n=1) -> Result:
+    return pipeline_result(pipe, seed, prompt=prompt, negative_prompt=negative, true_cfg_scale=cfg, height=SIZE,
+                           width=SIZE, num_inference_steps=steps, num_images_per_prompt=n)
 
 
 class InProcessImage:
@@ -75,7 +75,7 @@ class InProcessImage:
         images = []
         async for out in self.vae.generate(rid, P.DecodeProgram(SIZE, SIZE), one(latents)):
             images += P.encode_images(out.pixels)
-        return images, metrics
+        return Result(latents.latents, np.stack([decode_png(b) for b in images])), metrics
 
 
 def decode_png(data: bytes) -> np.ndarray:
@@ -103,18 +103,20 @@ def test_single_requests_equal_the_pipeline(parts):
                 return await eng.run("r", prompt, negative, seed, steps, cfg, n)
             finally:
                 await eng.close()
-        images, metrics = asyncio.run(go())
-        ref = reference(pipe, prompt, negative, seed, steps, cfg, n)
-        got = np.stack([decode_png(b) for b in images])
-        assert got.shape == ref.shape
-        assert np.abs(got.astype(int) - ref).max() <= 1, prompt
+        got, metrics = asyncio.run(go())
+        assert_matches(got, reference(pipe, prompt, negative, seed, steps, cfg, n), prompt)
         assert metrics["num_steps"] == steps and metrics["computed_steps"] == steps
         assert metrics["true_cfg"] == (negative is not None and cfg > 1)
 
 
 def test_batched_at_different_timesteps_equal_the_pipeline(parts):
-    pipe, te, dn, de = parts
+    check_batched_at_different_timesteps(*parts)
 
+
+def check_batched_at_different_timesteps(pipe, te, dn, de, atol: float = LATENT_ATOL, pixel_levels: int = 1):
+    """CASES join the DiT one after another (case i after i steps ran) and share its forwards; each equals the
+    pipeline (``pipe``, on the stages' device), and the reference with another case's prompt or seed fails the
+    same comparison. Also run on CUDA (tests/unit/test_gpu_engines.py)."""
     async def go():
         eng = InProcessImage(te, dn, de)
         compute = eng.dit.compute
@@ -133,10 +135,13 @@ def test_batched_at_different_timesteps_equal_the_pipeline(parts):
         finally:
             await eng.close()
     results, counters = asyncio.run(go())
-    for (prompt, negative, seed, steps, cfg, n), (images, _) in zip(CASES, results):
-        ref = reference(pipe, prompt, negative, seed, steps, cfg, n)
-        got = np.stack([decode_png(b) for b in images])
-        assert np.abs(got.astype(int) - ref).max() <= 2, prompt
+    for i, (case, (got, _)) in enumerate(zip(CASES, results)):
+        positive = assert_matches(got, reference(pipe, *case), case[0], pixel_levels, atol)
+        # Negative controls: the reference with the next case's prompt, or its seed, fails the same comparison.
+        other = CASES[(i + 1) % len(CASES)]
+        swapped = {"prompt": reference(pipe, other[0], *case[1:]),
+                   "seed": reference(pipe, *case[:2], other[2], *case[3:])}
+        assert_swaps_fail(got, swapped, positive, case[0], pixel_levels, atol)
     total_steps = sum(c[3] for c in CASES)
     assert counters["items"] == total_steps
     assert counters["calls"] < total_steps  # steps of different requests shared forwards
@@ -155,14 +160,13 @@ def test_abort_between_steps_leaves_others_intact(parts):
             victim.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await victim
-            images, _ = await survivor
-            return images, eng.dit.stats()
+            got, _ = await survivor
+            return got, eng.dit.stats()
         finally:
             await eng.close()
-    images, stats = asyncio.run(go())
+    got, stats = asyncio.run(go())
     assert stats["active"] == 0
-    ref = reference(pipe, *CASES[0][:5])
-    assert np.abs(decode_png(images[0]).astype(int) - ref[0]).max() <= 2
+    assert_matches(got, reference(pipe, *CASES[0][:5]), "survivor")
 
 
 def _cache_settings(mode, threshold=0.5, warmup=1):
@@ -196,15 +200,15 @@ def test_cache_reports_cached_steps_and_does_not_leak_into_uncached_requests(par
                 eng.run("plain", *CASES[0]))
         finally:
             await eng.close()
-    (cached, m1), (taylor_images, m2), (plain, m3) = asyncio.run(go())
+    (cached, m1), (_, m2), (plain, m3) = asyncio.run(go())
     assert m1["cached_steps"] > 0 and m1["computed_steps"] + m1["cached_steps"] == 10
     assert m2["cached_steps"] > 0
     assert m3["cached_steps"] == 0 and m3["computed_steps"] == CASES[0][3]
     # The uncached request, batched next to cached ones on a cache-enabled transformer, is still exact.
-    assert np.abs(decode_png(plain[0]).astype(int) - reference(pipe, *CASES[0][:5])[0]).max() <= 2
+    assert_matches(plain, reference(pipe, *CASES[0][:5]), "uncached next to cached")
     # Cached output is an approximation: close to, but not equal to, the uncached image.
-    exact = reference(pipe, "a red cat under a blue sky", "blurry", 7, 10, 4.0)[0]
-    assert not np.array_equal(decode_png(cached[0]), exact)
+    exact = reference(pipe, "a red cat under a blue sky", "blurry", 7, 10, 4.0)
+    assert not np.array_equal(cached.pixels, exact.pixels)
     # Sessions bind their contexts only for their own forwards: the manager holds just its default one.
     assert list(cache.manager._cached_context_manager) == [cache.slot]
 
@@ -233,9 +237,9 @@ def test_cached_request_equals_the_pipeline_with_cache_dit(qwen_image_tiny_dir, 
             return await eng.run("c", "a red cat under a blue sky", "blurry", 7, 10, 4.0, cache=settings)
         finally:
             await eng.close()
-    images, metrics = asyncio.run(go())
+    got, metrics = asyncio.run(go())
     assert metrics["cached_steps"] > 0
-    assert np.abs(decode_png(images[0]).astype(int) - ref[0]).max() <= 1
+    assert_matches(got, ref, "cached")
 
 
 def test_large_images_decode_in_tiles(qwen_image_tiny_dir, parts):

@@ -12,13 +12,17 @@ The request checks and the response assembly are shared with families built on t
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import random
 from typing import Any
 
 from omni_serve.api.errors import bad_request
-from omni_serve.api.images import ImageData, ImageGenerationRequest, ImageGenerationResponse, ImageMetrics, ImageUsage
+from omni_serve.api.images import (
+    ImageData, ImageGenerationRequest, ImageGenerationResponse, ImageLatents, ImageMetrics, ImageUsage,
+)
+from omni_serve.api.limits import check_prompt_chars
 from omni_serve.graphs.calls import StageCalls
 from omni_serve.graphs.frontend import Frontend, RequestContext, Route
 from omni_serve.graphs.qwen_image.messages import (
@@ -68,6 +72,19 @@ class ImageRequestChecks:
                               param="num_inference_steps")
         return steps
 
+    async def prompt_tokens(self, req) -> int:
+        """The prompt's tokens (400 beyond ``max_prompt_tokens``), after the characters of the prompt and negative
+        prompt are checked against ``limits.max_prompt_chars``; tokenizing runs off the event loop."""
+        check_prompt_chars({"prompt": req.prompt, "negative_prompt": req.negative_prompt}, self.spec.limits)
+
+        def count() -> int:
+            tokens = self.count_tokens(req.prompt, "prompt")
+            if req.negative_prompt is not None:
+                self.count_tokens(req.negative_prompt, "negative_prompt")
+            return tokens
+
+        return await asyncio.to_thread(count)
+
     def count_tokens(self, text: str, param: str) -> int:
         tokens = len(self.tokenizer(text).input_ids)
         if tokens > self.max_prompt_tokens:
@@ -110,25 +127,34 @@ class ImageRequestChecks:
         return asked if asked is not None else random.randrange(2**31)
 
 
-def image_response(images: list[bytes], done: DenoiseDone, cache: CacheSettings | None, n: int,
+def image_response(images: list[ImageData], done: DenoiseDone, cache: CacheSettings | None, n: int,
                    tokens: int) -> ImageGenerationResponse:
     metrics = ImageMetrics(
         num_inference_steps=done.num_steps, computed_steps=[done.computed_steps] * n,
         cached_steps=[done.cached_steps] * n, cache_mode=cache.mode if cache else "off", true_cfg=done.true_cfg)
-    return ImageGenerationResponse(
-        data=[ImageData(b64_json=base64.b64encode(img).decode()) for img in images],
-        usage=ImageUsage(input_tokens=tokens, total_tokens=tokens), metrics=metrics)
+    return ImageGenerationResponse(data=images, usage=ImageUsage(input_tokens=tokens, total_tokens=tokens),
+                                   metrics=metrics)
+
+
+def image_data(encoded: ImagesEncoded) -> list[ImageData]:
+    """The response's data items of the VAE's output: each image base64, with its latents when they came along."""
+    b64 = [base64.b64encode(img).decode() for img in encoded.images]
+    if not encoded.latents:
+        return [ImageData(b64_json=img) for img in b64]
+    return [ImageData(b64_json=img, latents=ImageLatents(data=base64.b64encode(lat).decode(),
+                                                         shape=encoded.latent_shape))
+            for img, lat in zip(b64, encoded.latents, strict=True)]
 
 
 async def collect_images(stages: StageCalls, request_id: str, calls: dict[str, Any], timeout_s: float,
-                         inputs: dict[str, Any] | None = None) -> tuple[list[bytes], DenoiseDone]:
-    """Run a request's stage calls (after putting ``inputs`` on the ingress' edges); (the encoded images, the DiT's
-    step counts)."""
-    images: list[bytes] = []
+                         inputs: dict[str, Any] | None = None) -> tuple[list[ImageData], DenoiseDone]:
+    """Run a request's stage calls (after putting ``inputs`` on the ingress' edges); (the response's data items:
+    the encoded images, with their latents if the VAE call asked for them; the DiT's step counts)."""
+    images: list[ImageData] = []
     done: DenoiseDone | None = None
     async for _, out in stages.stream(request_id, calls, timeout_s, inputs=inputs):
         if isinstance(out, ImagesEncoded):
-            images.extend(out.images)
+            images.extend(image_data(out))
         elif isinstance(out, DenoiseDone):
             done = out
     return images, done
@@ -143,16 +169,13 @@ class QwenImageFrontend(Frontend):
         self.checks = ImageRequestChecks(spec, os.path.join(spec.checkpoint, TOKENIZER_SUBFOLDER))
         self.checks.check_size(*spec.default_dimensions(), param="default_size")
 
-    def _calls(self, req: ImageGenerationRequest) -> tuple[str, dict[str, Any], int]:
+    def _calls(self, req: ImageGenerationRequest) -> tuple[str, dict[str, Any]]:
         c = self.checks
         c.check_model(req.model)
         c.check_count(req.n)
         width, height = req.dimensions(self.spec.default_dimensions())
         c.check_size(width, height)
         steps = c.steps(req.num_inference_steps)
-        tokens = c.count_tokens(req.prompt, "prompt")
-        if req.negative_prompt is not None:
-            c.count_tokens(req.negative_prompt, "negative_prompt")
         cfg_scale, guidance = c.guidance(req)
         rid = new_request_id("img")
         # CFG needs the negative prompt's embeddings; without CFG it is not encoded at all.
@@ -162,11 +185,13 @@ class QwenImageFrontend(Frontend):
             "dit": DenoiseCall(request_id=rid, n=req.n, height=height, width=width, num_steps=steps,
                                seed=c.seed(req.seed), true_cfg_scale=cfg_scale, guidance_scale=guidance,
                                cache=c.cache(req)),
-            "vae": DecodeCall(request_id=rid, height=height, width=width, output_format=req.output_format or "png"),
+            "vae": DecodeCall(request_id=rid, height=height, width=width, output_format=req.output_format or "png",
+                              return_latents=req.return_latents),
         }
-        return rid, calls, tokens
+        return rid, calls
 
     async def images_generations(self, req: ImageGenerationRequest, ctx: RequestContext) -> ImageGenerationResponse:
-        rid, calls, tokens = self._calls(req)
+        rid, calls = self._calls(req)
+        tokens = await self.checks.prompt_tokens(req)
         images, done = await collect_images(self.stages, rid, calls, ctx.timeout_s)
         return image_response(images, done, calls["dit"].cache, req.n, tokens)

@@ -2,7 +2,7 @@
 
 Calls (ingress -> stage): ``TextEncodeCall`` (text_encoder), ``DenoiseCall`` (dit), ``DecodeCall`` (vae).
 Outputs (stage -> ingress): ``PromptEncoded``, ``DenoiseDone`` (step counts for the response's metrics),
-``ImagesEncoded`` (the encoded images).
+``ImagesEncoded`` (the encoded images, and with ``DecodeCall.return_latents`` the latents they were decoded from).
 Edge payloads: ``PromptEmbeds`` (text_encoder -> dit: prompt and negative-prompt embeddings, [L, D] each),
 ``FinalLatents`` (dit -> vae: packed latents [n, S, 4C]).
 """
@@ -53,6 +53,7 @@ class DecodeCall(Message):
     height: int = Field(ge=1)
     width: int = Field(ge=1)
     output_format: Literal["png", "jpeg", "webp"] = "png"
+    return_latents: bool = False  # also send back the final latents the images were decoded from
 
 
 # -- outputs -------------------------------------------------------------------------------------------------
@@ -69,6 +70,10 @@ class DenoiseDone(Message):
 
 class ImagesEncoded(Message):
     images: list[bytes]
+    # return_latents: each image's final packed latents [S, 4C] (the DiT -> VAE payload, before the decode) as
+    # little-endian float32 bytes, all of shape ``latent_shape``
+    latents: list[bytes] = []
+    latent_shape: list[int] = []
 
 
 # -- edge payloads -------------------------------------------------------------------------------------------

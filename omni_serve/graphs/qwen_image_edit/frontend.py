@@ -124,7 +124,7 @@ class QwenImageEditFrontend(Frontend):
     async def _decoded(self, upload: UploadFile, param: str, mode: str = "RGB"):
         raw = await read_upload(upload, self.spec.max_input_bytes, param)
         return await asyncio.to_thread(decode_image_bytes, raw, max_pixels=self.spec.max_input_pixels, param=param,
-                                       mode=mode)
+                                       mode=mode, formats=self.spec.limits.image_formats)
 
     async def _inputs(self, req: ImageEditRequest):
         """(the input image, the inpainting mask as an L image, 255 = repaint, or None)."""
@@ -179,9 +179,7 @@ class QwenImageEditFrontend(Frontend):
         c.check_model(req.model)
         c.check_count(req.n)
         steps = c.steps(req.num_inference_steps)
-        tokens = c.count_tokens(req.prompt, "prompt")
-        if req.negative_prompt is not None:
-            c.count_tokens(req.negative_prompt, "negative_prompt")
+        tokens = await c.prompt_tokens(req)
         cache = c.cache(req)
         image, mask = await self._inputs(req)
         cond_w, cond_h = condition_size(*image.size)
@@ -202,7 +200,8 @@ class QwenImageEditFrontend(Frontend):
             "dit": EditDenoiseCall(request_id=rid, n=req.n, height=height, width=width, num_steps=steps,
                                    seed=seed, true_cfg_scale=cfg_scale, guidance_scale=guidance,
                                    cache=cache, condition_height=cond_h, condition_width=cond_w, strength=strength),
-            "vae": DecodeCall(request_id=rid, height=height, width=width, output_format=req.output_format or "png"),
+            "vae": DecodeCall(request_id=rid, height=height, width=width, output_format=req.output_format or "png",
+                              return_latents=req.return_latents),
         }
         images, done = await collect_images(self.stages, rid, calls, ctx.timeout_s, inputs=inputs)
         return image_response(images, done, cache, req.n, tokens)

@@ -13,7 +13,8 @@ over one unit of work with a grouping key, and equal keys are computed in one ca
   With cache acceleration (``cache``), the step goes through the request's own cache-dit context instead.
   Image-conditioned pipelines set ``condition`` (packed image latents appended to every row, on
   ``condition_grid``, part of the key); text-to-image leaves it None.
-- ``DecodeProgram`` (key: image size) -> ``DecodedPixels`` to the runner, which encodes them off the engine thread.
+- ``DecodeProgram`` (key: image size) -> ``DecodedPixels`` to the runner, which encodes them off the engine thread
+  (and, for ``return_latents``, the latents the program decoded: ``encode_latents``).
 
 Programs take their stage's call message and edge payloads (``omni_serve.graphs.qwen_image.messages``) and
 emit edge payloads (written downstream by the runner) and stage outputs (sent to the ingress).
@@ -205,6 +206,13 @@ class DecodeCompute:
             out.append(pixels[start:start + latents.shape[0]])
             start += latents.shape[0]
         return out
+
+
+def encode_latents(latents: torch.Tensor) -> tuple[list[bytes], list[int]]:
+    """(each image's packed latents [S, 4C] as little-endian float32 bytes, their shape [S, 4C]): what a request
+    with ``return_latents`` gets back of the latents its images were decoded from."""
+    x = latents.detach().to("cpu", torch.float32).contiguous()
+    return [row.numpy().astype("<f4", copy=False).tobytes() for row in x], list(x.shape[1:])
 
 
 def encode_images(pixels: np.ndarray, image_format: str = "png") -> list[bytes]:

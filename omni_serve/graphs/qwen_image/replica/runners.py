@@ -70,4 +70,6 @@ class VAERunner(StageRunner):
         program = P.DecodeProgram(call.height, call.width)
         async for out in self.drive(engine, call.request_id, program, reads="dit_vae"):
             # Encoding (zlib, GIL released) runs in a worker thread so the VAE engine keeps decoding.
-            yield ImagesEncoded(images=await asyncio.to_thread(P.encode_images, out.pixels, call.output_format))
+            images = await asyncio.to_thread(P.encode_images, out.pixels, call.output_format)
+            latents, shape = P.encode_latents(program.latents) if call.return_latents else ([], [])
+            yield ImagesEncoded(images=images, latents=latents, latent_shape=shape)
