@@ -22,6 +22,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, PlainValidator, WithJsonSchema
 
+from omni_serve.transport.message_types import register_message_base
+
 
 class _TensorField:
     """Marker in ``Tensor``'s metadata (lets tools recognise tensor fields)."""
@@ -44,6 +46,9 @@ class Message(BaseModel):
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, revalidate_instances="always",
                               validate_assignment=True)
+
+
+register_message_base(Message)  # the data plane carries Messages, rebuilt only as already-imported subclasses
 
 
 class StreamChunk(Message):

@@ -1,11 +1,11 @@
 """Mooncake connectors: the Transfer Engine (P2P reads from the producer's memory) and the Mooncake Store.
 
-Both keep a payload's small part (the codec header: shapes, dtypes, ints, lists) in the Ray data directory
-entry of its key, and its tensor bytes in Mooncake; the directory also wakes a consumer that waits for a
-key, and ``wait(take=True)`` makes the claim atomic (exactly one of consumer, TTL sweeper, ``free_request``
-gets an entry). Every process has one ``RegionPool`` registered with Mooncake once: producers stage
-tensors in it, consumers receive into it and get zero-copy tensor views; a consumer's region returns to
-the pool when the last view dies.
+Both keep a payload's small part (the codec's JSON header: shapes, dtypes, ints, lists; never a pickle, so
+bytes a peer sends cannot run code here) in the Ray data directory entry of its key, and its tensor bytes in
+Mooncake; the directory also wakes a consumer that waits for a key, and ``wait(take=True)`` makes the
+claim atomic (exactly one of consumer, TTL sweeper, ``free_request`` gets an entry). Every process has one
+``RegionPool`` registered with Mooncake once: producers stage tensors in it, consumers receive into it and
+get zero-copy tensor views; a consumer's region returns to the pool when the last view dies.
 
 ``mooncake`` (Transfer Engine, ``MooncakeTransferConnector``): ``put`` copies the tensors into a region of
 the producer's pool (a 64-byte state header first, state 1 = unread) and publishes ``(rpc session, address,
@@ -145,7 +145,8 @@ class _MooncakeConnector(Connector):
             raise DataPlaneTimeout(f"data-plane payload {key} did not arrive within {timeout:.0f} s")
         n = entry["nbytes"]
         if not n:
-            return codec.decode(entry["header"], memoryview(b""))
+            with codec.refusing(key):
+                return codec.decode(entry["header"], memoryview(b""))
         try:
             offset = await self._allocate(n)
             try:
@@ -157,7 +158,13 @@ class _MooncakeConnector(Connector):
             self._drop(key, entry)  # claimed but not read (cancelled, failed): release the source
             raise
         area = self.pool.view(offset, n)
-        payload = codec.decode(entry["header"], area)
+        try:
+            with codec.refusing(key):
+                payload = codec.decode(entry["header"], area)
+        except BaseException:
+            area.release()
+            self.pool.free(offset)
+            raise
         weakref.finalize(area, self.pool.free, offset)  # the region returns when the last view dies
         return payload
 

@@ -5,6 +5,18 @@ talker's call starts before the thinker has output) must find chunks by key. The
 ObjectRefs (wrapped in a list so Ray does not resolve them), so payload bytes never pass through it.
 Payloads live until freed by key or by request, or until ``OMNI_SERVE_DATA_TTL_S`` passes without a consumer.
 If the producer process dies, Ray reports the object lost and ``get`` raises ``DataPlaneError``.
+
+A payload goes into the object store encoded (``omni_serve.transport.codec``), never as the payload object:
+the list ``[header, nbytes, offsets, parts]``, the JSON header plus each tensor's / byte string's bytes as a
+``uint8`` numpy array. What Ray's serializer (``ray._private.serialization``, Ray 2.60) does with that, checked:
+a top-level ``bytes`` object is stored raw; anything else goes through msgpack (strict types), which carries
+the header (bytes), the ints and the lists itself, and hands only the numpy arrays to pickle (protocol 5,
+their buffers out of band: one copy into the object store on put, read-only zero-copy views on get). A tuple
+instead of the list would be handed to pickle whole. So the only pickle stream a consumer loads is the one
+Ray's own serializer wrote for those arrays in a worker of this cluster (who can write objects can already run
+code in the cluster); the payload's classes and structure come from the JSON header, checked like every
+connector's. A get copies the parts into a fresh private area (one memcpy): the tensors it returns are views
+of that area, writable and independent of the object store.
 """
 
 from __future__ import annotations
@@ -16,7 +28,7 @@ from typing import Any
 import ray
 
 from omni_serve import settings
-from omni_serve.transport.base import Connector, DataPlaneError, DataPlaneTimeout
+from omni_serve.transport.base import Connector, DataPlaneError, DataPlaneTimeout, in_thread
 
 DIRECTORY_NAME = "omni_serve_data_directory"
 
@@ -110,17 +122,32 @@ class RayObjectStoreConnector(Connector):
         return self._directory
 
     async def put(self, key: str, payload: dict[str, Any]) -> None:
-        ref = ray.put(payload)
+        from omni_serve.transport import codec  # torch: loaded where payloads are, not where specs are checked
+
+        enc = codec.encode(payload)
+        # A list, not a tuple: Ray's msgpack (strict types) would hand a whole tuple to pickle.
+        ref = ray.put([enc.header, enc.nbytes, enc.offsets, enc.views()])
         await self.directory.put.remote(key, [ref])
 
     async def get(self, key: str, timeout: float) -> dict[str, Any]:
+        from omni_serve.transport import codec
+
         box = await self.directory.wait.remote(key, timeout)
         if box is None:
             raise DataPlaneTimeout(f"data-plane payload {key} did not arrive within {timeout:.0f} s")
         try:
-            return await box[0]
+            stored = await box[0]
         except (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError) as exc:
             raise DataPlaneError(f"data-plane payload {key} is lost (its producer died): {exc}") from exc
+        with codec.refusing(key):
+            if not isinstance(stored, (tuple, list)) or len(stored) != 4 or not isinstance(stored[0], bytes):
+                raise codec.RefusedPayload("not an encoded payload")
+            header, nbytes, offsets, parts = stored
+            if isinstance(nbytes, int) and nbytes > codec.COPY_IN_THREAD:  # large: off the event loop
+                area = await in_thread(codec.gather, nbytes, offsets, parts)
+            else:
+                area = codec.gather(nbytes, offsets, parts)
+            return codec.decode(header, area)
 
     async def free(self, key: str) -> None:
         await self.directory.free.remote(key)

@@ -1,17 +1,21 @@
 """Same-node shared-memory connector: pooled tmpfs segments, zero-copy reads, no Ray call per chunk.
 
-Layout under ``<OMNI_SERVE_SHM_DIR>/omni_serve.<namespace>/`` (a tmpfs, ``/dev/shm`` by default):
+Layout under ``<OMNI_SERVE_SHM_DIR>/omni_serve.<uid>.<namespace>/`` (a tmpfs, ``/dev/shm`` by default; the
+*tree*, private to the serving user, see "Trust boundary" below):
 
 - ``pools/<pool>/lock`` + ``pools/<pool>/seg.<n>``: one pool per producing process. The process holds an
   ``flock`` on ``lock`` for its lifetime, so any process can tell a dead pool (the lock is free) and
   remove it. A segment's first byte is its state (0 free, 1 busy); the payload's tensors follow.
-- ``keys/<request>/<edge>/<index>``: an *index file* per payload (segment path + the codec header),
-  published by atomic rename. ``keys/<request>/<edge>/producer`` names the pool producing that stream.
+- ``keys/<request>/<edge>/<index>``: an *index file* per payload, published by atomic rename: one JSON
+  document ``{"v": 1, "pool": <pool>, "seg": <n>, "nbytes": <n>, "payload": <codec header>}`` (pool and
+  seg null when the payload has no tensor or byte string; the header: ``omni_serve.transport.codec``, JSON,
+  never pickle).
+  ``keys/<request>/<edge>/producer`` names the pool producing that stream.
 
 Protocol:
 - ``put`` copies the payload's tensors into a free segment of the producer's pool (one memcpy; a new
   segment only when none fits: fresh tmpfs pages cost ~8x a copy into touched ones), then publishes the
-  index file. No Ray call, no pickling of tensor bytes.
+  index file. No Ray call, no pickling.
 - ``get`` *claims* the index file by renaming it (atomic, so exactly one party wins: the consumer, the TTL
   sweeper or ``free_request``), maps the segment once per process and returns tensors that are views of
   it (zero-copy). The segment goes back to its pool (state byte 0) when the last of those tensors dies.
@@ -21,6 +25,17 @@ Protocol:
   once the producer process is dead. Another node: the producer announces its node id for each stream
   in the Ray data directory (when Ray is up); a consumer on another node gets a ``DataPlaneError`` saying
   the edge needs another connector, instead of waiting out its timeout.
+
+Trust boundary: only the serving user (the effective uid, part of the tree's name) can read or write the
+tree. Every connector start creates it ``0700`` or verifies the existing one (``UnsafeSharedMemory``,
+naming the path and the fault, when it is a symlink, not a directory, owned by another uid, or open to group
+or others; likewise ``pools`` and ``keys``, and a parent directory others could replace it in). Files are
+created ``0600`` with ``O_EXCL`` (index files and markers under a unique name, then renamed into place) and
+opened with ``O_NOFOLLOW``; what is read must be a regular file of ours. An index file names its segment by
+pool id and number only (checked, resolved inside the tree), and its bytes are parsed as JSON, so a planted
+file can at worst be refused (``RefusedPayload``): it cannot run code, nor point a reader at a file outside
+the tree.
+
 Why not ``multiprocessing.shared_memory``: its resource tracker unlinks segments when the creating
 process exits and warns about segments other processes still use; plain files in tmpfs give atomic
 rename (the claim) and ``flock`` (liveness) for free.
@@ -29,13 +44,16 @@ rename (the claim) and ``flock`` (liveness) for free.
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
+import functools
 import itertools
 import logging
 import mmap
 import os
-import pickle
+import re
 import shutil
+import stat
 import threading
 import time
 import uuid
@@ -51,6 +69,7 @@ from omni_serve.transport import codec
 from omni_serve.transport.base import (
     Connector, DataPlaneError, DataPlaneTimeout, PeriodicSweep, split_key,
 )
+from omni_serve.transport.codec import RefusedPayload
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +78,135 @@ FREE, BUSY = 0, 1
 MIN_SEGMENT = 64 << 10
 LIVENESS_PERIOD_S = 0.25
 MAPPED_SEGMENTS = 1024  # segments a process keeps mapped (LRU) for reading
+INDEX_FORMAT = 1
+INDEX_KEYS = {"v", "pool", "seg", "nbytes", "payload"}
+POOL_ID = re.compile(r"[0-9]{1,10}-[0-9a-f]{8}")  # f"{pid}-{8 hex}": ids read from files must match
+# New files: exclusive, never through a planted link, not inherited by children.
+CREATE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# Existing files: no link followed; a planted FIFO must not block the open.
+OPEN = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+class UnsafeSharedMemory(DataPlaneError):
+    """The shared-memory tree (or its parent) could be read or replaced by another user: not used."""
+
+
+def tree_path(directory: str | os.PathLike | None = None, namespace: str | None = None) -> Path:
+    """This user's shared-memory tree: ``<directory>/omni_serve.<euid>.<namespace>``."""
+    ns = _name(namespace if namespace is not None else settings.RAY_NAMESPACE)
+    return Path(directory or settings.SHM_DIR) / f"omni_serve.{os.geteuid()}.{ns}"
+
+
+@functools.lru_cache(maxsize=4096)  # request ids and edge names repeat for every chunk
+def _name(part: str) -> str:
+    """One path component for a key part: no '/', and never '.', '..' or a dot file."""
+    quoted = quote(part, safe="")
+    return "%2E" + quoted[1:] if quoted.startswith(".") else quoted
+
+
+def _unsafe(path: Path | str, fault: str) -> UnsafeSharedMemory:
+    return UnsafeSharedMemory(
+        f"shared-memory data plane: refusing to use {path}: {fault}. Another local user could read the "
+        "payloads or plant its own; remove it (or fix it), or point data_plane.shm.dir / OMNI_SERVE_SHM_DIR "
+        "elsewhere")
+
+
+def _check_parent(parent: Path) -> None:
+    """Others must not be able to rename the tree away: the parent is ours or root's, and sticky if shared."""
+    st = os.stat(parent)
+    if st.st_uid not in (0, os.geteuid()):
+        raise _unsafe(parent, f"the directory holding the tree is owned by uid {st.st_uid}, not by root or "
+                              f"this process' uid {os.geteuid()}")
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise _unsafe(parent, f"the directory holding the tree has mode {st.st_mode & 0o7777:04o}: writable by "
+                              "group or others without the sticky bit")
+
+
+def _check_private_dir(path: Path) -> None:
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise _unsafe(path, "it is a symlink")
+    if not stat.S_ISDIR(st.st_mode):
+        raise _unsafe(path, "it is not a directory")
+    if st.st_uid != os.geteuid():
+        raise _unsafe(path, f"it is owned by uid {st.st_uid}, not by this process' uid {os.geteuid()}")
+    if st.st_mode & 0o077:
+        raise _unsafe(path, f"its mode is {st.st_mode & 0o7777:04o}: group or others can access it (0700 needed)")
+
+
+def open_private_tree(root: Path) -> None:
+    """Create the tree (``root``, ``pools``, ``keys``) mode 0700, or verify the existing one is private."""
+    root.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _check_parent(root.parent)
+    for path in (root, root / "pools", root / "keys"):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        _check_private_dir(path)
+
+
+def _mkdir_private(path: str) -> None:
+    """A request or stream directory inside the tree (a planted link in its place is refused)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            raise _unsafe(path, "it is not a directory (a link?)") from None
+
+
+def _write_new(path: str, data: bytes) -> None:
+    """Write a file that did not exist (mode 0600, ``O_EXCL``: never another party's file or link)."""
+    fd = os.open(path, CREATE | os.O_WRONLY, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _open_ours(path: str, flags: int) -> tuple[int, os.stat_result]:
+    """(fd, stat) of a regular file of this user, not open to group or others, opened without following a
+    link; ``RefusedPayload`` for anything else (``FileNotFoundError`` when there is nothing)."""
+    try:
+        fd = os.open(path, flags | OPEN)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RefusedPayload(f"{path} is a symlink") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        os.close(fd)
+        kind = "a regular file" if stat.S_ISREG(st.st_mode) else "not a regular file"
+        raise RefusedPayload(f"{path} is {kind} of uid {st.st_uid} with mode {st.st_mode & 0o7777:04o}, not a "
+                             f"private file of uid {os.geteuid()}")
+    return fd, st
+
+
+def _read_ours(path: str, limit: int) -> bytes:
+    """The bytes of a file ``_open_ours`` accepts, of at most ``limit`` bytes."""
+    fd, st = _open_ours(path, os.O_RDONLY)
+    try:
+        if st.st_size > limit:
+            raise RefusedPayload(f"{path} has {st.st_size} bytes (more than {limit})")
+        chunks, left = [], st.st_size
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:  # something planted under a name we claimed
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _size_class(nbytes: int) -> int:
@@ -71,8 +219,8 @@ def _size_class(nbytes: int) -> int:
 def _pool_alive(pool_dir: Path) -> bool:
     """True while the pool's owner process holds its lock."""
     try:
-        fd = os.open(pool_dir / "lock", os.O_RDWR)
-    except FileNotFoundError:
+        fd = os.open(pool_dir / "lock", os.O_RDWR | OPEN)
+    except OSError:  # gone, or a planted link
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -83,28 +231,38 @@ def _pool_alive(pool_dir: Path) -> bool:
     return False
 
 
-def _rmdir(path: Path) -> None:
+def _rmdir(path: Path | str) -> None:
     try:
-        path.rmdir()
+        os.rmdir(path)
     except OSError:
         pass  # not empty, or already gone
 
 
-def _idle(path: Path, wall_now: float, ttl_s: float) -> bool:
+def _idle(path: str, wall_now: float, ttl_s: float) -> bool:
     try:
-        return wall_now - path.stat().st_mtime > ttl_s
+        return wall_now - os.lstat(path).st_mtime > ttl_s
     except FileNotFoundError:
         return False
+
+
+def _subdirs(path: Path | str) -> list[str]:
+    """The real directories in ``path`` (links are never followed into)."""
+    try:
+        with os.scandir(path) as entries:
+            return [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def _release(path: str) -> None:
     """Mark a segment free from any process (its owner reuses it on a later put)."""
     try:
-        fd = os.open(path, os.O_WRONLY)
-    except FileNotFoundError:
-        return  # its pool is gone
+        fd = os.open(path, os.O_WRONLY | OPEN)
+    except OSError:
+        return  # its pool is gone (or a planted link: never written through)
     try:
-        os.pwrite(fd, bytes([FREE]), 0)
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.pwrite(fd, bytes([FREE]), 0)
     finally:
         os.close(fd)
 
@@ -112,6 +270,7 @@ def _release(path: str) -> None:
 @dataclass
 class _Segment:
     path: str
+    number: int
     size: int
     mm: mmap.mmap
 
@@ -126,8 +285,8 @@ class _Pool:
     def __init__(self, root: Path, limit_bytes: int):
         self.id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         staging = root / "pools" / f".new-{self.id}"
-        staging.mkdir(parents=True)
-        self.lock_fd = os.open(staging / "lock", os.O_CREAT | os.O_RDWR, 0o600)
+        os.mkdir(staging, 0o700)
+        self.lock_fd = os.open(staging / "lock", CREATE | os.O_RDWR, 0o600)
         fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
         self.dir = root / "pools" / self.id
         os.rename(staging, self.dir)  # appears with its lock held: never mistaken for a dead pool
@@ -161,13 +320,13 @@ class _Pool:
     def _create(self, size: int) -> _Segment:
         self.counter += 1
         path = str(self.dir / f"seg.{self.counter}")
-        fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_EXCL, 0o600)
+        fd = os.open(path, CREATE | os.O_RDWR, 0o600)
         try:
             os.ftruncate(fd, size)
             mm = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        seg = _Segment(path, size, mm)
+        seg = _Segment(path, self.counter, size, mm)
         self.segments.append(seg)
         return seg
 
@@ -190,9 +349,8 @@ class SharedMemoryConnector(Connector):
 
     def __init__(self, root: str | os.PathLike | None = None, *, ttl_s: float | None = None,
                  pool_bytes: int | None = None, put_timeout_s: float = 30.0, directory: Any = "ray"):
-        self.root = Path(root or settings.SHM_DIR) / f"omni_serve.{settings.RAY_NAMESPACE}"
-        for sub in ("pools", "keys"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.root = tree_path(root)
+        open_private_tree(self.root)
         self.ttl_s = settings.DATA_TTL_S if ttl_s is None else ttl_s
         self.pool_bytes = settings.SHM_POOL_BYTES if pool_bytes is None else pool_bytes
         self.put_timeout_s = put_timeout_s  # how long a put waits for pool space before failing
@@ -202,6 +360,7 @@ class SharedMemoryConnector(Connector):
         self._announced: set[str] = set()
         self._sweeper = PeriodicSweep("shm", self.ttl_s, self.sweep)
         self._keys = str(self.root / "keys")
+        self._pools = str(self.root / "pools")
         self._tag = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._seq = itertools.count()
         self.collect_dead_pools()
@@ -217,16 +376,49 @@ class SharedMemoryConnector(Connector):
     def _index_path(self, key: str) -> str:
         parts = split_key(key)
         if parts is None:
-            return f"{self._keys}/_/{quote(key, safe='')}"
+            return f"{self._keys}/_/{_name(key)}"
         rid, edge, index = parts
-        return f"{self._keys}/{quote(rid, safe='')}/{quote(edge, safe='')}/{index}"
+        return f"{self._keys}/{_name(rid)}/{_name(edge)}/{index}"
 
-    def _request_dir(self, request_id: str) -> Path:
-        return self.root / "keys" / quote(request_id, safe="")
+    def _request_dir(self, request_id: str) -> str:
+        return f"{self._keys}/{_name(request_id)}"
 
     def _scratch(self, directory: str, kind: str) -> str:
         """A name no other party uses, next to the index files (renames stay within one directory)."""
         return f"{directory}/.{kind}-{self._tag}-{next(self._seq)}"
+
+    def _segment_path(self, pool: str, number: int) -> str:
+        return f"{self._pools}/{pool}/seg.{number}"
+
+    # -- index files ----------------------------------------------------------------------------------------
+    def _read_index(self, path: str) -> tuple[str | None, int, Any]:
+        """(segment path or None, payload bytes, parsed codec header) of a claimed index file; ``RefusedPayload``
+        for anything but a well-formed index file of ours (a link, a FIFO, another user's file, bad JSON)."""
+        index = codec.parse_json(_read_ours(path, codec.MAX_HEADER + 4096), f"index file {path}")
+        if type(index) is not dict or index.keys() != INDEX_KEYS or index["v"] != INDEX_FORMAT:
+            raise RefusedPayload(f"{path} is not an index file of format {INDEX_FORMAT}")
+        pool, number, nbytes = index["pool"], index["seg"], index["nbytes"]
+        if type(nbytes) is not int or nbytes < 0:
+            raise RefusedPayload(f"{path}: bad payload size {nbytes!r}")
+        if pool is None and number is None:
+            return None, nbytes, index["payload"]
+        if type(pool) is not str or not POOL_ID.fullmatch(pool) or type(number) is not int or number < 1:
+            raise RefusedPayload(f"{path}: bad segment ({pool!r}, {number!r})")
+        return self._segment_path(pool, number), nbytes, index["payload"]
+
+    def _index(self, seg: _Segment | None, nbytes: int, header: bytes) -> bytes:
+        """The index file: one JSON document around the codec's header (by hand: ``json.dumps`` costs more
+        than the rest of a small put; the pool id is ``[0-9a-f-]`` only)."""
+        pool, number = (f'"{self.pool.id}"', seg.number) if seg else ("null", "null")
+        return (f'{{"v":{INDEX_FORMAT},"pool":{pool},"seg":{number},"nbytes":{nbytes},"payload":'.encode()
+                + header + b"}")
+
+    def _read_claimed(self, claimed: str) -> tuple[str | None, int, Any]:
+        """``_read_index`` of a file this process claimed (renamed to ``claimed``), which it then removes."""
+        try:
+            return self._read_index(claimed)
+        finally:
+            _remove(claimed)
 
     # -- producer -----------------------------------------------------------------------------------------
     @property
@@ -241,7 +433,7 @@ class SharedMemoryConnector(Connector):
         enc = codec.encode(payload)
         path = self._index_path(key)
         if not enc.nbytes:  # no tensors (token ids, flags): the index file is the whole payload
-            self._publish(key, path, pickle.dumps((None, 0, enc.header), protocol=pickle.HIGHEST_PROTOCOL))
+            self._publish(key, path, self._index(None, 0, enc.header))
             self.pool.published[path] = (None, time.monotonic())
             return
         seg = await self._acquire(enc.nbytes)
@@ -251,8 +443,7 @@ class SharedMemoryConnector(Connector):
                 await codec.write_into(enc, view)
             finally:
                 view.release()
-            self._publish(key, path, pickle.dumps((seg.path, enc.nbytes, enc.header),
-                                                  protocol=pickle.HIGHEST_PROTOCOL))
+            self._publish(key, path, self._index(seg, enc.nbytes, enc.header))
         except BaseException:
             seg.mm[0] = FREE
             raise
@@ -263,12 +454,12 @@ class SharedMemoryConnector(Connector):
         for attempt in range(3):
             try:
                 if stream not in self._announced:
-                    os.makedirs(stream, exist_ok=True)
+                    _mkdir_private(os.path.dirname(stream))
+                    _mkdir_private(stream)
                     self._announce(key, stream)
                 tmp = self._scratch(stream, "tmp")
-                with open(tmp, "wb") as f:
-                    f.write(index)
-                os.rename(tmp, path)
+                _write_new(tmp, index)
+                os.rename(tmp, path)  # replaces the name, never writes through a link planted there
                 return
             except FileNotFoundError:
                 # An idle-directory sweep removed the stream directory between mkdir and write.
@@ -293,8 +484,9 @@ class SharedMemoryConnector(Connector):
     def _announce(self, key: str, stream: str) -> None:
         """Name this pool as the stream's producer (once per stream), locally and in the Ray directory."""
         marker = f"{stream}/producer"
-        with open(marker, "w") as f:
-            f.write(self.pool.id)
+        tmp = self._scratch(stream, "tmp")
+        _write_new(tmp, self.pool.id.encode())
+        os.rename(tmp, marker)
         self._announced.add(stream)
         self.pool.streams[marker] = time.monotonic()
         directory = self._node_directory()
@@ -326,23 +518,22 @@ class SharedMemoryConnector(Connector):
                 next_check = now + LIVENESS_PERIOD_S
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.002)
-        try:
-            with open(claimed, "rb") as f:
-                seg_path, nbytes, header = pickle.loads(f.read())
-        finally:
-            os.unlink(claimed)
-        return self._open(key, seg_path, nbytes, header)
+        with codec.refusing(key):
+            seg_path, nbytes, header = self._read_claimed(claimed)
+            return self._open(key, seg_path, nbytes, header)
 
-    def _open(self, key: str, seg_path: str | None, nbytes: int, header: bytes) -> dict[str, Any]:
+    def _open(self, key: str, seg_path: str | None, nbytes: int, header: Any) -> dict[str, Any]:
         if seg_path is None:
-            return codec.decode(header, memoryview(b""))
+            return codec.rebuild(header, memoryview(b""))
         try:
             mm = self._map(seg_path)
         except FileNotFoundError:
             raise DataPlaneError(f"data-plane payload {key} is lost: its producer process died") from None
+        if len(mm) < HEADER + nbytes:
+            raise RefusedPayload(f"{seg_path} has {len(mm)} bytes, the index names {HEADER + nbytes}")
         area = memoryview(mm)[HEADER:HEADER + nbytes]
         try:
-            payload = codec.decode(header, area)
+            payload = codec.rebuild(header, area)
         except Exception:
             area.release()
             mm[0] = FREE
@@ -356,7 +547,7 @@ class SharedMemoryConnector(Connector):
         if mm is not None:
             self._mapped.move_to_end(seg_path)
             return mm
-        fd = os.open(seg_path, os.O_RDWR)
+        fd, _ = _open_ours(seg_path, os.O_RDWR)
         try:
             mm = mmap.mmap(fd, 0)
         finally:
@@ -366,12 +557,16 @@ class SharedMemoryConnector(Connector):
             self._mapped.popitem(last=False)  # unmapped once no view of it is alive
         return mm
 
-    async def _check_producer(self, key: str, stream: str) -> None:
+    def _producer_of(self, stream: str) -> str | None:
+        """The pool id in a stream's producer marker (None: no marker, or not one of ours)."""
         try:
-            with open(f"{stream}/producer") as f:
-                pool_id = f.read()
-        except FileNotFoundError:
-            pool_id = None
+            pool_id = _read_ours(f"{stream}/producer", 64).decode("ascii", "replace")
+        except (FileNotFoundError, RefusedPayload):
+            return None
+        return pool_id if POOL_ID.fullmatch(pool_id) else None
+
+    async def _check_producer(self, key: str, stream: str) -> None:
+        pool_id = self._producer_of(stream)
         if pool_id and not _pool_alive(self.root / "pools" / pool_id):
             raise DataPlaneError(f"data-plane payload {key} will not arrive: its producer process died")
         directory = self._node_directory()
@@ -393,12 +588,12 @@ class SharedMemoryConnector(Connector):
         except FileNotFoundError:
             return False
         try:
-            with open(claimed, "rb") as f:
-                seg_path = pickle.loads(f.read())[0]
-            if seg_path is not None:
-                _release(seg_path)
-        finally:
-            os.unlink(claimed)
+            seg_path = self._read_claimed(claimed)[0]
+        except RefusedPayload as exc:
+            log.warning("shared memory: discarded %s: %s", path, exc)
+            return True
+        if seg_path is not None:
+            _release(seg_path)
         return True
 
     async def free(self, key: str) -> None:
@@ -406,15 +601,16 @@ class SharedMemoryConnector(Connector):
 
     async def free_request(self, request_id: str) -> None:
         rdir = self._request_dir(request_id)
-        if rdir.is_dir():
-            for stream in [p for p in rdir.iterdir() if p.is_dir()]:
-                for entry in list(stream.iterdir()):
-                    if entry.name.isdigit():
-                        self._drop_index(str(entry))
-                (stream / "producer").unlink(missing_ok=True)
-                self._announced.discard(str(stream))
-                _rmdir(stream)  # a reader mid-claim keeps it until it is done; the sweeper removes it later
-            _rmdir(rdir)
+        for stream in _subdirs(rdir):
+            with os.scandir(stream) as entries:
+                names = [e.name for e in entries]
+            for name in names:
+                if name.isdigit():
+                    self._drop_index(f"{stream}/{name}")
+            _remove(f"{stream}/producer")
+            self._announced.discard(stream)
+            _rmdir(stream)  # a reader mid-claim keeps it until it is done; the sweeper removes it later
+        _rmdir(rdir)
         directory = self._node_directory()
         if directory is not None:
             directory.forget(request_id)
@@ -427,7 +623,7 @@ class SharedMemoryConnector(Connector):
         pool = self._pool
         if pool is not None:
             for path, (_, t) in list(pool.published.items()):
-                if not os.path.exists(path):
+                if not os.path.lexists(path):
                     del pool.published[path]  # read or freed
                 elif now - t > self.ttl_s:
                     expired += self._drop_index(path)
@@ -435,8 +631,8 @@ class SharedMemoryConnector(Connector):
             for marker, t in list(pool.streams.items()):
                 if now - t > self.ttl_s:
                     del pool.streams[marker]
-                    self._announced.discard(str(Path(marker).parent))
-                    Path(marker).unlink(missing_ok=True)
+                    self._announced.discard(os.path.dirname(marker))
+                    _remove(marker)
         self.remove_empty_dirs()
         self.collect_dead_pools()
         if expired:
@@ -446,8 +642,8 @@ class SharedMemoryConnector(Connector):
     def remove_empty_dirs(self) -> None:
         """Remove request/stream directories left empty for longer than the TTL."""
         wall = time.time()
-        for rdir in (self.root / "keys").iterdir():
-            for stream in [p for p in rdir.iterdir() if p.is_dir()] if rdir.is_dir() else ():
+        for rdir in _subdirs(self._keys):
+            for stream in _subdirs(rdir):
                 if _idle(stream, wall, self.ttl_s):
                     _rmdir(stream)
             if _idle(rdir, wall, self.ttl_s):
@@ -456,7 +652,7 @@ class SharedMemoryConnector(Connector):
     def collect_dead_pools(self) -> int:
         """Remove the pools of processes that died (their unread payloads can never be served)."""
         removed = 0
-        for pool_dir in (self.root / "pools").iterdir():
+        for pool_dir in map(Path, _subdirs(self._pools)):
             if pool_dir.name.startswith(".new-"):
                 pid = pool_dir.name[5:].split("-")[0]
                 if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):

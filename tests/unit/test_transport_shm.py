@@ -9,12 +9,13 @@ import os
 import signal
 import time
 
+import numpy as np
 import pytest
 import torch
 
 from omni_serve.transport import codec
 from omni_serve.transport.base import DataPlaneError, DataPlaneTimeout, chunk_key, split_key
-from omni_serve.transport.shm import SharedMemoryConnector
+from omni_serve.transport.shm import SharedMemoryConnector, tree_path
 
 
 def run(coro):
@@ -30,14 +31,25 @@ def connector(root, **kw) -> SharedMemoryConnector:
     return SharedMemoryConnector(root=root, directory=kw.pop("directory", None), **kw)
 
 
+def mapped_range(mm) -> tuple[int, int]:
+    """[start, end) addresses of an mmap in this process."""
+    view = np.frombuffer(mm, dtype=np.uint8)
+    start = view.ctypes.data
+    del view  # releases the export (the connector may close the map later)
+    return start, start + len(mm)
+
+
+def inside(t: torch.Tensor, ranges: list[tuple[int, int]]) -> bool:
+    """Whether all of ``t``'s bytes lie in one of the address ranges."""
+    return any(lo <= t.data_ptr() and t.data_ptr() + t.nbytes <= hi for lo, hi in ranges)
+
+
 def segments_on_disk(root) -> list[str]:
-    base = root / "omni_serve.omni_serve" / "pools"
-    return sorted(str(p) for p in base.glob("*/seg.*"))
+    return sorted(str(p) for p in (tree_path(root) / "pools").glob("*/seg.*"))
 
 
 def index_files(root) -> list[str]:
-    base = root / "omni_serve.omni_serve" / "keys"
-    return sorted(str(p) for p in base.rglob("*") if p.is_file())
+    return sorted(str(p) for p in (tree_path(root) / "keys").rglob("*") if p.is_file())
 
 
 # -- codec --------------------------------------------------------------------------------------------------
@@ -83,7 +95,7 @@ def test_put_get_free_and_segment_reuse(shm_root):
             await c.put(f"r1/e/{i}", {"x": x})
             del (await c.get(f"r1/e/{i}", 5))["x"]
         assert c.stats()["segments"] == 1
-        assert index_files(shm_root) == [str(shm_root / "omni_serve.omni_serve/keys/r1/e/producer")]
+        assert index_files(shm_root) == [str(tree_path(shm_root) / "keys/r1/e/producer")]
         await c.free_request("r1")
         assert index_files(shm_root) == []
     run(main())
@@ -99,7 +111,7 @@ def test_free_request_releases_unread_payloads(shm_root):
         assert c.stats()["busy_segments"] == 5
         await c.free_request("gone")
         assert c.stats()["busy_segments"] == 1
-        assert not (shm_root / "omni_serve.omni_serve/keys/gone").exists()
+        assert not (tree_path(shm_root) / "keys/gone").exists()
         with pytest.raises(DataPlaneTimeout):
             await c.get("gone/a.b/0", 0.05)
         assert torch.equal((await c.get("kept/a.b/0", 1))["x"], torch.ones(10))
@@ -186,9 +198,10 @@ def test_other_process_reads_zero_copy_and_returns_segments(shm_root):
             outs = [await c.get(f"x/p.c/{i}", 5) for i in range(3)]
             assert [o["i"] for o in outs] == [0, 1, 2]
             assert all(float(o["t"][-1]) == i for i, o in enumerate(outs))
-            # zero-copy: the tensor's memory is the mapped segment, not a private copy
-            seg = c._mapped[next(iter(c._mapped))]
-            assert outs[0]["t"].untyped_storage().data_ptr() >= 0 and seg[0] == 1
+            # zero-copy: each tensor's bytes lie inside a segment this process mapped, not in a private copy
+            ranges = [mapped_range(mm) for mm in c._mapped.values()]
+            assert all(inside(o["t"], ranges) for o in outs), ([o["t"].data_ptr() for o in outs], ranges)
+            assert all(mm[0] == 1 for mm in c._mapped.values())  # busy while the views live
             del outs
             gc.collect()
             assert all(mm[0] == 0 for mm in c._mapped.values())
