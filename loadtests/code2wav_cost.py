@@ -15,18 +15,19 @@ import time
 import numpy as np
 import torch
 
+from omni_serve.graphs.qwen2_5_omni.messages import CodecChunk
 from omni_serve.graphs.qwen2_5_omni.replica.code2wav import Code2WavCompute, Code2WavRequest, Code2WavStream
 from omni_serve.models.qwen2_5_omni import DiTWindow, OmniCode2Wav
 
 
 def stream(model, codes, seed, steps, **kw):
     compute, st = Code2WavCompute(model, steps, 0.5, -1.0), Code2WavStream(model, Code2WavRequest("Chelsie", seed, steps, **kw))
-    st.feed({"codes": codes, "end": True})
+    st.feed(CodecChunk(codes=codes, end=True))
     outs = []
     with torch.inference_mode():
         while st.ready():
             outs += st.complete(compute([st.work()[1]])[0])
-    return np.concatenate([o["audio"] for o in outs])
+    return np.concatenate([o.audio for o in outs])
 
 
 def main() -> None:
