@@ -26,8 +26,8 @@ Protocol:
   in the Ray data directory (when Ray is up); a consumer on another node gets a ``DataPlaneError`` saying
   the edge needs another connector, instead of waiting out its timeout.
 
-Trust boundary: only the serving user (the effective uid, part of the tree's name) can read or write the
-tree. Every connector start creates it ``0700`` or verifies the existing one (``UnsafeSharedMemory``,
+Trust boundary (the file-system primitives: ``omni_serve.transport.shm_tree``): only the serving user (the
+effective uid, part of the tree's name) can read or write the tree. Every connector start creates it ``0700`` or verifies the existing one (``UnsafeSharedMemory``,
 naming the path and the fault, when it is a symlink, not a directory, owned by another uid, or open to group
 or others; likewise ``pools`` and ``keys``, and a parent directory others could replace it in). Files are
 created ``0600`` with ``O_EXCL`` (index files and markers under a unique name, then renamed into place) and
@@ -44,9 +44,7 @@ rename (the claim) and ``flock`` (liveness) for free.
 from __future__ import annotations
 
 import asyncio
-import errno
 import fcntl
-import functools
 import itertools
 import logging
 import mmap
@@ -62,7 +60,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from omni_serve import settings
 from omni_serve.transport import codec
@@ -70,6 +67,11 @@ from omni_serve.transport.base import (
     Connector, DataPlaneError, DataPlaneTimeout, PeriodicSweep, split_key,
 )
 from omni_serve.transport.codec import RefusedPayload
+from omni_serve.transport.shm_tree import (  # noqa: F401 - UnsafeSharedMemory and tree_path are part of this API
+    CREATE, OPEN, UnsafeSharedMemory, idle as _idle, mkdir_private as _mkdir_private, name_part as _name,
+    open_ours as _open_ours, open_private_tree, read_ours as _read_ours, remove as _remove, rmdir_quiet as _rmdir,
+    subdirs as _subdirs, tree_path, write_new as _write_new,
+)
 
 log = logging.getLogger(__name__)
 
@@ -81,134 +83,6 @@ MAPPED_SEGMENTS = 1024  # segments a process keeps mapped (LRU) for reading
 INDEX_FORMAT = 1
 INDEX_KEYS = {"v", "pool", "seg", "nbytes", "payload"}
 POOL_ID = re.compile(r"[0-9]{1,10}-[0-9a-f]{8}")  # f"{pid}-{8 hex}": ids read from files must match
-# New files: exclusive, never through a planted link, not inherited by children.
-CREATE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-# Existing files: no link followed; a planted FIFO must not block the open.
-OPEN = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-
-
-class UnsafeSharedMemory(DataPlaneError):
-    """The shared-memory tree (or its parent) could be read or replaced by another user: not used."""
-
-
-def tree_path(directory: str | os.PathLike | None = None, namespace: str | None = None) -> Path:
-    """This user's shared-memory tree: ``<directory>/omni_serve.<euid>.<namespace>``."""
-    ns = _name(namespace if namespace is not None else settings.RAY_NAMESPACE)
-    return Path(directory or settings.SHM_DIR) / f"omni_serve.{os.geteuid()}.{ns}"
-
-
-@functools.lru_cache(maxsize=4096)  # request ids and edge names repeat for every chunk
-def _name(part: str) -> str:
-    """One path component for a key part: no '/', and never '.', '..' or a dot file."""
-    quoted = quote(part, safe="")
-    return "%2E" + quoted[1:] if quoted.startswith(".") else quoted
-
-
-def _unsafe(path: Path | str, fault: str) -> UnsafeSharedMemory:
-    return UnsafeSharedMemory(
-        f"shared-memory data plane: refusing to use {path}: {fault}. Another local user could read the "
-        "payloads or plant its own; remove it (or fix it), or point data_plane.shm.dir / OMNI_SERVE_SHM_DIR "
-        "elsewhere")
-
-
-def _check_parent(parent: Path) -> None:
-    """Others must not be able to rename the tree away: the parent is ours or root's, and sticky if shared."""
-    st = os.stat(parent)
-    if st.st_uid not in (0, os.geteuid()):
-        raise _unsafe(parent, f"the directory holding the tree is owned by uid {st.st_uid}, not by root or "
-                              f"this process' uid {os.geteuid()}")
-    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        raise _unsafe(parent, f"the directory holding the tree has mode {st.st_mode & 0o7777:04o}: writable by "
-                              "group or others without the sticky bit")
-
-
-def _check_private_dir(path: Path) -> None:
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        raise _unsafe(path, "it is a symlink")
-    if not stat.S_ISDIR(st.st_mode):
-        raise _unsafe(path, "it is not a directory")
-    if st.st_uid != os.geteuid():
-        raise _unsafe(path, f"it is owned by uid {st.st_uid}, not by this process' uid {os.geteuid()}")
-    if st.st_mode & 0o077:
-        raise _unsafe(path, f"its mode is {st.st_mode & 0o7777:04o}: group or others can access it (0700 needed)")
-
-
-def open_private_tree(root: Path) -> None:
-    """Create the tree (``root``, ``pools``, ``keys``) mode 0700, or verify the existing one is private."""
-    root.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    _check_parent(root.parent)
-    for path in (root, root / "pools", root / "keys"):
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
-        _check_private_dir(path)
-
-
-def _mkdir_private(path: str) -> None:
-    """A request or stream directory inside the tree (a planted link in its place is refused)."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        if not stat.S_ISDIR(os.lstat(path).st_mode):
-            raise _unsafe(path, "it is not a directory (a link?)") from None
-
-
-def _write_new(path: str, data: bytes) -> None:
-    """Write a file that did not exist (mode 0600, ``O_EXCL``: never another party's file or link)."""
-    fd = os.open(path, CREATE | os.O_WRONLY, 0o600)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-
-
-def _open_ours(path: str, flags: int) -> tuple[int, os.stat_result]:
-    """(fd, stat) of a regular file of this user, not open to group or others, opened without following a
-    link; ``RefusedPayload`` for anything else (``FileNotFoundError`` when there is nothing)."""
-    try:
-        fd = os.open(path, flags | OPEN)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise RefusedPayload(f"{path} is a symlink") from None
-        raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        os.close(fd)
-        kind = "a regular file" if stat.S_ISREG(st.st_mode) else "not a regular file"
-        raise RefusedPayload(f"{path} is {kind} of uid {st.st_uid} with mode {st.st_mode & 0o7777:04o}, not a "
-                             f"private file of uid {os.geteuid()}")
-    return fd, st
-
-
-def _read_ours(path: str, limit: int) -> bytes:
-    """The bytes of a file ``_open_ours`` accepts, of at most ``limit`` bytes."""
-    fd, st = _open_ours(path, os.O_RDONLY)
-    try:
-        if st.st_size > limit:
-            raise RefusedPayload(f"{path} has {st.st_size} bytes (more than {limit})")
-        chunks, left = [], st.st_size
-        while left > 0:
-            chunk = os.read(fd, left)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except IsADirectoryError:  # something planted under a name we claimed
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def _size_class(nbytes: int) -> int:
     """Segment size for a payload: its size rounded up to a quarter of its power of two (<= 25% waste)."""
     need = max(nbytes + HEADER, MIN_SEGMENT)
@@ -229,29 +103,6 @@ def _pool_alive(pool_dir: Path) -> bool:
     finally:
         os.close(fd)  # also drops the lock if we just took it
     return False
-
-
-def _rmdir(path: Path | str) -> None:
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass  # not empty, or already gone
-
-
-def _idle(path: str, wall_now: float, ttl_s: float) -> bool:
-    try:
-        return wall_now - os.lstat(path).st_mtime > ttl_s
-    except FileNotFoundError:
-        return False
-
-
-def _subdirs(path: Path | str) -> list[str]:
-    """The real directories in ``path`` (links are never followed into)."""
-    try:
-        with os.scandir(path) as entries:
-            return [e.path for e in entries if e.is_dir(follow_symlinks=False)]
-    except (FileNotFoundError, NotADirectoryError):
-        return []
 
 
 def _release(path: str) -> None:
