@@ -193,11 +193,8 @@ def test_an_oversized_body_is_413_from_its_header_and_while_streaming(hostile):
             for i in range(0, len(big), 1 << 20):
                 yield big[i:i + (1 << 20)]
 
-        try:
-            r = httpx.post(hostile["url"] + "/v1/chat/completions", content=chunks(), headers=AUTH, timeout=60)
-            assert openai_error(r, 413)["code"] == "request_too_large"
-        except (httpx.WriteError, httpx.RemoteProtocolError):
-            pass  # the server answered and closed while the client was still sending: refused either way
+        r = httpx.post(hostile["url"] + "/v1/chat/completions", content=chunks(), headers=AUTH, timeout=60)
+        assert openai_error(r, 413)["code"] == "request_too_large"
 
 
 def test_a_slow_body_is_408_after_the_body_timeout(hostile):
