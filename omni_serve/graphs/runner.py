@@ -178,4 +178,5 @@ def build_runner(family: Family, stage: str, spec: Any, connector: Connector | N
         spec = family.spec.model_validate(spec)
     stage_def = family.graph.stage(stage)
     io = StageIO(family.graph, stage_def, spec, connector)
-    return import_path(stage_def.runner)(family.graph, stage_def, spec, io)
+    runner = stage_def.runner_for(spec.stage_spec(stage).engine.backend)
+    return import_path(runner)(family.graph, stage_def, spec, io)

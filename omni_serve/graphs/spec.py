@@ -8,11 +8,13 @@ Dotted keys (``stages.thinker.num_replicas=2``) override nested fields.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from omni_serve.engines.ar.config import ARConfig
+from omni_serve.engines.vllm_engine.config import VLLM_PYTHON_ENV, VllmSettings
 from omni_serve.transport.config import DataPlaneSpec
 
 
@@ -52,6 +54,16 @@ class EngineSpec(BaseModel):
     device: str = Field("cpu", description="torch device of the stage's weights (e.g. 'cpu', 'cuda').")
     ar: ARConfig = Field(default_factory=ARConfig, description=(
         "Continuous batching and paged KV cache settings (autoregressive stages only)."))
+    backend: Literal["native", "vllm"] = Field("native", description=(
+        "Engine that runs the stage: 'native' (omni_serve's engines on transformers' layers) or 'vllm' (vLLM's "
+        "AsyncLLM; only stages that declare a vllm runner, e.g. the Qwen2.5-Omni thinker). See docs/vllm.md."))
+    vllm: VllmSettings = Field(default_factory=VllmSettings, description="vLLM settings (backend: vllm only).")
+
+    def python(self) -> str | None:
+        """The interpreter the stage's replicas run in when it is not the serving one (the vLLM environment)."""
+        if self.backend != "vllm":
+            return None
+        return self.vllm.python or os.environ.get(VLLM_PYTHON_ENV) or None
 
     def torch_dtype(self):
         """``dtype`` as a torch dtype (torch is imported only by the stages that load weights)."""
@@ -95,8 +107,14 @@ class StageSpec(SpecModel):
         }
         if self.resources:
             opts["ray_actor_options"]["resources"] = dict(self.resources)
+        runtime_env: dict[str, Any] = {}
         if self.env_vars:
-            opts["ray_actor_options"]["runtime_env"] = {"env_vars": dict(self.env_vars)}
+            runtime_env["env_vars"] = dict(self.env_vars)
+        python = self.engine.python()
+        if python:
+            runtime_env["py_executable"] = python
+        if runtime_env:
+            opts["ray_actor_options"]["runtime_env"] = runtime_env
         if self.autoscaling_config:
             opts["autoscaling_config"] = self.autoscaling_config
         else:

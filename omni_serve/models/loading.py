@@ -44,6 +44,16 @@ def read_state_dict(checkpoint_dir: str, prefixes: dict[str, str]) -> dict[str, 
     return state
 
 
+def read_tensor_rows(checkpoint_dir: str, key: str, rows: list[int]) -> torch.Tensor:
+    """Rows ``rows`` of one 2-D tensor (e.g. a few embedding rows), reading only those rows from disk."""
+    for path in _shard_files(checkpoint_dir):
+        with safe_open(path, framework="pt") as f:
+            if key in f.keys():
+                table = f.get_slice(key)
+                return torch.stack([table[r:r + 1][0] for r in rows])
+    raise KeyError(f"checkpoint {checkpoint_dir} has no tensor {key!r}")
+
+
 def load_component(checkpoint_dir: str, module_cls, config, prefixes: dict[str, str],
                    dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.nn.Module:
     """Instantiate ``module_cls(config)`` uninitialised, then load its weights strictly."""

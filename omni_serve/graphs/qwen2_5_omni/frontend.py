@@ -32,8 +32,8 @@ from omni_serve.graphs.calls import StageCalls
 from omni_serve.graphs.frontend import EventStream, Frontend, RequestContext, Route
 from omni_serve.graphs.messages import Message
 from omni_serve.graphs.qwen2_5_omni.messages import (
-    AudioDelta, CodecDelta, Code2WavCall, EncoderCall, MediaInputs, SamplingSettings, TalkerCall, TalkerPrompt,
-    TextDelta, ThinkerCall,
+    AudioDelta, CodecDelta, Code2WavCall, EncoderCall, MediaInputs, RawMedia, SamplingSettings, TalkerCall,
+    TalkerPrompt, TextDelta, ThinkerCall,
 )
 from omni_serve.graphs.qwen2_5_omni.spec import SPEECH_SYSTEM_PROMPT, OmniGraphSpec
 from omni_serve.metrics import RequestClock
@@ -52,7 +52,7 @@ class Prepared:
     request_id: str
     prompt_len: int
     thinker: ThinkerCall
-    media: MediaInputs | None
+    media: MediaInputs | RawMedia | None  # the encoder's inputs; the decoded media when vLLM runs the thinker
     voice: str | None  # set when speech is requested
     audio_format: str | None
     seed: int
@@ -75,6 +75,7 @@ class OmniFrontend(Frontend):
             raise ValueError(f"default_voice {spec.default_voice!r} not in the checkpoint's voices {sorted(self.voices)}")
         tparams = spec.thinker_params()
         self.max_model_len = tparams.max_model_len or self.thinker_cfg.text_config.max_position_embeddings
+        self.raw_media = spec.thinker_backend() == "vllm"  # vLLM preprocesses and encodes media itself
         eos = self.inputs.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.stop_token_ids = [eos]
 
@@ -100,7 +101,7 @@ class OmniFrontend(Frontend):
         check_request_size(req.messages, self.spec.limits)
         rid = new_request_id("chatcmpl")
         try:  # decoding, preprocessing and tokenizing are CPU work: off the event loop
-            inputs = await asyncio.to_thread(self._preprocess, req.messages)
+            inputs, audios, images = await asyncio.to_thread(self._preprocess, req.messages)
         except OpenAIError:
             raise
         except Exception as exc:  # noqa: BLE001 - the processor failed on media we decoded and checked
@@ -118,7 +119,9 @@ class OmniFrontend(Frontend):
             self.spec.thinker_params().default_temperature
         seed = req.seed if req.seed is not None else random.randrange(2**31)
         media = None
-        if inputs.input_features is not None or inputs.pixel_values is not None:
+        if self.raw_media and (audios or images):
+            media = raw_media(audios, images)
+        elif inputs.input_features is not None or inputs.pixel_values is not None:
             media = MediaInputs(input_features=inputs.input_features,
                                 feature_attention_mask=inputs.feature_attention_mask,
                                 pixel_values=inputs.pixel_values, image_grid_thw=inputs.image_grid_thw)
@@ -138,8 +141,11 @@ class OmniFrontend(Frontend):
         return Prepared(req, rid, prompt_len, thinker, media, voice, req.audio.format if voice else None, seed)
 
     def _preprocess(self, messages: list[P.ChatMessage]):
-        converted, audios, images = self._convert_messages(messages)
-        return self.inputs(converted, audios, [self._checked_image(raw, param) for raw, param in images])
+        """(model inputs, decoded audio clips, decoded images). The inputs' expanded prompt ids are what either
+        thinker backend computes on (vLLM expands the same placeholders itself: the vLLM runner checks it)."""
+        converted, audios, encoded = self._convert_messages(messages)
+        images = [self._checked_image(raw, param) for raw, param in encoded]
+        return self.inputs(converted, audios, images), audios, images
 
     def _checked_image(self, raw: bytes, param: str):
         image = decode_image_bytes(raw, max_pixels=self.spec.max_image_pixels, param=param,
@@ -196,7 +202,7 @@ class OmniFrontend(Frontend):
     # -- running ------------------------------------------------------------------------------------------
     def _stage_calls(self, p: Prepared) -> dict[str, Message]:
         calls: dict[str, Message] = {}
-        if p.media is not None:
+        if isinstance(p.media, MediaInputs):
             calls["encoder"] = EncoderCall(request_id=p.request_id)
         for stage in self.spec.thinker_stages():
             calls[stage] = p.thinker
@@ -208,7 +214,8 @@ class OmniFrontend(Frontend):
 
     async def _events(self, p: Prepared) -> AsyncIterator[tuple[str, Message]]:
         """Merged (stage, output) events of every stage call of the request, as they arrive."""
-        inputs = {"ingress_encoder": p.media} if p.media is not None else None
+        edge = "ingress_thinker" if isinstance(p.media, RawMedia) else "ingress_encoder"
+        inputs = {edge: p.media} if p.media is not None else None
         async for event in self.stages.stream(p.request_id, self._stage_calls(p),
                                               p.timeout_s or self.spec.ingress.request_timeout_s, inputs=inputs):
             yield event
@@ -282,6 +289,21 @@ class OmniFrontend(Frontend):
                 usage=P.UsageInfo(prompt_tokens=p.prompt_len, completion_tokens=tokens,
                                   total_tokens=p.prompt_len + tokens)))
         yield SSE_DONE
+
+def raw_media(audios: list[np.ndarray], images: list) -> RawMedia:
+    """Decoded clips (16 kHz float32) and images (as RGB pixels), each list concatenated, in prompt order."""
+    import torch
+
+    media = RawMedia()
+    if audios:
+        media.audio = torch.from_numpy(np.concatenate([np.asarray(a, dtype=np.float32) for a in audios]))
+        media.audio_lengths = [len(a) for a in audios]
+    if images:
+        pixels = [np.asarray(im.convert("RGB"), dtype=np.uint8) for im in images]
+        media.images = torch.from_numpy(np.concatenate([p.reshape(-1) for p in pixels]))
+        media.image_sizes = [[p.shape[0], p.shape[1]] for p in pixels]
+    return media
+
 
 def _pcm16(delta: AudioDelta) -> bytes:
     """The chunk's samples as little-endian int16 (clipped to [-1, 1], scaled by 32767)."""

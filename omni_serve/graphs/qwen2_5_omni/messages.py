@@ -7,6 +7,9 @@ Outputs (stage -> ingress): ``TextDelta`` (the text stage: ``thinker`` or ``thin
 Edge payloads (one per request unless streamed):
 - ``ingress_encoder``: ``MediaInputs``, the processor's audio features and image patches;
 - ``encoder_thinker``: ``MediaEmbeddings``, ``audio`` [n_a, H] and ``image`` [n_i, H] (present per media);
+- ``ingress_thinker`` (thinker on vLLM): ``RawMedia``, the decoded clips (``audio`` [sum of samples] float32 at
+  16 kHz, ``audio_lengths``) and images (``images`` [sum of h*w*3] uint8 RGB, ``image_sizes`` [[h, w], ...]), in
+  prompt order;
 - ``thinker_prefill_thinker_decode``: ``PromptHandoff``, the prompt prefilled elsewhere: ``k``/``v``
   ([layers, L, kv_heads, head_dim]: the KV of every prompt row), ``logits`` ([V]: next-token logits of the last
   prompt row), ``embeds`` ([L, E]) and ``positions`` ([4, L]: so decode can recompute the rows after a
@@ -99,6 +102,13 @@ class MediaInputs(Message):
     feature_attention_mask: Tensor | None = None  # [n_audio, frames]
     pixel_values: Tensor | None = None  # [patches, patch_dim]
     image_grid_thw: Tensor | None = None  # [n_images, 3]
+
+
+class RawMedia(Message):
+    audio: Tensor | None = None  # [sum of samples] float32, 16 kHz mono, clips concatenated
+    audio_lengths: list[int] = []
+    images: Tensor | None = None  # [sum of h*w*3] uint8 RGB, images concatenated
+    image_sizes: list[list[int]] = []  # [[h, w], ...]
 
 
 class MediaEmbeddings(Message):

@@ -11,7 +11,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from omni_serve.graphs.qwen2_5_omni.graph import AGGREGATED, GRAPH
+from pydantic import model_validator
+
+from omni_serve.graphs.qwen2_5_omni.graph import AGGREGATED, AGGREGATED_VLLM, DISAGGREGATED, GRAPH
 from omni_serve.graphs.qwen2_5_omni.messages import TextDelta, ThinkerCall
 from omni_serve.graphs.qwen2_5_omni.params import (  # noqa: F401 - the spec's section types, importable from here
     Code2WavParams, Code2WavStage, EncoderStage, TalkerParams, TalkerStage, ThinkerParams, ThinkerPrefillStage,
@@ -37,15 +39,31 @@ class OmniGraphSpec(GraphSpecBase):
         None, description="System prompt added when a request has none (default: Qwen2.5-Omni's speech prompt).")
     max_audio_seconds: float = Field(60.0, gt=0, description="Longest input audio clip accepted.")
     max_image_pixels: int = Field(4096 * 4096, gt=0, description="Largest input image accepted (pixels).")
-    thinker_layout: Literal[GRAPH.layouts] = Field(AGGREGATED, description=(
+    thinker_layout: Literal[AGGREGATED, DISAGGREGATED] = Field(AGGREGATED, description=(
         "'aggregated': one thinker stage runs prompt and generation. 'disaggregated': thinker_prefill computes "
         "the prompt's KV and hands it through the thinker_prefill_thinker_decode edge to thinker_decode, which "
-        "generates (each scales and is placed on its own); outputs are identical."))
+        "generates (each scales and is placed on its own); outputs are identical. With "
+        "stages.thinker.engine.backend 'vllm' the thinker is aggregated (vLLM runs the media towers too)."))
     stages: OmniStages = Field(default_factory=OmniStages, description="One deployment per stage.")
     edges: OmniEdges = Field(default_factory=OmniEdges, description="Data-plane settings per edge.")
 
+    @model_validator(mode="after")
+    def _vllm_thinker_is_aggregated(self):
+        if self.stages.thinker.engine.backend == "vllm" and self.thinker_layout != AGGREGATED:
+            raise ValueError(
+                "stages.thinker.engine.backend 'vllm' needs thinker_layout 'aggregated': the disaggregated thinker "
+                "hands the prompt's KV and the talker's prompt states from prefill to decode over the data "
+                "plane, and vLLM 0.32's KV connectors for that (NIXL, Mooncake, P2P NCCL) need an accelerator "
+                "(see docs/vllm.md)")
+        return self
+
     def layout(self) -> str:
+        if self.stages.thinker.engine.backend == "vllm":
+            return AGGREGATED_VLLM
         return self.thinker_layout
+
+    def thinker_backend(self) -> str:
+        return self.stage_spec(self.text_stage()).engine.backend
 
     def deployed_stages(self) -> list[str]:
         """Every stage the builder deploys for this layout, in data-flow order."""

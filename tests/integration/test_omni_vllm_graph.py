@@ -1,0 +1,134 @@
+"""The served Qwen2.5-Omni graph with the thinker on vLLM (``stages.thinker.engine.backend: vllm``).
+
+The thinker replica runs in the vLLM environment's interpreter (``make vllm-env``; ``make test`` passes it as
+``OMNI_SERVE_VLLM_PYTHON``); without it these tests are skipped with that reason. Oracle: transformers'
+``generate`` on the same checkpoint (text tokens, codec tokens, waveform), as for the native thinker.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from omni_serve.engines.vllm_engine.config import VLLM_PYTHON_ENV
+from tests.integration.conftest import ORACLE
+from tests.integration.test_omni_graph import (  # noqa: F401 - `reference` is a fixture
+    CASES, check_against_reference, check_batch_against_reference, decode_wav, oracle_request, reference,
+)
+
+PYTHON = os.environ.get(VLLM_PYTHON_ENV)
+pytestmark = [
+    pytest.mark.integration, pytest.mark.slow,
+    pytest.mark.skipif(not PYTHON or not os.path.exists(PYTHON),
+                       reason=f"no vLLM environment: run `make vllm-env` and set {VLLM_PYTHON_ENV} (make test does)"),
+]
+APP = "omni_vllm"
+STAGES = ("thinker", "talker", "code2wav")
+
+
+@pytest.fixture(scope="module")
+def vllm_app(ray_serve, omni_tiny_dir):
+    from ray import serve
+
+    from omni_serve.graphs.qwen2_5_omni import build_app
+
+    serve.run(build_app({
+        "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in STAGES},
+        "stages.thinker.engine.backend": "vllm", "stages.thinker.engine.vllm.python": PYTHON,
+        "stages.thinker.engine.vllm.max_model_len": 2048,
+        "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"],
+        "stages.code2wav.params.num_steps": ORACLE["steps"],
+    }), name=APP, route_prefix="/vllm")
+    yield ray_serve + "/vllm"
+    serve.delete(APP)  # vLLM's engine holds ~3 GiB in its own processes: give them back for the next modules
+
+
+@pytest.fixture(scope="module")
+def vhttp(vllm_app):
+    with httpx.Client(base_url=vllm_app, timeout=120) as client:
+        yield client
+
+
+def _stats() -> dict[str, dict]:
+    from ray import serve
+
+    return {s: serve.get_deployment_handle(s, app_name=APP).ready.remote().result() for s in STAGES}
+
+
+def test_thinker_replica_runs_vllm_in_its_own_environment(vllm_app):
+    stats = _stats()
+    assert stats["thinker"]["backend"] == "vllm"
+    assert "encoder" not in stats  # vLLM runs the media towers itself
+
+
+@pytest.mark.parametrize("kind", CASES)
+def test_served_graph_on_vllm_matches_transformers_generate(vhttp, reference, kind):
+    r = vhttp.post("/v1/chat/completions", json=oracle_request(kind))
+    assert r.status_code == 200, r.text
+    check_against_reference(r.json(), reference(kind))
+
+
+def test_negative_control_a_swapped_prompt_fails_the_oracle(vhttp, reference):
+    r = vhttp.post("/v1/chat/completions", json=oracle_request("audio"))
+    assert r.status_code == 200, r.text
+    with pytest.raises(AssertionError):
+        check_against_reference(r.json(), reference("image"))
+
+
+def test_eight_in_flight_on_vllm_each_match_transformers(vhttp, reference):
+    check_batch_against_reference(vhttp, reference, 8)
+
+
+def test_streamed_reply_equals_the_reference(vllm_app, reference):
+    tokens, codes, wav = reference("image")
+    body = {**oracle_request("image"), "stream": True, "audio": {"voice": "Chelsie", "format": "pcm16"}}
+    text, pcm = [], []
+    with httpx.stream("POST", f"{vllm_app}/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            for c in json.loads(line[5:])["choices"]:
+                text.append(c["delta"].get("content") or "")
+                if c["delta"].get("audio"):
+                    pcm.append(base64.b64decode(c["delta"]["audio"]["data"]))
+    whole = httpx.post(f"{vllm_app}/v1/chat/completions", json=oracle_request("image"), timeout=120).json()
+    assert "".join(text) == whole["choices"][0]["message"]["content"]
+    samples = np.frombuffer(b"".join(pcm), dtype="<i2").astype(np.float32) / 32767.0
+    assert samples.shape == wav.shape
+    np.testing.assert_allclose(samples, wav, atol=2.0 / 32767)
+
+
+def test_client_disconnect_aborts_the_vllm_request_and_every_stage(vllm_app):
+    body = {**oracle_request("text"), "max_tokens": 1500, "min_tokens": 1500, "stream": True, "temperature": 0.7}
+    body["audio"] = {"voice": "Chelsie", "format": "pcm16"}
+    with httpx.stream("POST", f"{vllm_app}/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()  # held: dropping the iterator would close the connection right away
+        for line in lines:
+            if line.startswith("data:") and json.loads(line[5:])["choices"][0]["delta"].get("content"):
+                break
+        busy = _stats()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = _stats()
+        if all(now[s]["active"] == 0 for s in STAGES) and now["thinker"]["running"] == 0 and \
+                now["talker"]["kv_blocks_used"] == 0:
+            break
+        time.sleep(0.2)
+    assert busy["thinker"]["active"] == 1 and busy["thinker"]["kv_used_fraction"] > 0, busy["thinker"]
+    assert now["thinker"]["running"] == 0 and now["thinker"]["waiting"] == 0, now["thinker"]
+    assert now["thinker"]["aborted"] >= 1
+    assert all(now[s]["active"] == 0 for s in STAGES), now
+    assert now["talker"]["kv_blocks_used"] == 0
+    # vLLM reports its KV use after each step; the freed blocks show in the next request's first report
+    r = httpx.post(f"{vllm_app}/v1/chat/completions", json={**oracle_request("text"), "modalities": ["text"],
+                                                               "max_tokens": 2}, timeout=60)
+    assert r.status_code == 200
+    assert _stats()["thinker"]["kv_used_fraction"] < busy["thinker"]["kv_used_fraction"]
