@@ -72,7 +72,7 @@ integration: setup vllm-env checkpoint
 	$(TEST_ENV) OMNI_SERVE_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/pytest tests/integration
 
 # The issue-3 benchmark on the small checkpoint (~20 min on 2 cores): see docs/benchmarks.md.
-bench: setup
+bench: setup vllm-env
 	loadtests/run_bench.sh bench_out
 
 # The issue-4 benchmark (Qwen-Image, small checkpoint, ~5 min): see docs/qwen_image.md.

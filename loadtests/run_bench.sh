@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# The issue-3 benchmark, end to end, on the `small` checkpoint (docs/benchmarks.md has the numbers):
-#   1. serve the graph with loadtests/qwen2_5_omni_small.yaml on a local Ray,
-#   2. text + audio at concurrency 1 and 16; then the bench stops the server and runs transformers' sequential
-#      generate on the same requests (same run, quiet machine) for the ratios,
-#   3. text only at concurrency 32: the engine vs transformers' continuous batching (no server).
-# Usage: loadtests/run_bench.sh [OUT_DIR] (default bench_out/). Takes ~20 minutes on a 2-core CPU.
+# The benchmark of docs/benchmarks.md, end to end, on the `small` checkpoint, in one invocation:
+#   1. serve the graph with the native thinker (loadtests/qwen2_5_omni_small.yaml) on a local Ray; text + audio at
+#      concurrency 1 and 16; the bench stops the server                                   -> OUT/omni_native
+#   2. serve it with the thinker on vLLM (loadtests/qwen2_5_omni_small_vllm.yaml); the same requests; then the
+#      bench stops the server and runs transformers' sequential generate on the same requests (once, quiet
+#      machine) for the ratios                                                             -> OUT/omni_vllm
+#      both reports merged: both thinker backends vs the hf baseline, and vLLM vs native   -> OUT/omni
+#   3. text only (no server) at concurrency 1 and 32: the thinker on the native engine and on vLLM vs transformers'
+#      continuous batching                                                                 -> OUT/text
+# Usage: loadtests/run_bench.sh [OUT_DIR] (default bench_out/). Needs the vLLM environment (`make vllm-env`;
+# OMNI_SERVE_VLLM_PYTHON, default .venv-vllm/bin/python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench_out}
@@ -12,14 +17,26 @@ BIN=${VENV:-.venv}/bin
 CKPT=checkpoints/qwen2_5_omni-small
 PORT=${PORT:-8123}
 N=${N:-16}
+export OMNI_SERVE_VLLM_PYTHON=${OMNI_SERVE_VLLM_PYTHON:-$PWD/.venv-vllm/bin/python}
 source loadtests/serve_lib.sh
 
+[ -x "$OMNI_SERVE_VLLM_PYTHON" ] || { echo "no vLLM environment at $OMNI_SERVE_VLLM_PYTHON: run make vllm-env"; exit 1; }
 [ -f "$CKPT/spk_dict.pt" ] || "$BIN/omni-serve" make-checkpoint qwen2_5_omni --size small "$CKPT"
 mkdir -p "$OUT"
-start_server "$OUT/serve.log" --config loadtests/qwen2_5_omni_small.yaml
-"$BIN/omni-serve" bench --url "http://127.0.0.1:$PORT" --checkpoint "$CKPT" --num-requests "$N" \
-  --concurrency 1,16 --max-tokens 32 --min-tokens 32 --max-codec-tokens 384 --num-steps 10 \
-  --baseline hf --stop-server-pid $SERVER --out "$OUT/omni"
+OMNI=(--checkpoint "$CKPT" --num-requests "$N" --concurrency 1,16 --max-tokens 32 --min-tokens 32
+      --max-codec-tokens 384 --num-steps 10)
+
+start_server "$OUT/serve_native.log" --config loadtests/qwen2_5_omni_small.yaml
+"$BIN/omni-serve" bench --url "http://127.0.0.1:$PORT" "${OMNI[@]}" --thinker-backend native --baseline none \
+  --stop-server-pid $SERVER --out "$OUT/omni_native"
 wait $SERVER 2>/dev/null || true
-"$BIN/omni-serve" bench --mode text --checkpoint "$CKPT" --num-requests 64 --concurrency 32 \
-  --max-tokens 64 --min-tokens 64 --baseline cb --out "$OUT/text"
+
+start_server "$OUT/serve_vllm.log" --config loadtests/qwen2_5_omni_small_vllm.yaml
+"$BIN/omni-serve" bench --url "http://127.0.0.1:$PORT" "${OMNI[@]}" --thinker-backend vllm --baseline hf \
+  --stop-server-pid $SERVER --out "$OUT/omni_vllm"
+wait $SERVER 2>/dev/null || true
+"$BIN/python" -m omni_serve.bench.report merge "$OUT/omni" "$OUT/omni_native" "$OUT/omni_vllm"
+
+"$BIN/omni-serve" bench --mode text --checkpoint "$CKPT" --num-requests 64 --concurrency 1,32 \
+  --max-tokens 64 --min-tokens 64 --thinker-backend native,vllm --vllm-python "$OMNI_SERVE_VLLM_PYTHON" \
+  --baseline cb --out "$OUT/text"

@@ -158,8 +158,12 @@ bench_report.png to --out and prints a table.
 Modes:
   omni  HTTP engine at --url vs --baseline hf: Qwen2_5OmniForConditionalGeneration.generate run one
         request at a time in this process with the server's inputs and defaults (TTFT = TTFP = E2E).
-  text  thinker only, same token-id prompts: omni_serve's engine (run_engine_text) vs transformers'
-        continuous batching of the thinker as a Qwen2ForCausalLM (--baseline cb, the default here).
+  text  thinker only, same token-id prompts: each --thinker-backend (native: omni_serve's engine in process,
+        run_engine_text; vllm: vLLM's AsyncLLM with the served thinker's settings, run in the vLLM
+        environment's interpreter --vllm-python) vs transformers' continuous batching of the thinker as a
+        Qwen2ForCausalLM (--baseline cb, the default here); all with the same --threads.
+        In omni mode --thinker-backend names the running server's thinker backend (engine runs are
+        labelled engine / engine_vllm); `python -m omni_serve.bench.report merge OUT A B` joins two reports.
   image OpenAI image generation (POST /v1/images/generations, b64 PNG) at --url, e.g. the qwen_image
         graph, closed loop at each --concurrency (default 1,8), vs --baseline diffusers (default with
         --checkpoint): QwenImagePipeline run one request at a time in this process with the same prompts,
@@ -184,6 +188,8 @@ examples:
       --num-requests 32 --concurrency 1,4,16 --max-tokens 32 --baseline hf --out bench_out
   omni-serve bench --url http://127.0.0.1:8000 --num-requests 100 --request-rate 2 --no-audio --baseline none
   omni-serve bench --mode text --checkpoint checkpoints/qwen2_5_omni-tiny --concurrency 1,8 --max-tokens 64
+  omni-serve bench --mode text --checkpoint checkpoints/qwen2_5_omni-tiny --concurrency 1,8 \\
+      --thinker-backend native,vllm --vllm-python .venv-vllm/bin/python
   omni-serve bench --mode image --url http://127.0.0.1:8000 --checkpoint checkpoints/qwen_image-tiny \\
       --num-requests 16 --concurrency 1,8 --size 256x256 --steps 20 --cache-modes dbcache,taylorseer
 """
@@ -211,6 +217,14 @@ def _float_list(text: str) -> list[float]:
 
 def _str_list(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _thinker_backends(text: str) -> list[str]:
+    backends = _str_list(text)
+    bad = [b for b in backends if b not in ("native", "vllm")]
+    if not backends or bad:
+        raise argparse.ArgumentTypeError(f"thinker backends are native and vllm, got {text!r}")
+    return backends
 
 
 def _cache_modes(text: str) -> list[str]:
@@ -283,6 +297,16 @@ def cmd_bench(args) -> int:
         baselines = args.baseline.split(",")
     for noisy in ("ContinuousBatchingLogger", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    backends = args.thinker_backend or ["native"]
+    vllm_python = args.vllm_python
+    if args.mode == "text" and "vllm" in backends:
+        from omni_serve.bench.vllm_text import resolve_vllm_python
+
+        try:
+            vllm_python = resolve_vllm_python(vllm_python)
+        except FileNotFoundError as exc:
+            print(f"omni-serve bench: {exc}", file=sys.stderr)
+            return 2
     try:
         cfg = BenchConfig(
             mode=args.mode, url=args.url, checkpoint=args.checkpoint, model=args.model,
@@ -294,7 +318,7 @@ def cmd_bench(args) -> int:
             warmup=args.warmup, timeout_s=args.timeout, progress_every=args.progress_every,
             max_codec_tokens=args.max_codec_tokens, num_steps=args.num_steps, system_prompt=args.system_prompt,
             threads=args.threads, cb_page_size=args.cb_page_size, cb_attn_implementation=args.cb_attn_implementation,
-            stop_server_pid=args.stop_server_pid)
+            stop_server_pid=args.stop_server_pid, thinker_backends=backends, vllm_python=vllm_python)
     except ValidationError as exc:
         print(f"omni-serve bench: {exc.errors()[0]['msg']}", file=sys.stderr)
         return 2
@@ -305,7 +329,9 @@ def _finish_bench(outcome) -> int:
     print()
     print(outcome.table)
     print(f"\nwrote {outcome.json_path}\nwrote {outcome.png_path}", flush=True)
-    engine = [r for r in outcome.runs if r.system in ("engine", "engine_text")]
+    from omni_serve.bench.report import ENGINE_SYSTEMS
+
+    engine = [r for r in outcome.runs if r.system in ENGINE_SYSTEMS]
     if engine and all(rec.error for r in engine for rec in r.records):
         print("every engine request failed", file=sys.stderr)
         return 1
@@ -394,7 +420,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="HF baseline token2wav ODE steps; set it to the server's code2wav.num_steps "
                          "(default: the graph spec default)")
     bn.add_argument("--system-prompt", default=None, help="the server's system_prompt, if it overrides the default")
-    bn.add_argument("--threads", type=int, default=None, help="torch threads for baselines (default: all cores)")
+    bn.add_argument("--threads", type=int, default=None,
+                    help="torch threads for baselines; text mode: for every system, vLLM included (default: all "
+                         "cores)")
+    bn.add_argument("--thinker-backend", type=_thinker_backends, default=None, metavar="native[,vllm]",
+                    help="text mode: thinker engines to run, comma-separated: native (omni_serve's engine), vllm "
+                         "(vLLM, in --vllm-python); omni mode: the running server's one thinker backend, recorded "
+                         "in the report (default native)")
+    bn.add_argument("--vllm-python", default=None, metavar="PYTHON",
+                    help="interpreter of the vLLM environment for text-mode vllm runs (default: "
+                         "$OMNI_SERVE_VLLM_PYTHON, else .venv-vllm/bin/python; `make vllm-env` builds it)")
     bn.add_argument("--stop-server-pid", type=int, default=None, metavar="PID",
                     help="SIGTERM this local server after the engine runs and wait for it to exit, so the "
                          "baselines run on a quiet machine (omni and image modes)")

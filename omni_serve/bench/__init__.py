@@ -8,8 +8,9 @@ Modules (each states its own contract):
 - ``client``: async httpx streaming client, closed-loop (concurrency) and open-loop (Poisson rate) load.
 - ``hf_baseline``: the same workload through ``Qwen2_5OmniForConditionalGeneration.generate``, one at a time.
 - ``cb_baseline``: text-only comparison: the Omni thinker as a ``Qwen2ForCausalLM`` run through transformers'
-  continuous batching; ``engine_text.run_engine_text`` is the engine side.
-- ``report``: percentiles, throughput, ratios, JSON + PNG + a stdout table.
+  continuous batching; ``engine_text.run_engine_text`` is the engine side, ``vllm_text.run_vllm_text`` the same
+  thinker on vLLM (run in the vLLM environment's interpreter).
+- ``report``: percentiles, throughput, ratios, JSON + PNG + a stdout table; merging reports of one workload.
 - ``runner``: what ``omni-serve bench`` runs (``BenchConfig`` -> runs -> report).
 - ``image`` / ``image_report``: ``--mode image``: image generations over HTTP vs diffusers'
   ``QwenImagePipeline`` one request at a time, cache-dit runs with PSNR, and their report.

@@ -6,7 +6,8 @@ Contract:
   (``start_s`` is its start relative to the run's start). A failed request has ``ok=False`` and ``error``
   set (plus ``status`` when an HTTP status was received); it is always kept in ``RunResult.records`` and
   counted, never dropped, and it is left out of latency percentiles.
-* ``RunResult``: one load point of one system (``system``: ``engine``, ``hf``, ``cb`` or ``engine_text``),
+* ``RunResult``: one load point of one system (``system``: ``engine`` / ``engine_vllm``, the served graph with a
+  native / vLLM thinker; ``engine_text`` / ``vllm``, the thinker alone on each; baselines ``hf`` and ``cb``),
   with its records, the run's wall time (first request start to last request end) and free-form ``notes``
   that the report prints (e.g. how tokens were counted, that TTFT equals E2E for a non-streaming run).
 * Both round-trip through plain dicts (``to_dict``/``from_dict``) so a JSON report can be re-read.
@@ -52,7 +53,7 @@ class RequestRecord:
 @dataclass
 class RunResult:
     label: str  # e.g. "engine c=4", "hf", "cb c=16"
-    system: str  # "engine" | "hf" | "cb" | "engine_text"
+    system: str  # "engine" | "engine_vllm" | "engine_text" | "vllm" | "hf" | "cb"
     mode: str = "omni"  # "omni" (text + optional audio over HTTP / Omni generate) or "text" (thinker only)
     concurrency: int | None = None  # closed loop: requests in flight; open loop: optional cap (None = no cap)
     request_rate: float | None = None  # open loop: Poisson arrivals per second; None = closed loop

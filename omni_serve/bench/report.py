@@ -12,9 +12,14 @@ Contract:
 * ``compare(engine, baseline)``: ``throughput_ratio`` = engine / baseline (> 1: the engine serves more)
   and ``latency_ratio`` = engine / baseline per metric and statistic (< 1: the engine is faster).
   With the runs it also counts requests whose output text is identical (``identical_text``; expected
-  for greedy requests). ``build_report`` pairs every engine-side run (``engine``, ``engine_text``) with
-  each baseline system (``hf``, ``cb``): the run at the same concurrency and rate, else that system's
-  only run.
+  for greedy requests). ``build_report`` pairs every engine-side run (``ENGINE_SYSTEMS``: ``engine`` and
+  ``engine_vllm``, the served graph with a native / vLLM thinker; ``engine_text`` and ``vllm``, the thinker
+  alone on the native engine / on vLLM) with each baseline system (``hf``, ``cb``), and each vLLM run with its
+  native counterpart (``VLLM_NATIVE``: ``vllm`` / ``engine_text``, ``engine_vllm`` / ``engine``): the run at
+  the same concurrency and rate, else that system's only run.
+* ``merge_reports(reports)`` rebuilds the runs of several reports of the same workload (e.g. one per served
+  thinker backend, the ``hf`` baseline in one of them) and reports them together (``python -m
+  omni_serve.bench.report merge OUT_DIR REPORT...`` writes it like ``write_report``).
 * ``write_report(report, runs, out_dir)`` writes ``bench_report.json`` and ``bench_report.png``
   (matplotlib, Agg backend) and returns both paths; ``format_table(report)`` is the stdout text.
 """
@@ -27,12 +32,16 @@ import os
 import time
 from typing import Any
 
-from omni_serve.bench.records import EXACT_TOKEN_SOURCES, RunResult
+from omni_serve.bench.records import EXACT_TOKEN_SOURCES, RequestRecord, RunResult
 
 METRICS = ("ttft", "ttfp", "itl", "e2e", "rtf")
 THROUGHPUTS = ("requests_per_s", "output_tokens_per_s", "audio_s_per_s")
-ENGINE_SYSTEMS = ("engine", "engine_text")
+ENGINE_SYSTEMS = ("engine", "engine_vllm", "engine_text", "vllm")
 BASELINE_SYSTEMS = ("hf", "cb")
+VLLM_NATIVE = {"vllm": "engine_text", "engine_vllm": "engine"}  # a vLLM-thinker system -> its native counterpart
+#: config keys that must agree for reports to be merged (the workload and what each request asks for)
+WORKLOAD_KEYS = ("mode", "num_requests", "seed", "max_tokens", "min_tokens", "audio", "voice", "temperature",
+                 "min_words", "max_words", "system_prompt")
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -140,13 +149,17 @@ def build_report(runs: list[RunResult], config: dict[str, Any] | None = None,
     for s in summaries:
         if s["system"] not in ENGINE_SYSTEMS:
             continue
-        for system in BASELINE_SYSTEMS:
-            base = _match(s, [b for b in summaries if b["system"] == system])
+        for system in (VLLM_NATIVE.get(s["system"]), *BASELINE_SYSTEMS):
+            base = _match(s, [b for b in summaries if b["system"] == system]) if system else None
             if base is not None:
                 comparisons.append(compare(s, base, by_label.get(s["label"]), by_label.get(base["label"])))
     all_notes = list(notes or [])
     if comparisons:
         all_notes.append("ratios are engine / baseline: throughput_ratio > 1 and latency_ratio < 1 favour the engine")
+    systems = {s["system"] for s in summaries}
+    if any(v in systems and n in systems for v, n in VLLM_NATIVE.items()):
+        all_notes.append("rows of a vLLM-thinker run (vllm, engine_vllm) against its native counterpart "
+                         "(engine_text, engine) compare the two thinker backends: > 1 / < 1 favour vLLM")
     if any(not s["streaming"] for s in summaries):
         all_notes.append("non-streaming runs (" + ", ".join(s["label"] for s in summaries if not s["streaming"])
                          + "): TTFT and TTFP equal the E2E latency; they have no ITL")
@@ -158,6 +171,35 @@ def build_report(runs: list[RunResult], config: dict[str, Any] | None = None,
         "comparisons": comparisons,
         "records": {r.label: [rec.to_dict() for rec in r.records] for r in runs},
     }
+
+
+def runs_of(report: dict[str, Any]) -> list[RunResult]:
+    """The ``RunResult``s a report was built from (its summaries plus its per-request records)."""
+    return [RunResult(label=s["label"], system=s["system"], mode=s["mode"], concurrency=s["concurrency"],
+                      request_rate=s["request_rate"], wall_s=s["wall_s"], streaming=s["streaming"],
+                      records=[RequestRecord.from_dict(r) for r in report["records"].get(s["label"], [])],
+                      notes=list(s["notes"])) for s in report["runs"]]
+
+
+def merge_reports(reports: list[dict[str, Any]]) -> tuple[dict[str, Any], list[RunResult]]:
+    """One report of the runs of ``reports`` (same workload; run labels must be unique across them)."""
+    if not reports:
+        raise ValueError("no reports to merge")
+    first = reports[0].get("config", {})
+    for other in reports[1:]:
+        cfg = other.get("config", {})
+        diff = [k for k in WORKLOAD_KEYS if first.get(k) != cfg.get(k)]
+        if diff:
+            raise ValueError(f"reports of different workloads cannot be merged (they differ in {', '.join(diff)})")
+    runs = [run for rep in reports for run in runs_of(rep)]
+    labels = [r.label for r in runs]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise ValueError(f"run labels appear in more than one report: {', '.join(dup)}")
+    derived = ("ratios are engine", "rows of a vLLM-thinker", "non-streaming runs (")  # build_report adds them
+    notes = [n for rep in reports for n in rep.get("notes", []) if not n.startswith(derived)]
+    config = {**first, "merged": [rep.get("config", {}) for rep in reports]}
+    return build_report(runs, config=config, notes=list(dict.fromkeys(notes))), runs
 
 
 # --------------------------------------------------------------------------- outputs
@@ -301,3 +343,29 @@ def write_report(report: dict[str, Any], runs: list[RunResult], out_dir: str,
         json.dump(report, f, indent=2, default=str)
     png_path = plot_report(runs, os.path.join(out_dir, f"{name}.png"))
     return json_path, png_path
+
+
+def _load(path: str) -> dict[str, Any]:
+    if os.path.isdir(path):
+        path = os.path.join(path, "bench_report.json")
+    with open(path) as f:
+        return json.load(f)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m omni_serve.bench.report merge OUT_DIR REPORT [REPORT ...]`` (a REPORT: a JSON file or its dir)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 3 or args[0] != "merge":
+        print("usage: python -m omni_serve.bench.report merge OUT_DIR REPORT [REPORT ...]", file=sys.stderr)
+        return 2
+    report, runs = merge_reports([_load(p) for p in args[2:]])
+    json_path, png_path = write_report(report, runs, args[1])
+    print(format_table(report))
+    print(f"\nwrote {json_path}\nwrote {png_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -6,9 +6,15 @@ Contract: ``run_bench(cfg) -> BenchOutcome`` (report dict, JSON path, PNG path, 
   replayed against ``url`` with the streaming HTTP client; then each baseline in ``baselines`` runs
   in-process: ``hf`` (``Qwen2_5OmniForConditionalGeneration.generate`` one request at a time), or ``cb``
   (transformers continuous batching of the thinker; text only, so only with ``audio=False``).
-* ``mode="text"``: thinker-only comparison on the same token-id prompts: the engine in process
-  (``omni_serve.bench.engine_text.run_engine_text``) vs ``cb`` at every load point (and ``hf`` text-only
-  generate if asked).
+* ``mode="text"``: thinker-only comparison on the same token-id prompts: each thinker backend of
+  ``thinker_backends`` at every load point, in that order (``native``: ``AREngine`` in process,
+  ``omni_serve.bench.engine_text.run_engine_text``; ``vllm``: vLLM's ``AsyncLLM`` in the vLLM environment's
+  interpreter, ``omni_serve.bench.vllm_text.run_vllm_text``; a failed vLLM subprocess becomes a run of failed
+  requests), then ``cb`` at every load point (and ``hf`` text-only generate if asked). Every system runs with the
+  same CPU threads: ``threads``, else torch's default (all cores); the report's ``config.threads_used`` says which.
+* ``thinker_backends`` in omni mode names the running server's one thinker backend: it is recorded in the
+  report's config and names the engine runs' system: ``engine`` (native) or ``engine_vllm`` (labels
+  ``engine c=4`` / ``engine_vllm c=4``), so reports of both servers merge (``report.merge_reports``).
 * The workload is the same for every system (``build_workload`` from ``seed``); baselines read the
   checkpoint from the local directory only.
 """
@@ -24,6 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from omni_serve.bench.records import RunResult
 from omni_serve.bench.workload import WorkloadConfig, build_workload
+from omni_serve.engines.vllm_engine.config import VllmSettings
+
+DEFAULT_KV_CACHE_GIB: float = VllmSettings.model_fields["kv_cache_gib"].default
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +71,14 @@ class BenchConfig(BaseModel):
     stop_server_pid: int | None = Field(None, description=(
         "Local server to stop (SIGTERM, wait for exit) after the engine runs, so the baselines run on a quiet "
         "machine."))
+    thinker_backends: list[Literal["native", "vllm"]] = Field(default_factory=lambda: ["native"], description=(
+        "Thinker engines. Text mode: run each (native: AREngine in process; vllm: vLLM in the vLLM environment). "
+        "Omni mode: the running server's one backend (stages.thinker.engine.backend), recorded in the report."))
+    vllm_python: str | None = Field(None, description=(
+        "Interpreter of the vLLM environment for text-mode vllm runs (default: $OMNI_SERVE_VLLM_PYTHON, else "
+        ".venv-vllm/bin/python)."))
+    vllm_kv_cache_gib: float = Field(DEFAULT_KV_CACHE_GIB, gt=0, description=(
+        "KV cache of the text-mode vLLM engine in GiB (the served default of engine.vllm.kv_cache_gib)."))
 
     @model_validator(mode="after")
     def _check(self) -> "BenchConfig":
@@ -83,7 +100,16 @@ class BenchConfig(BaseModel):
             raise ValueError("the cb baseline supports --min-tokens only equal to --max-tokens (fixed lengths)")
         if self.min_words > self.max_words:
             raise ValueError("min_words must be <= max_words")
+        if not self.thinker_backends or len(set(self.thinker_backends)) != len(self.thinker_backends):
+            raise ValueError("thinker backends must be a non-empty list without repeats (native, vllm)")
+        if self.mode == "omni" and len(self.thinker_backends) != 1:
+            raise ValueError("omni mode benchmarks the running server's one thinker backend: "
+                             "--thinker-backend native or vllm")
         return self
+
+    def engine_system(self) -> str:
+        """Omni mode: the system name of the engine runs (``engine``, or ``engine_vllm`` for a vLLM thinker)."""
+        return "engine" if self.thinker_backends[0] == "native" else "engine_vllm"
 
     def workload(self) -> WorkloadConfig:
         return WorkloadConfig(num_requests=self.num_requests, seed=self.seed, max_tokens=self.max_tokens,
@@ -117,8 +143,9 @@ def _engine_omni_runs(cfg: BenchConfig, requests) -> tuple[list[RunResult], list
     if model is None:
         log.warning("could not list models at %s; using 'qwen2.5-omni'", cfg.url)
         model = "qwen2.5-omni"
-    notes.append(f"engine: {cfg.url} model {model!r}, streaming chat completions "
-                 "(stream_options.include_usage for exact token counts)")
+    system = cfg.engine_system()
+    notes.append(f"{system}: {cfg.url} model {model!r}, thinker backend {cfg.thinker_backends[0]}, streaming chat "
+                 "completions (stream_options.include_usage for exact token counts)")
     if cfg.warmup:
         log.info("warming up the engine with %d request(s) ...", cfg.warmup)
         w = asyncio.run(warmup(cfg.url, requests, model, cfg.warmup, timeout_s=cfg.timeout_s))
@@ -126,9 +153,11 @@ def _engine_omni_runs(cfg: BenchConfig, requests) -> tuple[list[RunResult], list
             log.warning("warm-up request failed: %s", next(r.error for r in w if not r.ok))
     runs = []
     for point in cfg.points():
-        log.info("engine run %s: %d requests ...", point.label(), len(requests))
-        runs.append(asyncio.run(run_load(cfg.url, requests, model, point, arrival_seed=cfg.seed,
-                                         timeout_s=cfg.timeout_s, progress_every=cfg.progress_every)))
+        log.info("engine run %s: %d requests ...", point.label(system), len(requests))
+        run = asyncio.run(run_load(cfg.url, requests, model, point, arrival_seed=cfg.seed, timeout_s=cfg.timeout_s,
+                                   progress_every=cfg.progress_every, label=point.label(system)))
+        run.system = system
+        runs.append(run)
     return runs, notes
 
 
@@ -165,12 +194,61 @@ def _cb_runs(cfg: BenchConfig, prompts: list[list[int]]) -> list[RunResult]:
     return runs
 
 
+def _text_threads(cfg: BenchConfig) -> int:
+    """The CPU threads of every text-mode system: ``threads``, else torch's default (set for this process)."""
+    import torch
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    return torch.get_num_threads()
+
+
+def _engine_text_runs(cfg: BenchConfig, prompts: list[list[int]], threads: int) -> list[RunResult]:
+    from omni_serve.bench.engine_text import run_engine_text
+    from omni_serve.bench.vllm_text import VllmTextError, resolve_vllm_python, run_vllm_text
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.checkpoint)
+    python = resolve_vllm_python(cfg.vllm_python) if "vllm" in cfg.thinker_backends else None  # fail before running
+    runs = []
+    for backend in cfg.thinker_backends:
+        for point in cfg.points():
+            common = dict(request_rate=point.request_rate, arrival_seed=cfg.seed, progress_every=cfg.progress_every,
+                          tokenizer=tokenizer, min_new_tokens=cfg.min_tokens, warmup=cfg.warmup > 0)
+            if backend == "native":
+                log.info("engine_text run %s ...", point.label("engine_text"))
+                runs.append(run_engine_text(cfg.checkpoint, prompts, cfg.max_tokens, point.concurrency, **common))
+                continue
+            label = point.label("vllm")
+            log.info("vllm run %s (vLLM in %s) ...", label, python)
+            try:
+                runs.append(run_vllm_text(cfg.checkpoint, prompts, cfg.max_tokens, point.concurrency, label=label,
+                                          python=python, threads=threads, kv_cache_gib=cfg.vllm_kv_cache_gib,
+                                          **common))
+            except VllmTextError as exc:
+                log.error("%s failed: %s", label, exc)
+                runs.append(_failed_vllm_run(label, point, len(prompts), str(exc)))
+    return runs
+
+
+def _failed_vllm_run(label: str, point, n: int, error: str) -> RunResult:
+    from omni_serve.bench.records import RequestRecord
+
+    first = error.splitlines()[0] if error else "the vLLM run failed"
+    return RunResult(label=label, system="vllm", mode="text", concurrency=point.concurrency,
+                     request_rate=point.request_rate, records=[RequestRecord(index=i, error=first[:300])
+                                                               for i in range(n)],
+                     notes=[f"the vLLM subprocess failed: {error[-1500:]}"])
+
+
 def run_bench(cfg: BenchConfig) -> BenchOutcome:
     from omni_serve.bench.report import build_report, format_table, write_report
 
     requests = build_workload(cfg.workload())
     runs: list[RunResult] = []
     notes: list[str] = []
+    extra: dict[str, Any] = {}
     if cfg.mode == "omni":
         engine_runs, engine_notes = _engine_omni_runs(cfg, requests)
         runs += engine_runs
@@ -188,24 +266,17 @@ def run_bench(cfg: BenchConfig) -> BenchOutcome:
             runs += _cb_runs(cfg, text_prompts(cfg.checkpoint, requests, cfg.system_prompt))
     else:
         from omni_serve.bench.cb_baseline import text_prompts
-        from omni_serve.bench.engine_text import run_engine_text
 
-        from transformers import AutoTokenizer
-
+        threads = _text_threads(cfg)
+        extra["threads_used"] = threads
         prompts = text_prompts(cfg.checkpoint, requests, cfg.system_prompt)
-        tokenizer = AutoTokenizer.from_pretrained(cfg.checkpoint)
-        for point in cfg.points():
-            log.info("engine_text run %s ...", point.label("engine_text"))
-            runs.append(run_engine_text(cfg.checkpoint, prompts, cfg.max_tokens, point.concurrency,
-                                        request_rate=point.request_rate, arrival_seed=cfg.seed,
-                                        progress_every=cfg.progress_every, tokenizer=tokenizer,
-                                        min_new_tokens=cfg.min_tokens))
+        runs += _engine_text_runs(cfg, prompts, threads)
         for system in cfg.baselines or ["cb"]:
             if system == "cb":
                 runs += _cb_runs(cfg, prompts)
             elif system == "hf":
                 runs.append(_hf_run(cfg, requests))
-    config = cfg.model_dump(mode="json")
+    config = {**cfg.model_dump(mode="json"), **extra}
     report = build_report(runs, config=config, notes=notes)
     json_path, png_path = write_report(report, runs, cfg.out)
     return BenchOutcome(report=report, json_path=json_path, png_path=png_path, table=format_table(report), runs=runs)

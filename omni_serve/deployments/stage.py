@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 @serve.deployment
 class StageDeployment:
-    def __init__(self, family: str, stage: str, graph_spec: dict[str, Any]):
+    async def __init__(self, family: str, stage: str, graph_spec: dict[str, Any]):
         import torch
 
         from omni_serve.graphs.registry import load_family
@@ -43,6 +43,9 @@ class StageDeployment:
         self.runner = build_runner(load_family(family), stage, graph_spec)
         torch.set_num_threads(self.runner.engine_spec.torch_threads)
         self.engine = self.runner.make_engine()
+        # Started here, so an engine that cannot start (e.g. vLLM without room for its KV cache) fails the
+        # deployment with its error instead of failing every request.
+        await self.engine.start()
         self.metrics = StageMetrics(stage, self.engine)
         observe_transfers()
         log.info("stage %s ready in pid %d (%s)", stage, os.getpid(), self.runner.stage.runner)
@@ -77,5 +80,7 @@ class StageDeployment:
             raise RuntimeError(f"engine thread of stage {self.stage} died")
 
     async def __del__(self):
-        self.metrics.close()
-        await self.engine.cleanup()
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()
+        if getattr(self, "engine", None) is not None:  # None: the constructor failed before the engine existed
+            await self.engine.cleanup()

@@ -116,8 +116,9 @@ def _forbidden(module: str, adapters: set[str]) -> bool:
     parts = module.split(".")
     return (module in adapters
             or (module.startswith("omni_serve.graphs.") and ".replica" in module)
-            or (module.startswith("omni_serve.engines.") and module not in ("omni_serve.engines.ar",
-                                                                           "omni_serve.engines.ar.config"))
+            or (module.startswith("omni_serve.engines.") and module not in (
+                "omni_serve.engines.ar", "omni_serve.engines.ar.config",  # settings only (pydantic)
+                "omni_serve.engines.vllm_engine", "omni_serve.engines.vllm_engine.config"))
             or (parts[0] == "transformers" and len(parts) > 3 and parts[1] == "models" and parts[2] != "auto"
                 and parts[3].startswith("modeling_"))
             or (parts[0] == "diffusers" and len(parts) > 2 and parts[1] == "models"

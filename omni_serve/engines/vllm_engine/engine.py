@@ -46,6 +46,8 @@ def _stat_logger_factory(engine: "VllmEngine"):
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
             if scheduler_stats is not None:
                 engine._on_scheduler_stats(scheduler_stats)
+            if iteration_stats is not None:
+                engine.counters["preempted"] += iteration_stats.num_preempted_reqs
 
         def log_engine_initialized(self):
             pass
@@ -74,7 +76,7 @@ class VllmEngine(Engine):
         self._kv_used = 0.0
         self._last_step = time.monotonic()
         self.busy = BusyMeter()
-        self.counters = {"requests": 0, "aborted": 0, "steps": 0}
+        self.counters = {"requests": 0, "aborted": 0, "preempted": 0, "steps": 0}
         self.on_step = None  # (requests in the step, seconds) -> None; set by the replica's metrics
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
@@ -109,7 +111,7 @@ class VllmEngine(Engine):
             version = compat.check_version()
             if self.device == "cpu":
                 os.environ.update(compat.engine_env(self.settings.kv_cache_gib, self.settings.threads_bind))
-                os.environ.setdefault("OMP_NUM_THREADS", str(self.threads))
+                os.environ["OMP_NUM_THREADS"] = str(self.threads)  # vLLM keeps an external value (nobind)
             from vllm.v1.engine.async_llm import AsyncLLM
 
             t0 = time.monotonic()
