@@ -12,10 +12,9 @@ the comparison with transformers' ``ContinuousBatchingManager`` is engine agains
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 
-from omni_serve.bench.records import RequestRecord, RunResult
+from omni_serve.bench.records import RequestRecord, RunResult, finish_token_record
 
 
 def run_engine_text(checkpoint_dir: str, prompts: list[list[int]], max_new_tokens: int,
@@ -66,13 +65,7 @@ def run_engine_text(checkpoint_dir: str, prompts: list[list[int]], max_new_token
                 rec.ok = True
             except Exception as exc:  # noqa: BLE001 - a failed request is a record, not a crash
                 rec.error = f"{type(exc).__name__}: {exc}"[:300]
-            rec.e2e_s = (stamps[-1] if stamps else time.perf_counter()) - t0
-            if stamps:
-                rec.ttft_s = stamps[0] - t0
-                rec.itl_s = [b - a for a, b in zip(stamps, stamps[1:])]
-            rec.output_tokens, rec.token_source, rec.text_deltas = len(tokens), "generate", len(tokens)
-            full = "".join(text)
-            rec.text_chars, rec.text_sha1 = len(full), hashlib.sha1(full.encode("utf-8")).hexdigest()
+            finish_token_record(rec, t0, stamps, tokens, text)
             on_done(rec)
 
     async def main() -> float:

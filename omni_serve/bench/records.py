@@ -15,6 +15,8 @@ Contract:
 
 from __future__ import annotations
 
+import hashlib
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -76,3 +78,17 @@ class RunResult:
         d = dict(d)
         d["records"] = [RequestRecord.from_dict(r) for r in d.get("records", [])]
         return cls(**d)
+
+
+def finish_token_record(rec: "RequestRecord", t0: float, stamps: list[float], tokens: list[int],
+                        text: list[str]) -> None:
+    """Fill an in-process engine run's record (``engine_text``, ``vllm_text``): timings from the per-token
+    arrival ``stamps`` (``time.perf_counter()``; ``t0`` the request's start), exact token counts, and the length
+    and digest of the decoded text."""
+    rec.e2e_s = (stamps[-1] if stamps else time.perf_counter()) - t0
+    if stamps:
+        rec.ttft_s = stamps[0] - t0
+        rec.itl_s = [b - a for a, b in zip(stamps, stamps[1:])]
+    rec.output_tokens, rec.token_source, rec.text_deltas = len(tokens), "generate", len(tokens)
+    full = "".join(text)
+    rec.text_chars, rec.text_sha1 = len(full), hashlib.sha1(full.encode("utf-8")).hexdigest()

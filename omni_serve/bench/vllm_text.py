@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
 import json
 import logging
 import os
@@ -42,7 +41,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from omni_serve.bench.records import RequestRecord, RunResult
+from omni_serve.bench.records import RequestRecord, RunResult, finish_token_record
 from omni_serve.engines.vllm_engine.config import VLLM_PYTHON_ENV, VllmSettings
 
 log = logging.getLogger(__name__)
@@ -232,13 +231,7 @@ async def _consume(stream, rec: RequestRecord, t0: float) -> None:
         rec.ok = True
     except Exception as exc:  # noqa: BLE001 - a failed request is a record, not a crash
         rec.error = f"{type(exc).__name__}: {exc}"[:300]
-    rec.e2e_s = (stamps[-1] if stamps else time.perf_counter()) - t0
-    if stamps:
-        rec.ttft_s = stamps[0] - t0
-        rec.itl_s = [b - a for a, b in zip(stamps, stamps[1:])]
-    rec.output_tokens, rec.token_source, rec.text_deltas = len(tokens), "generate", len(tokens)
-    full = "".join(text)
-    rec.text_chars, rec.text_sha1 = len(full), hashlib.sha1(full.encode("utf-8")).hexdigest()
+    finish_token_record(rec, t0, stamps, tokens, text)
 
 
 async def drive(engine, job: VllmTextJob, params: ParamsFactory,

@@ -132,3 +132,17 @@ def test_client_disconnect_aborts_the_vllm_request_and_every_stage(vllm_app):
                                                                "max_tokens": 2}, timeout=60)
     assert r.status_code == 200
     assert _stats()["thinker"]["kv_used_fraction"] < busy["thinker"]["kv_used_fraction"]
+
+
+def test_seeded_sampling_repeats_and_stop_strings_end_the_text(vhttp):
+    sampled = {**oracle_request("text"), "temperature": 0.9, "seed": 11, "modalities": ["text"], "max_tokens": 16}
+    first, again = (vhttp.post("/v1/chat/completions", json=sampled).json() for _ in range(2))
+    assert first["choices"][0]["token_ids"] == again["choices"][0]["token_ids"]
+    greedy = vhttp.post("/v1/chat/completions", json={**oracle_request("text"), "modalities": ["text"]}).json()
+    text = greedy["choices"][0]["message"]["content"]
+    assert len(text) > 4, text
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    cut = vhttp.post("/v1/chat/completions", json={**oracle_request("text"), "modalities": ["text"],
+                                                   "stop": [stop]}).json()["choices"][0]
+    assert cut["message"]["content"] == text[:text.index(stop)]
+    assert cut["finish_reason"] == "stop"

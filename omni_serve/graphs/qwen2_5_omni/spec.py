@@ -52,9 +52,8 @@ class OmniGraphSpec(GraphSpecBase):
         if self.stages.thinker.engine.backend == "vllm" and self.thinker_layout != AGGREGATED:
             raise ValueError(
                 "stages.thinker.engine.backend 'vllm' needs thinker_layout 'aggregated': the disaggregated thinker "
-                "hands the prompt's KV and the talker's prompt states from prefill to decode over the data "
-                "plane, and vLLM 0.32's KV connectors for that (NIXL, Mooncake, P2P NCCL) need an accelerator "
-                "(see docs/vllm.md)")
+                "hands decode the prompt's KV and the talker's prompt states; vLLM's KV connectors move the KV but "
+                "not the hidden states, and that pairing is not built yet (see docs/vllm.md)")
         return self
 
     def layout(self) -> str:
