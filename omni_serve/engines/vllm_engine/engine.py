@@ -173,7 +173,8 @@ class VllmEngine(Engine):
     def _on_scheduler_stats(self, stats) -> None:
         now = time.monotonic()
         self.counters["steps"] += 1
-        if self.on_step is not None and stats.num_running_reqs:
+        if self.on_step is not None and stats.num_running_reqs and self._running:
+            # a step's time is the gap between two reports while busy (after an idle gap it is unknown)
             self.on_step(stats.num_running_reqs, now - self._last_step)
         self._last_step = now
         was_busy = self._running > 0
