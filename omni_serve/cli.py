@@ -26,12 +26,18 @@ def _families():
     return families()
 
 
+def _checkpoint_writers() -> dict[str, str]:
+    from omni_serve.checkpoints import UNSERVED_WRITERS
+
+    served = {name: f.checkpoint_writer for name, f in _families().items() if f.checkpoint_writer}
+    return {**UNSERVED_WRITERS, **served}
+
+
 def cmd_make_checkpoint(args) -> int:
     from omni_serve.graphs.registry import import_path
 
-    family = _families()[args.family]
     print(f"writing {args.size} {args.family} checkpoint to {args.dir} ...", flush=True)
-    import_path(family.checkpoint_writer)(args.dir, args.size, seed=args.seed)
+    import_path(_checkpoint_writers()[args.family])(args.dir, args.size, seed=args.seed)
     print(f"done: {args.dir}", flush=True)
     return 0
 
@@ -344,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     mk = sub.add_parser("make-checkpoint", help="write a deterministic random-weight checkpoint")
-    mk.add_argument("family", choices=[n for n, f in _families().items() if f.checkpoint_writer])
+    mk.add_argument("family", choices=sorted(_checkpoint_writers()))
     mk.add_argument("dir")
     mk.add_argument("--size", choices=["tiny", "small"], default="tiny")
     mk.add_argument("--seed", type=int, default=0)
