@@ -181,42 +181,12 @@ def _mrope_for(head_dim: int) -> list[int]:
     return [t, h, half - t - h]
 
 
-def _save_processor_parts(tokenizer, out_dir: str) -> None:
-    """Tokenizer, Whisper feature extractor and Qwen2-VL image processor, each loadable on its own.
-
-    ``Qwen2_5OmniProcessor`` itself cannot be built without torchvision (no CPU wheel here): it insists on
-    a video processor. The parts are what it wraps; ``omni_serve.models.qwen2_5_omni_inputs`` expands the
-    placeholders the same way.
-    """
-    from transformers import Qwen2VLImageProcessorPil, WhisperFeatureExtractor
-
-    import tempfile
-
-    feature_extractor = WhisperFeatureExtractor(
-        feature_size=128, sampling_rate=16000, hop_length=160, chunk_length=300, n_fft=400,
-        padding_value=0.0, return_attention_mask=True,
-    )
-    image_processor = Qwen2VLImageProcessorPil(
-        min_pixels=56 * 56, max_pixels=224 * 224, patch_size=14, temporal_patch_size=2, merge_size=2,
-    )
-    # Both write preprocessor_config.json; like the real checkpoint, ship one file holding both.
-    merged: dict = {}
-    for part in (image_processor, feature_extractor):
-        with tempfile.TemporaryDirectory() as tmp:
-            part.save_pretrained(tmp)
-            with open(os.path.join(tmp, "preprocessor_config.json")) as f:
-                merged.update(json.load(f))
-    merged["processor_class"] = "Qwen2_5OmniProcessor"
-    with open(os.path.join(out_dir, "preprocessor_config.json"), "w") as f:
-        json.dump(merged, f, indent=2, sort_keys=True)
-    tokenizer.save_pretrained(out_dir)
-
-
 def make_checkpoint(out_dir: str, size: str = "tiny", seed: int = 0) -> str:
     """Write a deterministic random-weight Qwen2.5-Omni checkpoint to ``out_dir``; returns the path."""
     import torch
     from transformers import GenerationConfig, Qwen2_5OmniForConditionalGeneration
 
+    from omni_serve.checkpoints.processor_files import save_omni_processor_parts
     from omni_serve.checkpoints.tokenizer import build_qwen_tokenizer
 
     if size not in SIZES:
@@ -240,7 +210,9 @@ def make_checkpoint(out_dir: str, size: str = "tiny", seed: int = 0) -> str:
         pad_token_id=TOKEN_ID["<|endoftext|>"],
     ).save_pretrained(out_dir)
 
-    _save_processor_parts(tokenizer, out_dir)
+    # Qwen2_5OmniProcessor's parts (omni_serve.models.qwen2_5_omni_inputs expands the placeholders as it does)
+    save_omni_processor_parts(tokenizer, out_dir, "Qwen2_5OmniProcessor", patch_size=14, min_pixels=56 * 56,
+                              max_pixels=224 * 224)
 
     gen = torch.Generator().manual_seed(seed + 1)
     enc_emb_dim = config.token2wav_config.dit_config.enc_emb_dim

@@ -190,31 +190,12 @@ def _tokenizer(vocab: int):
     return tok
 
 
-def _save_processor_parts(tokenizer, out_dir: str) -> None:
-    import tempfile
-
-    from transformers import Qwen2VLImageProcessorPil, WhisperFeatureExtractor
-
-    parts = (Qwen2VLImageProcessorPil(min_pixels=64 * 64, max_pixels=256 * 256, patch_size=16,
-                                      temporal_patch_size=2, merge_size=2),
-             WhisperFeatureExtractor(feature_size=128, sampling_rate=16000, hop_length=160, chunk_length=300,
-                                     n_fft=400, padding_value=0.0, return_attention_mask=True))
-    merged: dict = {}
-    for part in parts:  # both write preprocessor_config.json; the real checkpoint ships one file with both
-        with tempfile.TemporaryDirectory() as tmp:
-            part.save_pretrained(tmp)
-            with open(os.path.join(tmp, "preprocessor_config.json")) as f:
-                merged.update(json.load(f))
-    merged["processor_class"] = "Qwen3OmniMoeProcessor"
-    with open(os.path.join(out_dir, "preprocessor_config.json"), "w") as f:
-        json.dump(merged, f, indent=2, sort_keys=True)
-    tokenizer.save_pretrained(out_dir)
-
-
 def make_checkpoint(out_dir: str, size: str = "tiny", seed: int = 0) -> str:
     """Write a deterministic random-weight Qwen3-Omni checkpoint to ``out_dir``; returns the path."""
     import torch
     from transformers import GenerationConfig, Qwen3OmniMoeForConditionalGeneration
+
+    from omni_serve.checkpoints.processor_files import save_omni_processor_parts
 
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose one of {sorted(SIZES)}")
@@ -231,7 +212,8 @@ def make_checkpoint(out_dir: str, size: str = "tiny", seed: int = 0) -> str:
     model.save_pretrained(out_dir)
     GenerationConfig(eos_token_id=TOKEN_ID["<|im_end|>"], pad_token_id=TOKEN_ID["<|endoftext|>"]).save_pretrained(
         out_dir)
-    _save_processor_parts(tokenizer, out_dir)
+    save_omni_processor_parts(tokenizer, out_dir, "Qwen3OmniMoeProcessor", patch_size=16, min_pixels=64 * 64,
+                              max_pixels=256 * 256)
     with open(os.path.join(out_dir, "omni_serve_checkpoint.json"), "w") as f:
         json.dump({"family": "qwen3_omni", "size": size, "seed": seed,
                    "parameters": sum(p.numel() for p in model.parameters())}, f, indent=2)
