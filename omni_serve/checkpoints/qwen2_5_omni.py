@@ -19,6 +19,8 @@ import logging
 import os
 from dataclasses import dataclass
 
+from omni_serve.checkpoints.tokenizer import omni_chat_template
+
 log = logging.getLogger(__name__)
 
 # Special tokens in id order (id = index). Names follow the real Qwen2.5-Omni tokenizer.
@@ -44,24 +46,10 @@ SPECIAL_TOKENS = [
 TOKEN_ID = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
 VOICES = {"Chelsie": "<|spk_chelsie|>", "Ethan": "<|spk_ethan|>"}
 
-# Our own chat template: renders string or list-of-parts content; media parts become placeholders that the
-# processor expands to the right number of feature tokens.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'text' %}{{ part['text'] }}"
-    "{% elif part['type'] == 'audio' or part['type'] == 'input_audio' %}"
-    "{{ '<|audio_bos|><|AUDIO|><|audio_eos|>' }}"
-    "{% elif part['type'] == 'image' or part['type'] == 'image_url' %}"
-    "{{ '<|vision_bos|><|IMAGE|><|vision_eos|>' }}"
-    "{% elif part['type'] == 'video' %}{{ '<|vision_bos|><|VIDEO|><|vision_eos|>' }}"
-    "{% endif %}{% endfor %}{% endif %}"
-    "{{ '<|im_end|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+# Our own chat template (media parts become placeholders that the processor expands).
+CHAT_TEMPLATE = omni_chat_template(
+    "<|audio_bos|><|AUDIO|><|audio_eos|>", "<|vision_bos|><|IMAGE|><|vision_eos|>",
+    "<|vision_bos|><|VIDEO|><|vision_eos|>")
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ import json
 import os
 from dataclasses import dataclass
 
+from omni_serve.checkpoints.tokenizer import omni_chat_template
+
 SPECIAL_TOKENS = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>",
     "<|audio_start|>", "<|audio_end|>", "<|audio_pad|>",
@@ -44,23 +46,9 @@ CODEC = {"pad": 2148, "bos": 2149, "eos": 2150, "nothink": 2155, "think_bos": 21
 VOICES = {"chelsie": 2301, "ethan": 2302, "aiden": 2303}
 CODEBOOK, CODEC_VOCAB = 2048, 3072
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'text' %}{{ part['text'] }}"
-    "{% elif part['type'] == 'audio' or part['type'] == 'input_audio' %}"
-    "{{ '<|audio_start|><|audio_pad|><|audio_end|>' }}"
-    "{% elif part['type'] == 'image' or part['type'] == 'image_url' %}"
-    "{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
-    "{% elif part['type'] == 'video' or part['type'] == 'video_url' %}"
-    "{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
-    "{% endif %}{% endfor %}{% endif %}"
-    "{{ '<|im_end|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+CHAT_TEMPLATE = omni_chat_template(
+    "<|audio_start|><|audio_pad|><|audio_end|>", "<|vision_start|><|image_pad|><|vision_end|>",
+    "<|vision_start|><|video_pad|><|vision_end|>")
 
 
 @dataclass(frozen=True)

@@ -66,3 +66,26 @@ def build_qwen_tokenizer(
         chat_template=chat_template,
         model_max_length=32768,
     )
+
+
+def omni_chat_template(audio: str, image: str, video: str) -> str:
+    """The Omni checkpoints' chat template: string or list-of-parts content; each media part becomes its
+    placeholder (``audio``, ``image``, ``video``: the bos + pad + eos tokens) that the processor expands to the
+    right number of feature tokens."""
+    return (
+        "{% for message in messages %}"
+        "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+        "{% if message['content'] is string %}{{ message['content'] }}"
+        "{% else %}{% for part in message['content'] %}"
+        "{% if part['type'] == 'text' %}{{ part['text'] }}"
+        "{% elif part['type'] == 'audio' or part['type'] == 'input_audio' %}"
+        f"{{{{ '{audio}' }}}}"
+        "{% elif part['type'] == 'image' or part['type'] == 'image_url' %}"
+        f"{{{{ '{image}' }}}}"
+        "{% elif part['type'] == 'video' or part['type'] == 'video_url' %}"
+        f"{{{{ '{video}' }}}}"
+        "{% endif %}{% endfor %}{% endif %}"
+        "{{ '<|im_end|>\\n' }}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
