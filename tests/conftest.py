@@ -55,3 +55,9 @@ def omni_tiny_dir() -> str:
 def qwen_image_tiny_dir() -> str:
     """Path of the tiny Qwen-Image checkpoint (``make checkpoint`` writes it; made here if missing)."""
     return tiny_checkpoint("qwen_image")
+
+
+@pytest.fixture(scope="session")
+def qwen3_omni_tiny_dir() -> str:
+    """Path of the tiny Qwen3-Omni checkpoint (made here if missing)."""
+    return tiny_checkpoint("qwen3_omni")

@@ -2,4 +2,4 @@
 graph is not served yet (``omni-serve make-checkpoint`` offers them too; a served family names its writer in its
 ``FAMILY`` instead, and its entry moves there)."""
 
-UNSERVED_WRITERS = {"qwen3_omni": "omni_serve.checkpoints.qwen3_omni:make_checkpoint"}
+UNSERVED_WRITERS: dict[str, str] = {}

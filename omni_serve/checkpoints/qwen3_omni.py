@@ -127,7 +127,8 @@ def build_config(size: Qwen3OmniSize, tokenizer):
                           "deepstack_visual_indexes": [0]},
     }
     talker = {
-        **media, "num_code_groups": s.code_groups, "thinker_hidden_size": s.hidden, "accept_hidden_layer": s.layers,
+        **media, "num_code_groups": s.code_groups, "thinker_hidden_size": s.hidden, "accept_hidden_layer": s.layers // 2,
+        # the talker reads the thinker's media rows at mid-depth, as the real checkpoint does (24 of 48 layers)
         "codec_eos_token_id": CODEC["eos"], "codec_nothink_id": CODEC["nothink"],
         "codec_think_bos_id": CODEC["think_bos"], "codec_think_eos_id": CODEC["think_eos"],
         "codec_pad_id": CODEC["pad"], "codec_bos_id": CODEC["bos"],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import torch
 from safetensors import safe_open
@@ -54,14 +55,37 @@ def read_tensor_rows(checkpoint_dir: str, key: str, rows: list[int]) -> torch.Te
     raise KeyError(f"checkpoint {checkpoint_dir} has no tensor {key!r}")
 
 
+_EXPERT_KEY = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def fuse_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-expert MoE weights as checkpoints store them (``experts.<e>.{gate,up,down}_proj.weight``) in the
+    fused layout transformers' MoE modules hold (``experts.gate_up_proj [E, 2I, H]``, ``experts.down_proj
+    [E, H, I]``), which ``from_pretrained`` builds with its conversion mapping on load; this is that one
+    transformation without the whole-model loader. Other keys pass through."""
+    out, experts = {}, {}
+    for key, value in state.items():
+        m = _EXPERT_KEY.match(key)
+        if m is None:
+            out[key] = value
+        else:
+            experts.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = value
+    for prefix, by_index in experts.items():
+        order = [by_index[e] for e in sorted(by_index)]
+        out[f"{prefix}.gate_up_proj"] = torch.stack([torch.cat([w["gate_proj"], w["up_proj"]]) for w in order])
+        out[f"{prefix}.down_proj"] = torch.stack([w["down_proj"] for w in order])
+    return out
+
+
 def load_component(checkpoint_dir: str, module_cls, config, prefixes: dict[str, str],
                    dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.nn.Module:
-    """Instantiate ``module_cls(config)`` uninitialised, then load its weights strictly."""
+    """Instantiate ``module_cls(config)`` uninitialised, then load its weights strictly (MoE expert weights
+    stored per expert are fused first: ``fuse_experts``)."""
     from transformers.initialization import no_init_weights
 
     with no_init_weights():
         module = module_cls._from_config(config) if hasattr(module_cls, "_from_config") else module_cls(config)
-    state = read_state_dict(checkpoint_dir, prefixes)
+    state = fuse_experts(read_state_dict(checkpoint_dir, prefixes))
     result = module.load_state_dict(state, strict=False)
     missing = [k for k in result.missing_keys if not _is_tied(module, k)]
     if missing or result.unexpected_keys:

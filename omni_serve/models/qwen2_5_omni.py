@@ -51,12 +51,17 @@ class MropeIndex:
 
 
 class OmniEncoder:
+    """The thinker's media towers (Qwen3-Omni's encoder subclasses it with its own towers and config)."""
+
+    audio_tower, vision_tower = hf.Qwen2_5OmniAudioEncoder, hf.Qwen2_5OmniVisionEncoder
+    read_config = staticmethod(load_config)
+
     def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
-        cfg = load_config(checkpoint_dir).thinker_config
+        cfg = self.read_config(checkpoint_dir).thinker_config
         self.device = device
-        self.audio = load_component(checkpoint_dir, hf.Qwen2_5OmniAudioEncoder, cfg.audio_config,
+        self.audio = load_component(checkpoint_dir, self.audio_tower, cfg.audio_config,
                                     {"thinker.audio_tower.": ""}, dtype, device)
-        self.visual = load_component(checkpoint_dir, hf.Qwen2_5OmniVisionEncoder, cfg.vision_config,
+        self.visual = load_component(checkpoint_dir, self.vision_tower, cfg.vision_config,
                                      {"thinker.visual.": ""}, dtype, device)
         self.modules = {"audio_tower": self.audio, "visual": self.visual}
 
@@ -105,6 +110,9 @@ class OmniThinker(_PagedDecoder):
         self.modules = {"model": self.model, "lm_head": self.lm_head}
         self.vocab_size = text_cfg.vocab_size
         self.hidden_size = text_cfg.hidden_size
+        self.row_size = self.hidden_size  # an input row is the embedding
+        cfg = self.config
+        self.media_token_ids = (cfg.audio_token_index, cfg.image_token_index, cfg.video_token_index)
         self.position_rows = 4
 
     @torch.inference_mode()

@@ -1,4 +1,5 @@
-"""Turn chat messages + decoded media into Qwen2.5-Omni model inputs (what ``Qwen2_5OmniProcessor`` does).
+"""Turn chat messages + decoded media into Qwen-Omni model inputs (what ``Qwen2_5OmniProcessor`` and
+``Qwen3OmniMoeProcessor`` do).
 
 Contract: ``OmniInputProcessor(checkpoint_dir)(messages, audios, images) -> OmniInputs``. ``messages`` use the
 chat template's part types (``text``, ``audio``, ``image``) in order; ``audios`` are mono float32 arrays at
@@ -52,7 +53,11 @@ def audio_output_lengths(feature_lengths: torch.Tensor) -> torch.Tensor:
 
 
 class OmniInputProcessor:
-    def __init__(self, checkpoint_dir: str):
+    """``audio_tokens(feature_lengths) -> tokens per clip``: the audio tower's arithmetic (Qwen2.5-Omni's by
+    default; Qwen3-Omni passes its own, see ``omni_serve.graphs.qwen3_omni.frontend``)."""
+
+    def __init__(self, checkpoint_dir: str, audio_tokens=audio_output_lengths):
+        self.audio_tokens = audio_tokens
         from transformers import AutoImageProcessor, AutoTokenizer, WhisperFeatureExtractor
 
         self.tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir)
@@ -75,7 +80,7 @@ class OmniInputProcessor:
                 padding="longest", return_tensors="pt")
             out.input_features = feats["input_features"]
             out.feature_attention_mask = feats["attention_mask"]
-            counts = audio_output_lengths(out.feature_attention_mask.sum(-1)).tolist()
+            counts = self.audio_tokens(out.feature_attention_mask.sum(-1)).tolist()
             text = _expand(text, self.audio_token, counts)
         if images:
             pix = self.image_processor(images=list(images), return_tensors="pt")

@@ -82,3 +82,20 @@ def http(omni_app):
 
     with httpx.Client(base_url=omni_app, timeout=120) as client:
         yield client
+
+
+# The Qwen3-Omni graph at /qwen3 (oracle talker length), reserving no CPUs so it fits beside the others.
+QWEN3_STAGES = ("encoder", "thinker", "talker", "code2wav")
+
+
+@pytest.fixture(scope="session")
+def qwen3_app(ray_serve, qwen3_omni_tiny_dir):
+    from ray import serve
+
+    from omni_serve.graphs.qwen3_omni import build_app
+
+    serve.run(build_app({
+        "checkpoint": qwen3_omni_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in QWEN3_STAGES},
+        "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"],
+    }), name="qwen3_omni", route_prefix="/qwen3")
+    return ray_serve + "/qwen3"

@@ -118,7 +118,8 @@ def test_hf_baseline_mirrors_the_server(omni_tiny_dir):
     # The ingress's message conversion gives the same chat as the baseline (default system prompt first).
     spec = OmniGraphSpec(checkpoint=omni_tiny_dir)
     server_msgs, _, _ = OmniFrontend._convert_messages(
-        SimpleNamespace(spec=spec, inputs=base.inputs), [P.ChatMessage(**m) for m in reqs[0].messages()])
+        SimpleNamespace(spec=spec, inputs=base.inputs, default_system_prompt=OmniFrontend.default_system_prompt),
+        [P.ChatMessage(**m) for m in reqs[0].messages()])
     assert server_msgs == base.messages(reqs[0])
 
     kw = base.generate_kwargs(reqs[0])

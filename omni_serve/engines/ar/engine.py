@@ -10,7 +10,8 @@ Contract (see ``omni_serve.engines.loop.LoopEngine`` for the request lifecycle):
 3. when a running request needs a block and none is free, preempts the most recently admitted request
    (frees its blocks; it is recomputed later, with identical outputs) — nothing is dropped; a request that
    could never fit in the whole cache is refused with a clear error at admission;
-4. runs one packed forward for all scheduled rows and hands each request its hidden states / logits.
+4. runs one packed forward for all scheduled rows and hands each request its hidden states / logits;
+5. runs the follow-ups the step's sequences asked for (``ARSequence.followup``) as one batched model call.
 
 KV hand-off (prefill/decode disaggregation, see ``ARSequence``): a sequence with ``export_kv_rows`` gets
 its rows' keys/values gathered from the cache (``kv_exported``) in the step that computes the last of them;
@@ -54,6 +55,9 @@ class ARModel(Protocol):
                        logit_rows: torch.Tensor, want_hidden: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
         """``embeds [T, E]``, ``positions [R, T]`` -> (hidden ``[T, H]`` or None, logits ``[len(logit_rows), V]``)."""
 
+    # Optional, for sequences that set ``followup`` (see ``ARSequence``):
+    # def run_followups(self, followups: list) -> list: one result per follow-up, computed as one batch.
+
 
 @dataclass
 class _Work:
@@ -78,7 +82,7 @@ class AREngine(LoopEngine):
         self.waiting: deque[Slot] = deque()
         self._known: set[str] = set()
         self._released: list[Slot] = []
-        self.counters = {"steps": 0, "batched_rows": 0, "preemptions": 0}
+        self.counters = {"steps": 0, "batched_rows": 0, "preemptions": 0, "followup_calls": 0, "followups": 0}
         self._occupancy = DecayingMean()  # sequences per step / max_num_seqs
         self._blocked = 0  # waiting requests with work ready at the last step
         log.info("%s: KV cache %d blocks x %d tokens (%.1f MiB)", name, c.num_kv_blocks, c.block_size,
@@ -328,6 +332,37 @@ class AREngine(LoopEngine):
                 lg, k = logits[k], k + 1
             offset += n
             self._deliver(w, h, lg)
+        self._run_followups([w.slot for w in plan])
+
+    def _run_followups(self, slots: list[Slot]) -> None:
+        """One batched model call for the follow-ups the step's sequences set; each gets its result."""
+        pending = [s for s in slots if not (s.aborted or s.finished) and s.program.followup is not None]
+        if not pending:
+            return
+        try:
+            results = self.model.run_followups([s.program.followup for s in pending])
+            self.counters["followup_calls"] += 1
+            self.counters["followups"] += len(pending)
+        except Exception as exc:  # noqa: BLE001 - a failed follow-up fails its requests, not the replica
+            log_failure(log, exc, "%s: batched follow-up failed", self.name)
+            for slot in pending:
+                self._fail(slot, exc)
+            return
+        for slot, result in zip(pending, results):
+            if slot.aborted or slot.finished:
+                continue
+            seq: ARSequence = slot.program
+            try:
+                with slot.lock:
+                    seq.followup = None
+                    outputs = seq.on_followup(result)
+            except Exception as exc:  # noqa: BLE001 - reported to the request's caller
+                log_failure(log, exc, "%s: request %s failed", self.name, slot.request_id)
+                self._fail(slot, exc)
+                continue
+            self.emit(slot, outputs)
+            if seq.done:
+                self._end(slot)
 
     def _deliver(self, w: _Work, hidden, logits) -> None:
         slot = w.slot

@@ -16,6 +16,11 @@ their keys/values in the KV cache. The engine, from its worker thread and under 
 - On preemption the engine frees the sequence's blocks and calls ``preempted()``: ``num_computed`` goes
   back to 0 and the rows are recomputed later; logits and hidden states already consumed are not
   produced twice, so outputs are exactly those of an uninterrupted run.
+Batched follow-up (optional): a sequence whose sampled token needs more model work before its next row exists
+(the Qwen3-Omni talker's code predictor, run per codec frame) sets ``followup`` in ``on_computed`` (the
+follow-up's inputs) and returns no outputs for it yet. After the step's forward the engine hands the follow-ups
+of every sequence in the step to the model's ``run_followups`` in one call, clears ``followup``, and calls
+``on_followup(result)``, which appends the next row and returns the outputs, as ``on_computed`` would have.
 ``prefix_hashes`` (chained block hashes of prompt rows, or empty) lets the engine share cached prompt
 blocks; ``max_rows`` is the most rows the request can reach (prompt + generation limit).
 
@@ -59,6 +64,7 @@ class ARSequence(StageProgram):
     wants_hidden: bool = False
     export_kv_rows: int | None = None  # prefill-only: hand rows [0, n) off once computed (see module doc)
     kv_import: KVTransfer | None = None  # rows computed elsewhere, written into the cache on admission
+    followup: object | None = None  # set by on_computed: model work batched across the step (see module doc)
 
     def __init__(self, embed_dim: int, position_rows: int, dtype: torch.dtype = torch.float32):
         self._emb = torch.empty(0, embed_dim, dtype=dtype)
@@ -107,6 +113,10 @@ class ARSequence(StageProgram):
     def on_computed(self, start: int, end: int, hidden: torch.Tensor | None,
                     logits: torch.Tensor | None) -> list[dict]:
         """Rows ``[start, end)`` are in the cache; sample if ``logits`` is given. Returns outputs."""
+
+    def on_followup(self, result) -> list[dict]:
+        """The result of this sequence's ``followup`` (batched by the model); returns outputs."""
+        raise NotImplementedError(f"{type(self).__name__} sets no followup")
 
     def take_outbox(self) -> list[dict]:
         out, self.outbox = self.outbox, []

@@ -62,22 +62,44 @@ class Prepared:
 
 
 class OmniFrontend(Frontend):
+    """Qwen2.5-Omni's frontend; Qwen3-Omni's subclasses it through ``_load_checkpoint``, ``_talker_prompt``,
+    ``_talker_call``, ``_codec_ids`` and ``default_system_prompt``."""
+
     routes = (Route("/v1/chat/completions", "chat", "chat_completions", P.ChatCompletionRequest,
                     summary="Chat completion with text and speech output (OpenAI chat.completions)."),)
+    default_system_prompt = SPEECH_SYSTEM_PROMPT
+    sample_rate = SAMPLE_RATE
 
     def __init__(self, spec: OmniGraphSpec, stages: StageCalls):
         super().__init__(spec, stages)
-        self.inputs = OmniInputProcessor(spec.checkpoint)
-        cfg = load_config(spec.checkpoint)
-        self.thinker_cfg, self.talker_cfg = cfg.thinker_config, cfg.talker_config
-        self.voices = {name: int(v["bos_token"]) for name, v in load_speakers(spec.checkpoint).items()}
-        if spec.default_voice not in self.voices:
+        self._load_checkpoint(spec.checkpoint)
+        if {v.lower() for v in self.voices}.isdisjoint({spec.default_voice.lower()}):
             raise ValueError(f"default_voice {spec.default_voice!r} not in the checkpoint's voices {sorted(self.voices)}")
         tparams = spec.thinker_params()
         self.max_model_len = tparams.max_model_len or self.thinker_cfg.text_config.max_position_embeddings
         self.raw_media = spec.thinker_backend() == "vllm"  # vLLM preprocesses and encodes media itself
         eos = self.inputs.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.stop_token_ids = [eos]
+
+    def _load_checkpoint(self, checkpoint: str) -> None:
+        """Set ``inputs`` (the input processor), ``thinker_cfg`` and ``voices`` (name -> what the talker needs)."""
+        self.inputs = OmniInputProcessor(checkpoint)
+        cfg = load_config(checkpoint)
+        self.thinker_cfg, self.talker_cfg = cfg.thinker_config, cfg.talker_config
+        self.voices = {name: int(v["bos_token"]) for name, v in load_speakers(checkpoint).items()}
+
+    def _talker_prompt(self, voice: str) -> TalkerPrompt:
+        """The thinker token ids the talker's prompt is built from."""
+        return TalkerPrompt(voice_token=self.voices[voice], tts_end_token=self.talker_cfg.tts_text_end_token_id,
+                            tts_pad_token=self.talker_cfg.tts_text_pad_token_id)
+
+    def _talker_call(self, p: "Prepared") -> Message:
+        return TalkerCall(request_id=p.request_id, seed=p.seed, temperature=p.thinker.sampling.temperature)
+
+    @staticmethod
+    def _codec_ids(out: Message) -> list[int] | None:
+        """The codec ids a talker output carries (``return_token_ids``), or None if it is not one."""
+        return out.codes if isinstance(out, CodecDelta) else None
 
     async def chat_completions(self, body: P.ChatCompletionRequest,
                                ctx: RequestContext) -> P.ChatCompletionResponse | EventStream:
@@ -125,11 +147,7 @@ class OmniFrontend(Frontend):
             media = MediaInputs(input_features=inputs.input_features,
                                 feature_attention_mask=inputs.feature_attention_mask,
                                 pixel_values=inputs.pixel_values, image_grid_thw=inputs.image_grid_thw)
-        talker = None
-        if voice is not None:
-            talker = TalkerPrompt(voice_token=self.voices[voice],
-                                  tts_end_token=self.talker_cfg.tts_text_end_token_id,
-                                  tts_pad_token=self.talker_cfg.tts_text_pad_token_id)
+        talker = None if voice is None else self._talker_prompt(voice)
         thinker = ThinkerCall(
             request_id=rid, input_ids=inputs.input_ids[0].tolist(), max_new_tokens=max_new,
             sampling=SamplingSettings(temperature=temperature, top_p=req.top_p or 1.0, seed=seed,
@@ -162,7 +180,7 @@ class OmniFrontend(Frontend):
         limits, pixels = self.spec.limits, 0
         if not any(m.role in ("system", "developer") for m in messages):
             out.append({"role": "system", "content": [{"type": "text",
-                                                        "text": self.spec.system_prompt or SPEECH_SYSTEM_PROMPT}]})
+                                                        "text": self.spec.system_prompt or self.default_system_prompt}]})
         for i, msg in enumerate(messages):
             role = "system" if msg.role == "developer" else msg.role
             content = msg.content
@@ -207,8 +225,7 @@ class OmniFrontend(Frontend):
         for stage in self.spec.thinker_stages():
             calls[stage] = p.thinker
         if p.voice is not None:
-            calls["talker"] = TalkerCall(request_id=p.request_id, seed=p.seed,
-                                         temperature=p.thinker.sampling.temperature)
+            calls["talker"] = self._talker_call(p)
             calls["code2wav"] = Code2WavCall(request_id=p.request_id, voice=p.voice, seed=p.seed)
         return calls
 
@@ -229,8 +246,8 @@ class OmniFrontend(Frontend):
                 text.append(out.text)
                 tokens.extend(out.token_ids)
                 finish = out.finish_reason or finish
-            elif isinstance(out, CodecDelta):
-                codes.extend(out.codes)
+            elif self._codec_ids(out) is not None:
+                codes.extend(self._codec_ids(out))
             elif isinstance(out, AudioDelta):
                 chunk = _pcm16(out)
                 p.clock.audio(_pcm_seconds(chunk))
@@ -239,7 +256,7 @@ class OmniFrontend(Frontend):
         audio = None
         if p.voice is not None:
             samples = np.frombuffer(b"".join(pcm), dtype="<i2").astype(np.float32) / 32767.0
-            data = encode_audio(samples, SAMPLE_RATE, p.audio_format)
+            data = encode_audio(samples, self.sample_rate, p.audio_format)
             audio = P.ChatCompletionAudio(id=f"audio_{p.request_id}", data=base64.b64encode(data).decode(),
                                           transcript=transcript, expires_at=int(time.time()) + AUDIO_TTL_S)
         want_ids = p.request.return_token_ids

@@ -7,12 +7,13 @@ the stage whose outputs are the response text and whose ``params`` hold the text
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from pydantic import model_validator
 
+from omni_serve.graphs.graph import GraphDef
 from omni_serve.graphs.qwen2_5_omni.graph import AGGREGATED, AGGREGATED_VLLM, DISAGGREGATED, GRAPH
 from omni_serve.graphs.qwen2_5_omni.messages import TextDelta, ThinkerCall
 from omni_serve.graphs.qwen2_5_omni.params import (  # noqa: F401 - the spec's section types, importable from here
@@ -31,7 +32,31 @@ OmniStages = GRAPH.stages_model("OmniStages")
 OmniEdges = GRAPH.edges_model("OmniEdges")
 
 
-class OmniGraphSpec(GraphSpecBase):
+class ThinkerTalkerSpec:
+    """What the Qwen-Omni frontends ask a thinker-talker spec (mixed into ``OmniGraphSpec`` and Qwen3-Omni's spec,
+    each naming its ``graph``): the stages deployed for the spec's ``layout()`` and which of them thinks."""
+
+    graph: ClassVar[GraphDef] = GRAPH
+
+    def deployed_stages(self) -> list[str]:
+        """Every stage the builder deploys for this layout, in data-flow order."""
+        return [s.name for s in self.graph.deployed(self.layout())]
+
+    def thinker_stages(self) -> list[str]:
+        """The deployed thinker stages (those taking the thinker's call), in data-flow order."""
+        return [s.name for s in self.graph.deployed(self.layout()) if s.call is ThinkerCall]
+
+    def text_stage(self) -> str:
+        """The stage whose outputs are the response's text tokens."""
+        (stage,) = [s.name for s in self.graph.deployed(self.layout()) if TextDelta in s.outputs]
+        return stage
+
+    def thinker_params(self) -> ThinkerParams:
+        """Text-generation settings (those of ``text_stage()``)."""
+        return self.stage_spec(self.text_stage()).params
+
+
+class OmniGraphSpec(ThinkerTalkerSpec, GraphSpecBase):
     checkpoint: str = Field(..., description="Local Qwen2.5-Omni checkpoint directory (Hugging Face layout).")
     model_name: str = Field("qwen2.5-omni", description="Model id served at /v1/models and accepted in requests.")
     default_voice: str = Field("Chelsie", description="Voice used when a request asks for audio without one.")
@@ -64,19 +89,3 @@ class OmniGraphSpec(GraphSpecBase):
     def thinker_backend(self) -> str:
         return self.stage_spec(self.text_stage()).engine.backend
 
-    def deployed_stages(self) -> list[str]:
-        """Every stage the builder deploys for this layout, in data-flow order."""
-        return [s.name for s in GRAPH.deployed(self.layout())]
-
-    def thinker_stages(self) -> list[str]:
-        """The deployed thinker stages (those taking the thinker's call), in data-flow order."""
-        return [s.name for s in GRAPH.deployed(self.layout()) if s.call is ThinkerCall]
-
-    def text_stage(self) -> str:
-        """The stage whose outputs are the response's text tokens."""
-        (stage,) = [s.name for s in GRAPH.deployed(self.layout()) if TextDelta in s.outputs]
-        return stage
-
-    def thinker_params(self) -> ThinkerParams:
-        """Text-generation settings (those of ``text_stage()``)."""
-        return self.stage_spec(self.text_stage()).params

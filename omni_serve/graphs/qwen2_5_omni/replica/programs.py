@@ -88,11 +88,17 @@ class ThinkerRole(str, enum.Enum):
 
 
 class ThinkerSequence(ARSequence):
-    """Prompt (text + media embeddings, M-RoPE positions) in; text tokens and talker states out."""
+    """Prompt (text + media embeddings, M-RoPE positions) in; text tokens and talker states out.
+
+    Qwen3-Omni's thinker subclasses it (``graphs/qwen3_omni/replica/programs.py``) through the hooks
+    ``_needs_hidden``, ``_build_prompt``, ``_feed_back``, ``_collect_hidden``, ``_talker_head`` and ``chunk_type``.
+    """
+
+    chunk_type = ThinkerStates  # the thinker_talker edge's payload
 
     def __init__(self, model: OmniThinker, tokenizer, req: ThinkerRequest,
                  role: ThinkerRole = ThinkerRole.AGGREGATED):
-        super().__init__(model.hidden_size, model.position_rows, model.dtype)
+        super().__init__(model.row_size, model.position_rows, model.dtype)
         self.model, self.tok, self.req, self.role = model, tokenizer, req, ThinkerRole(role)
         self.sampler = Sampler(req.sampling)
         # the prompt is built once media arrived (none expected: at once); decode adopts it from prefill
@@ -100,7 +106,8 @@ class ThinkerSequence(ARSequence):
                                               else MediaEmbeddings())
         self.prompt_len = len(req.input_ids)
         self.max_rows = self.prompt_len + req.max_new_tokens
-        self.wants_hidden = req.talker_voice_token is not None
+        self.feeds_talker = req.talker_voice_token is not None
+        self.wants_hidden = self._needs_hidden()
         self.last_logits: torch.Tensor | None = None  # prefill: next-token logits of the last prompt row
         if self.role is ThinkerRole.PREFILL:
             self.max_rows = self.prompt_len
@@ -120,6 +127,11 @@ class ThinkerSequence(ARSequence):
             # Prompt-prefix sharing needs no prompt hidden states and media-free prompts (token id = content).
             # Decode computes no prompt rows: it imports them (and does not offer them for sharing).
             self.prefix_hashes = block_hashes(req.input_ids[:self.prompt_len - 1], req.block_size)
+
+    def _needs_hidden(self) -> bool:
+        """Whether the engine must return this request's hidden states (Qwen2.5-Omni: whenever a talker
+        consumes the request, since its states are hidden state + embedding)."""
+        return self.feeds_talker
 
     def feed(self, item: MediaEmbeddings | PromptHandoff) -> None:
         if self.role is ThinkerRole.DECODE:
@@ -156,7 +168,7 @@ class ThinkerSequence(ARSequence):
         positions, self.delta = m.prompt_positions(ids, grid, seqlens)
         self.append(embeds[0], positions)
         self.media = MediaEmbeddings()
-        if self.wants_hidden:
+        if self.feeds_talker:
             media_mask = torch.isin(ids[0], torch.tensor(req.media_token_ids)).view(-1, 1)
             self.prompt_states = embeds[0].masked_fill(media_mask.to(embeds.device), 0.0).clone()
             self._talker_extras()
@@ -171,7 +183,7 @@ class ThinkerSequence(ARSequence):
         n = self.prompt_len
         emb, pos = self.rows(0, n)
         handoff = PromptHandoff(k=kv.k, v=kv.v, logits=self.last_logits, embeds=emb.clone(), positions=pos.clone(),
-                                delta=self.delta, prompt_states=self.prompt_states if self.wants_hidden else None)
+                                delta=self.delta, prompt_states=self.prompt_states if self.feeds_talker else None)
         self.done = True
         return [handoff]
 
@@ -183,13 +195,13 @@ class ThinkerSequence(ARSequence):
         if emb.shape[0] != self.prompt_len or pos.shape[1] != self.prompt_len or k.shape[1] != self.prompt_len:
             raise ValueError(f"prompt hand-off has {emb.shape[0]} rows / {k.shape[1]} KV rows for a "
                              f"{self.prompt_len}-token prompt")
-        if self.wants_hidden and handoff.prompt_states is None:
+        if self.feeds_talker and handoff.prompt_states is None:
             raise ValueError("prompt hand-off lacks the prompt states the talker needs")
         self.append(emb, pos)
         self.delta = handoff.delta
         # logits where the aggregated thinker's are (the model's device), so sampling runs the same way
         self.kv_import = KVTransfer(k, handoff.v, handoff.logits.to(self.model.device))
-        if self.wants_hidden:
+        if self.feeds_talker:
             self.prompt_states = handoff.prompt_states.to(self.model.device, copy=True)
             self.hidden_done = self.prompt_len  # prompt hidden states came with the hand-off
             self._talker_extras()
@@ -222,10 +234,13 @@ class ThinkerSequence(ARSequence):
             self.done = True
             delta.finish_reason = self.finish_reason
         else:
-            self.append(self.model.embed(torch.tensor([token]))[0:1],
-                        self.model.step_positions(self.num_rows, self.delta))
+            self._feed_back(token)
         downstream = self._talker_chunk()
         return [delta] if downstream is None else [downstream, delta]
+
+    def _feed_back(self, token: int) -> None:
+        """Append the row of a sampled token that generation continues from."""
+        self.append(self.model.embed(torch.tensor([token]))[0:1], self.model.step_positions(self.num_rows, self.delta))
 
     def _text_delta(self) -> str:
         ids = [t for t in self.generated if t not in self.req.stop_token_ids]
@@ -248,19 +263,23 @@ class ThinkerSequence(ARSequence):
         return delta
 
     def _talker_chunk(self) -> ThinkerStates | None:
-        if not self.wants_hidden:
+        if not self.feeds_talker:
             return None
         size = self.req.chunk_size if self.first_sent else self.req.first_chunk_size
         if not self.done and len(self.pending_states) < size:
             return None
         states = torch.stack(self.pending_states) if self.pending_states else None
         self.pending_states = []
-        chunk = ThinkerStates(states=states, end=self.done)
+        chunk = self.chunk_type(states=states, end=self.done)
         if not self.first_sent:
-            bos, eos, pad = self.talker_tokens
-            chunk.head = TalkerHead(prompt=self.prompt_states, bos=bos, eos=eos, pad=pad, first_token=self.generated[0])
+            chunk.head = self._talker_head()
             self.first_sent = True
         return chunk
+
+    def _talker_head(self) -> TalkerHead:
+        """What the talker's prompt is built from (sent with the first chunk)."""
+        bos, eos, pad = self.talker_tokens
+        return TalkerHead(prompt=self.prompt_states, bos=bos, eos=eos, pad=pad, first_token=self.generated[0])
 
 
 @dataclass

@@ -36,14 +36,14 @@ class ThinkerRunner(StageRunner):
     """The thinker in the aggregated layout; its subclasses are the two halves of the disaggregated one."""
 
     role = P.ThinkerRole.AGGREGATED
+    sequence = P.ThinkerSequence  # the program (Qwen3-Omni's runners name their own)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.spec.checkpoint)
-        cfg = self.model.config
-        self.media_token_ids = (cfg.audio_token_index, cfg.image_token_index, cfg.video_token_index)
+        self.media_token_ids = self.model.media_token_ids
 
     def thinker_request(self, call: ThinkerCall) -> P.ThinkerRequest:
         edge, s = self.spec.edge_spec("thinker_talker"), call.sampling
@@ -63,7 +63,7 @@ class ThinkerRunner(StageRunner):
 
     async def run(self, engine, call: ThinkerCall) -> AsyncIterator:
         req = self.thinker_request(call)
-        program = P.ThinkerSequence(self.model, self.tokenizer, req, role=self.role)
+        program = self.sequence(self.model, self.tokenizer, req, role=self.role)
         rid = call.request_id
         if self.role is P.ThinkerRole.DECODE:
             program.feed(await self.io.read_one(HANDOFF, rid))

@@ -1,0 +1,308 @@
+"""Qwen3-Omni (MoE) stage adapters over transformers' modules: one class per stage, each loading only its weights.
+
+Contract (tensors on the adapter's device; H = thinker hidden size, Ht = talker hidden size, G = code groups):
+
+- ``Qwen3OmniEncoder``: audio tower + vision tower. ``encode_audio(features, feature_mask) -> [n_audio, H]``;
+  ``encode_image(pixel_values, grid_thw) -> [n_image, (1 + D) * H]``: per image token its embedding followed by
+  its D deepstack features (the vision tower's intermediate mergers, added to the thinker's first D layers).
+- ``Qwen3OmniThinker``: MoE text decoder + lm_head, an ``ARModel``. An input row is ``[(1 + D) * H]``: the
+  input embedding, then D deepstack features (zero for every row that is not an image/video token; adding zero
+  is exact, so the packed batch adds them to every row that has any). ``forward_packed`` returns, when asked
+  for hidden states, those after layer ``accept_hidden_layer`` (what the talker reads for media rows), and the
+  logits of ``logit_rows``. ``prompt_positions`` gives the 4-row positions ``generate`` uses (text + M-RoPE).
+- ``Qwen3OmniTalker``: MoE codec decoder, an ``ARModel`` whose rows are talker-sized inputs (``prompt_rows``
+  builds the prompt exactly as ``Qwen3OmniMoeForConditionalGeneration.generate`` does from the thinker's
+  vectors). Its hidden states are the last (normed) ones, which the code predictor reads. ``run_followups``
+  runs the code predictor for a batch of codec frames at once (all frames have the same length, so one
+  dense batch, fresh KV per frame): it draws the G-1 residual codes of each frame and returns them with the
+  sum of the frame's G code embeddings (the next talker input, before the text part is added).
+- ``Qwen3OmniCode2Wav``: the causal ConvNet vocoder. ``decode(codes [B, G, n]) -> [B, samples]`` is
+  transformers' whole-window forward; ``reference(codes)`` its ``chunked_decode`` as ``generate`` calls it.
+  ``conv_context`` / ``lookahead`` are the codes of left context and look-ahead the convolution stack needs
+  around a window so that its samples equal those of a longer decode (``graphs/qwen3_omni/replica/code2wav.py``).
+
+No module is subclassed or patched; ``RopeIndex`` borrows transformers' own position-index functions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
+
+from omni_serve.engines.sampling import Sampler
+from omni_serve.models.loading import load_component, read_state_dict
+from omni_serve.models.qwen2_5_omni import OmniEncoder, _PagedDecoder
+from omni_serve.models.qwen3_omni_layout import load_config
+
+# What Qwen3OmniMoeForConditionalGeneration.generate hard-codes for the talker and code2wav.
+SUPPRESSED_CODEC_TAIL = 1024  # the talker never samples the top 1024 codec ids (except its eos)
+REFERENCE_CHUNK, REFERENCE_LEFT_CONTEXT = 300, 25  # code2wav.chunked_decode(chunk_size, left_context_size)
+
+
+class RopeIndex:
+    """transformers' Qwen3-Omni M-RoPE index without holding the model that defines it (it reads only
+    ``self.config`` and ``self.spatial_merge_size``); used for the thinker's and the talker's prompts."""
+
+    _base = hf.Qwen3OmniMoePreTrainedModelForConditionalGeneration
+    get_rope_index = _base.get_rope_index
+    get_llm_pos_ids_for_vision = _base.get_llm_pos_ids_for_vision
+    get_chunked_index = _base.get_chunked_index
+
+    def __init__(self, config, spatial_merge_size: int):
+        self.config = config
+        self.spatial_merge_size = spatial_merge_size
+
+    def positions(self, input_ids: torch.Tensor, image_grid_thw=None, audio_seqlens=None) -> tuple[torch.Tensor, int]:
+        """M-RoPE positions ``[3, L]`` of a prompt and the delta that continues them while decoding."""
+        mask = torch.ones_like(input_ids)
+        pos, delta = self.get_rope_index(input_ids, image_grid_thw, None, mask, False, audio_seqlens, None)
+        return pos[:, 0], int(torch.as_tensor(delta).view(-1)[0])
+
+
+def audio_token_counts(feature_lengths: torch.Tensor, n_window: int) -> torch.Tensor:
+    """Audio tokens per clip from its feature frames (transformers' own arithmetic)."""
+    return hf._get_feat_extract_output_lengths(feature_lengths, n_window)
+
+
+class Qwen3OmniEncoder(OmniEncoder):
+    audio_tower, vision_tower = hf.Qwen3OmniMoeAudioEncoder, hf.Qwen3OmniMoeVisionEncoder
+    read_config = staticmethod(load_config)
+
+    @torch.inference_mode()
+    def encode_audio(self, input_features: torch.Tensor, feature_attention_mask: torch.Tensor) -> torch.Tensor:
+        lengths = feature_attention_mask.sum(-1)
+        feats = input_features.permute(0, 2, 1)[feature_attention_mask.bool()].permute(1, 0)
+        return self.audio(feats.to(self.device, self.audio.dtype), feature_lens=lengths).last_hidden_state
+
+    @torch.inference_mode()
+    def encode_image(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
+        out = self.visual(pixel_values.to(self.device, self.visual.dtype), grid_thw=image_grid_thw)
+        return torch.cat([out.pooler_output, *out.deepstack_features], dim=-1)
+
+
+class Qwen3OmniThinker(_PagedDecoder):
+    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
+        full = load_config(checkpoint_dir)
+        self.config = full.thinker_config
+        text_cfg = self.config.text_config
+        self.model = load_component(checkpoint_dir, hf.Qwen3OmniMoeThinkerTextModel, text_cfg,
+                                    {"thinker.model.": ""}, dtype, device)
+        self._use_paged_attention(self.model.config, dtype, device)
+        self.lm_head = torch.nn.Linear(text_cfg.hidden_size, text_cfg.vocab_size, bias=False)
+        self.lm_head.load_state_dict(read_state_dict(checkpoint_dir, {"thinker.lm_head.": ""}))
+        self.lm_head.to(device=device, dtype=dtype).eval()
+        self.rope = RopeIndex(self.config, self.config.vision_config.spatial_merge_size)
+        self.modules = {"model": self.model, "lm_head": self.lm_head}
+        self.hidden_size = text_cfg.hidden_size
+        self.deepstack_layers = len(self.config.vision_config.deepstack_visual_indexes)
+        self.row_size = self.hidden_size * (1 + self.deepstack_layers)  # [embedding | deepstack features]
+        self.accept_layer = full.talker_config.accept_hidden_layer
+        self.position_rows = 4
+        self.media_token_ids = (self.config.audio_token_id, self.config.image_token_id, self.config.video_token_id)
+        # the turn markers the talker's inputs are cut by
+        self.im_start_token_id, self.user_token_id = full.im_start_token_id, full.user_token_id
+        self.assistant_token_id = full.assistant_token_id
+
+    @torch.inference_mode()
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(ids.to(self.device))
+
+    def rows(self, embeds: torch.Tensor) -> torch.Tensor:
+        """Input rows for embeddings without deepstack features (text and audio tokens, generated tokens)."""
+        return torch.cat([embeds, embeds.new_zeros(embeds.shape[0], self.row_size - self.hidden_size)], dim=-1)
+
+    def prompt_positions(self, input_ids, image_grid_thw=None, audio_seqlens=None) -> tuple[torch.Tensor, int]:
+        """Prompt positions ``[4, L]`` (``[text; t; h; w]``) and the M-RoPE delta used while decoding."""
+        mrope, delta = self.rope.positions(input_ids, image_grid_thw, audio_seqlens)
+        text = torch.arange(input_ids.shape[1]).view(1, -1)
+        return torch.cat([text, mrope], dim=0), delta
+
+    @staticmethod
+    def step_positions(past_len: int, delta: int, n: int = 1) -> torch.Tensor:
+        text = torch.arange(past_len, past_len + n).view(1, n)
+        return torch.cat([text, text.expand(3, n) + delta], dim=0)
+
+    @torch.inference_mode()
+    def forward_packed(self, embeds, positions, batch, logit_rows, want_hidden):
+        h, d = self.hidden_size, self.deepstack_layers
+        embeds = embeds.to(self.device)
+        x = embeds[:, :h]
+        kwargs = {}
+        if d:
+            stack = embeds[:, h:].view(-1, d, h)
+            visual = stack.abs().amax(dim=(1, 2)) > 0
+            if bool(visual.any()):
+                kwargs = {"visual_pos_masks": visual.unsqueeze(0),
+                          "deepstack_visual_embeds": [stack[visual, i] for i in range(d)]}
+        if want_hidden:
+            kwargs["output_hidden_states"] = [self.accept_layer]
+        out = self.model(inputs_embeds=x.unsqueeze(0), position_ids=positions.unsqueeze(1).to(self.device),
+                         attention_mask={"full_attention": None}, use_cache=False, omni_batch=batch, **kwargs)
+        last = out.last_hidden_state[0]
+        logits = self.lm_head(last[logit_rows.to(last.device)]).float()
+        return (out.hidden_states[self.accept_layer][0] if want_hidden else None), logits
+
+
+@dataclass
+class CodeFrame:
+    """One codec frame for the code predictor: the talker's last hidden state ``[Ht]`` at the step that drew
+    ``code0`` (the first codebook), and the request's sampler for the residual codebooks."""
+
+    hidden: torch.Tensor
+    code0: int
+    sampler: Sampler
+
+
+@dataclass
+class FrameCodes:
+    codes: list[int]  # [G]: code0, then the G-1 residual codes
+    embedding: torch.Tensor  # [Ht]: sum of the frame's G code embeddings (the next talker input, text not added)
+
+
+class Qwen3OmniTalker(_PagedDecoder):
+    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
+        full = load_config(checkpoint_dir)
+        self.config = c = full.talker_config
+        self.model = load_component(checkpoint_dir, hf.Qwen3OmniMoeTalkerForConditionalGeneration, c,
+                                    {"talker.": ""}, dtype, device)
+        self._use_paged_attention(self.model.model.config, dtype, device)
+        self.predictor = self.model.code_predictor
+        self.modules = {"talker": self.model}
+        self.embedding_size = c.text_config.hidden_size
+        self.position_rows = 3
+        self.num_code_groups = c.num_code_groups
+        self.codec_eos = c.codec_eos_token_id
+        vocab = c.text_config.vocab_size
+        self.suppress_tokens = tuple(i for i in range(vocab - SUPPRESSED_CODEC_TAIL, vocab) if i != self.codec_eos)
+        self.voices = dict(c.speaker_id)
+        self.rope = RopeIndex(c, c.spatial_merge_size)
+        self.tts_pad_token_id = full.tts_pad_token_id
+
+    @torch.inference_mode()
+    def project_text(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.text_projection(x.to(self.device, self.dtype))
+
+    @torch.inference_mode()
+    def project_hidden(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.hidden_projection(x.to(self.device, self.dtype))
+
+    @torch.inference_mode()
+    def embed_codes(self, ids: list[int]) -> torch.Tensor:
+        return self.model.get_input_embeddings()(torch.tensor(ids, device=self.device))
+
+    @torch.inference_mode()
+    def prompt_rows(self, user: torch.Tensor, user_is_media: torch.Tensor, assistant: torch.Tensor,
+                    voice_id: int, tts: torch.Tensor) -> torch.Tensor:
+        """The talker's prompt ``[U + 9, Ht]``, as ``generate`` builds it.
+
+        ``user`` [U, H]: per user-turn row, the thinker's accept-layer hidden state (media rows, flagged in
+        ``user_is_media``) or its input embedding (text rows); ``assistant`` [4, H]: the thinker embeddings of
+        the assistant turn's first four rows (``<|im_start|>assistant\\n`` and the first generated token);
+        ``tts`` [3, H]: the thinker embeddings of the tts bos, eos and pad tokens.
+        """
+        c = self.config
+        mask = user_is_media.to(self.device).bool()
+        user_rows = torch.empty(user.shape[0], self.embedding_size, device=self.device, dtype=self.dtype)
+        if bool(mask.any()):
+            user_rows[mask] = self.project_hidden(user[mask])
+        if bool((~mask).any()):
+            user_rows[~mask] = self.project_text(user[~mask])
+        text = self.project_text(assistant)
+        bos, _, pad = self.project_text(tts)
+        text_part = torch.cat([text[:3], pad.expand(4, -1), bos.view(1, -1), text[3:4]])
+        codec_ids = [c.codec_nothink_id, c.codec_think_bos_id, c.codec_think_eos_id, voice_id, c.codec_pad_id,
+                     c.codec_bos_id]
+        codec_part = torch.cat([text_part.new_zeros(3, self.embedding_size), self.embed_codes(codec_ids)])
+        return torch.cat([user_rows, text_part + codec_part])
+
+    def prompt_positions(self, user_ids: list[int], image_grid_thw=None, audio_seqlens=None,
+                         ) -> tuple[torch.Tensor, int]:
+        """Positions ``[3, U + 9]`` of the talker's prompt and its decoding delta: M-RoPE over the user turns' ids
+        when the request has media (as ``generate``), else plain."""
+        n = len(user_ids) + 9
+        if image_grid_thw is None and audio_seqlens is None:
+            return torch.arange(n).view(1, n).expand(3, n), 0
+        ids = torch.tensor([list(user_ids) + [self.tts_pad_token_id] * 9])
+        return self.rope.positions(ids, image_grid_thw, audio_seqlens)
+
+    @staticmethod
+    def step_positions(past_len: int, delta: int, n: int = 1) -> torch.Tensor:
+        return (torch.arange(past_len, past_len + n) + delta).view(1, n).expand(3, n)
+
+    @torch.inference_mode()
+    def forward_packed(self, embeds, positions, batch, logit_rows, want_hidden):
+        hidden = self._run(self.model.model, embeds.to(self.device, self.dtype), positions, batch)
+        logits = self.model.codec_head(hidden[logit_rows.to(hidden.device)]).float()
+        return (hidden if want_hidden else None), logits
+
+    @torch.inference_mode()
+    def run_followups(self, frames: list[CodeFrame]) -> list[FrameCodes]:
+        """The residual codes of a batch of frames: the code predictor's G-1 steps, every frame at once."""
+        from transformers import DynamicCache
+
+        p = self.predictor
+        code0 = torch.tensor([f.code0 for f in frames], device=self.device)
+        first = self.embed_codes(code0.tolist())  # [B, Ht]
+        x = torch.stack([torch.stack([f.hidden.to(self.device, self.dtype) for f in frames]), first], dim=1)
+        cache = DynamicCache(config=p.config)
+        codes = [code0.tolist()]
+        total = first.clone()
+        for g in range(self.num_code_groups - 1):
+            out = p.model(inputs_embeds=x, past_key_values=cache, use_cache=True)
+            logits = p.lm_head[g](out.last_hidden_state[:, -1]).float()
+            drawn = [f.sampler.select(logits[i], []) for i, f in enumerate(frames)]
+            codes.append(drawn)
+            emb = p.model.get_input_embeddings()[g](torch.tensor(drawn, device=self.device))  # [B, Ht]
+            total = total + emb
+            x = emb.unsqueeze(1)
+        return [FrameCodes([row[i] for row in codes], total[i]) for i in range(len(frames))]
+
+
+class Qwen3OmniCode2Wav:
+    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
+        cfg = load_config(checkpoint_dir).code2wav_config
+        self.device = device
+        self.config = cfg
+        self.model = load_component(checkpoint_dir, hf.Qwen3OmniMoeCode2Wav, cfg, {"code2wav.": ""}, dtype, device)
+        self.modules = {"code2wav": self.model}
+        self.num_quantizers = cfg.num_quantizers
+        self.samples_per_code = int(self.model.total_upsample)
+        self.attention_reach = cfg.num_hidden_layers * cfg.sliding_window  # codes back the transformer sees
+        self.conv_context, self.lookahead = conv_reach(cfg)
+
+    @torch.inference_mode()
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """``codes [B, G, n]`` -> ``[B, samples]`` float32: one whole-window forward."""
+        return self.model(codes.to(self.device)).float()[:, 0]
+
+    @torch.inference_mode()
+    def reference(self, codes: torch.Tensor) -> torch.Tensor:
+        """What ``generate`` returns for one request's ``codes [G, n]``: its ``chunked_decode``."""
+        wav = self.model.chunked_decode(codes.unsqueeze(0).to(self.device), chunk_size=REFERENCE_CHUNK,
+                                        left_context_size=REFERENCE_LEFT_CONTEXT)
+        return wav.float()[0, 0]
+
+
+def conv_reach(cfg) -> tuple[int, int]:
+    """(left context, look-ahead) in codes that the code2wav convolution stack needs around a window.
+
+    Walks the stack at each stage's rate (samples per code): a causal conv of effective kernel k reaches
+    ``k - 1`` samples back; the decoder's transposed convs (kernel 2r, stride r, trimmed by r on each side)
+    read one input frame ahead; the upsampling transposed convs (kernel = stride) neither. Rounded up, plus one
+    code of margin on each side for the floor divisions at frame edges.
+    """
+    left = right = 0.0
+    rate = 1
+    for factor in cfg.upsampling_ratios:
+        rate *= factor
+        left += 6 / rate  # ConvNeXt depthwise conv, kernel 7
+    left += 6 / rate  # first decoder conv, kernel 7
+    for r in cfg.upsample_rates:
+        right += 1 / rate  # transposed conv: one input frame ahead
+        rate *= r
+        left += sum(6 * d for d in (1, 3, 9)) / rate  # residual units, kernel 7, dilations 1, 3, 9
+    left += 6 / rate  # final conv, kernel 7
+    return math.ceil(left) + 1, math.ceil(right) + 1

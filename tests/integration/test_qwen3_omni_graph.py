@@ -1,0 +1,175 @@
+"""The served Qwen3-Omni graph over real HTTP: oracle (8 in flight), the official OpenAI client streaming and
+not, cancellation freeing every stage, bad input."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from omni_serve.api.media import decode_input_audio
+from tests.integration.conftest import ORACLE
+from tests.omni_cases import CASES, audio_clip, image, png_data_url, wav_b64
+from tests.qwen3_inprocess import input_processor, reference
+
+pytestmark = pytest.mark.integration
+MODEL = "qwen3-omni"
+SYSTEM = "You are a test assistant."
+PROMPT = {"text": "hello world cat", "audio": "what is this", "image": "describe"}
+
+
+def http_messages(kind: str) -> list[dict]:
+    user = [{"type": "text", "text": PROMPT[kind]}]
+    if kind == "audio":
+        user.insert(0, {"type": "input_audio", "input_audio": {"data": wav_b64(audio_clip()), "format": "wav"}})
+    if kind == "image":
+        user.insert(0, {"type": "image_url", "image_url": {"url": png_data_url(image())}})
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+
+def oracle_request(kind: str) -> dict:
+    return {"model": MODEL, "messages": http_messages(kind), "max_tokens": ORACLE["thinker_tokens"],
+            "temperature": 0, "seed": ORACLE["seed"], "modalities": ["text", "audio"],
+            "audio": {"voice": "Ethan", "format": "wav"}, "return_token_ids": True}
+
+
+@pytest.fixture(scope="module")
+def references(qwen3_omni_tiny_dir):
+    """transformers' generate on the same checkpoint and the same (decoded) inputs, per case."""
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(qwen3_omni_tiny_dir).eval()
+    proc = input_processor(qwen3_omni_tiny_dir)
+    out = {}
+    for kind in CASES:
+        parts, audios, images = [{"type": "text", "text": PROMPT[kind]}], [], []
+        if kind == "audio":
+            parts.insert(0, {"type": "audio"})
+            audios = [decode_input_audio(wav_b64(audio_clip()), "wav", target_sr=16000, max_seconds=60, param="x")]
+        if kind == "image":
+            parts.insert(0, {"type": "image"})
+            images = [image()]
+        msgs = [{"role": "system", "content": [{"type": "text", "text": SYSTEM}]}, {"role": "user", "content": parts}]
+        out[kind] = reference(model, proc(msgs, audios, images), ORACLE["thinker_tokens"], ORACLE["talker_tokens"])
+    return out
+
+
+def decode_wav(b64: str) -> tuple[np.ndarray, int]:
+    samples, sr = sf.read(io.BytesIO(base64.b64decode(b64)), dtype="float32")
+    return samples, sr
+
+
+def check(body: dict, ref) -> None:
+    choice = body["choices"][0]
+    assert choice["token_ids"] == ref.tokens
+    assert choice["codec_ids"] == [c for frame in ref.frames for c in frame]  # every codebook of every frame
+    samples, sr = decode_wav(choice["message"]["audio"]["data"])
+    assert sr == 24000 and samples.shape == ref.wav.shape
+    np.testing.assert_allclose(samples, ref.wav, atol=2.0 / 32767)  # int16 on the wire (the float wave: unit test)
+
+
+@pytest.fixture(scope="module")
+def client(qwen3_app):
+    import httpx
+
+    with httpx.Client(base_url=qwen3_app, timeout=120) as c:
+        yield c
+
+
+def test_eight_in_flight_match_transformers_generate(client, references):
+    kinds = [CASES[i % len(CASES)] for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(lambda k: client.post("/v1/chat/completions", json=oracle_request(k)), kinds))
+    for kind, r in zip(kinds, responses):
+        assert r.status_code == 200, r.text
+        check(r.json(), references[kind])
+
+
+def test_openai_client_non_streaming_and_streaming(qwen3_app, references):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{qwen3_app}/v1", api_key="unused")
+    req = oracle_request("text")
+    kw = {k: req[k] for k in ("model", "messages", "max_tokens", "temperature", "seed", "modalities", "audio")}
+    completion = client.chat.completions.create(**kw, extra_body={"return_token_ids": True})
+    choice = completion.choices[0]
+    ref = references["text"]
+    assert choice.model_extra["token_ids"] == ref.tokens
+    assert choice.model_extra["codec_ids"] == [c for frame in ref.frames for c in frame]
+    assert choice.message.audio.transcript == choice.message.content
+
+    stream = client.chat.completions.create(**kw | {"audio": {"voice": "Ethan", "format": "pcm16"}}, stream=True,
+                                            stream_options={"include_usage": True})
+    text, pcm, usage = [], [], None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for c in chunk.choices:
+            if c.delta.content:
+                text.append(c.delta.content)
+            audio = getattr(c.delta, "audio", None)
+            data = audio.get("data") if isinstance(audio, dict) else getattr(audio, "data", None)
+            if data:
+                pcm.append(base64.b64decode(data))
+    samples = np.frombuffer(b"".join(pcm), dtype="<i2")
+    assert "".join(text) == choice.message.content
+    assert usage is not None and usage.completion_tokens == len(ref.tokens)
+    assert len(pcm) > 1 and samples.size == ref.wav.size  # streamed in chunks, all of generate's samples
+
+
+def _stage_stats() -> dict[str, dict]:
+    from ray import serve
+
+    return {stage: serve.get_deployment_handle(stage, app_name="qwen3_omni").ready.remote().result()
+            for stage in ("encoder", "thinker", "talker", "code2wav")}
+
+
+def test_client_disconnect_frees_every_stage(qwen3_app):
+    """A client that goes away mid-stream: every stage drops the request, KV blocks all come back."""
+    import httpx
+
+    body = {**oracle_request("text"), "max_tokens": 2000, "min_tokens": 2000, "stream": True, "temperature": 0.7}
+    body["audio"] = {"voice": "Ethan", "format": "pcm16"}
+    with httpx.stream("POST", f"{qwen3_app}/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        for line in lines:
+            if line.startswith("data:") and json.loads(line[5:])["choices"][0]["delta"].get("content"):
+                break
+        busy = _stage_stats()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = _stage_stats()
+        if all(s["active"] == 0 for s in now.values()) and now["thinker"]["kv_blocks_used"] == 0 \
+                and now["talker"]["kv_blocks_used"] == 0:
+            break
+        time.sleep(0.2)
+    assert busy["thinker"]["active"] == 1 and busy["thinker"]["kv_blocks_used"] > 0
+    for stage in ("thinker", "talker"):
+        assert now[stage]["kv_blocks_used"] == 0 and now[stage]["kv_blocks_free"] == now[stage]["kv_blocks_total"]
+    assert all(s["active"] == 0 for s in now.values()), now
+
+
+BAD = {
+    "unknown_voice": {"modalities": ["text", "audio"], "audio": {"voice": "Chelsea", "format": "wav"}},
+    "not_audio": {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {
+        "data": base64.b64encode(b"hello" * 100).decode(), "format": "wav"}}]}]},
+    "remote_image": {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://example.com/a.png"}}]}]},
+    "context_too_long": {"max_tokens": 100_000},
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_gets_openai_error_and_next_request_works(client, case):
+    good = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    r = client.post("/v1/chat/completions", json=good | BAD[case])
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"]
+    ok = client.post("/v1/chat/completions", json=good)
+    assert ok.status_code == 200, ok.text
