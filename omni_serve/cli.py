@@ -192,6 +192,8 @@ lengths across systems, set --min-tokens equal to --max-tokens (omni_serve's min
 examples:
   omni-serve bench --url http://127.0.0.1:8000 --checkpoint checkpoints/qwen2_5_omni-tiny \\
       --num-requests 32 --concurrency 1,4,16 --max-tokens 32 --baseline hf --out bench_out
+  omni-serve bench --graph qwen3_omni --url http://127.0.0.1:8000 --checkpoint checkpoints/qwen3_omni-small \\
+      --concurrency 1,16 --baseline hf --out bench_qwen3
   omni-serve bench --url http://127.0.0.1:8000 --num-requests 100 --request-rate 2 --no-audio --baseline none
   omni-serve bench --mode text --checkpoint checkpoints/qwen2_5_omni-tiny --concurrency 1,8 --max-tokens 64
   omni-serve bench --mode text --checkpoint checkpoints/qwen2_5_omni-tiny --concurrency 1,8 \\
@@ -315,7 +317,7 @@ def cmd_bench(args) -> int:
             return 2
     try:
         cfg = BenchConfig(
-            mode=args.mode, url=args.url, checkpoint=args.checkpoint, model=args.model,
+            mode=args.mode, graph=args.graph, url=args.url, checkpoint=args.checkpoint, model=args.model,
             num_requests=args.num_requests, concurrency=args.concurrency or [1],
             concurrency_given=args.concurrency is not None, request_rate=args.request_rate,
             max_tokens=args.max_tokens, min_tokens=args.min_tokens, audio=not args.no_audio, voice=args.voice,
@@ -392,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     bn.add_argument("--mode", choices=["omni", "text", "image"], default="omni",
                     help="omni: HTTP engine vs HF generate (default); text: thinker-only engine vs transformers CB; "
                          "image: HTTP image generation vs diffusers")
+    bn.add_argument("--graph", choices=["qwen2_5_omni", "qwen3_omni"], default="qwen2_5_omni",
+                    help="omni mode: the served Omni family, whose transformers generate is the hf baseline "
+                         "(default qwen2_5_omni)")
     bn.add_argument("--num-requests", type=int, default=16, metavar="N", help="requests per run (default 16)")
     bn.add_argument("--concurrency", type=_int_list, default=None, metavar="C[,C...]",
                     help="closed-loop sweep, requests kept in flight (default 1; image mode 1,8); "

@@ -1,4 +1,5 @@
-"""In-process transformers baseline: the same workload through ``Qwen2_5OmniForConditionalGeneration.generate``.
+"""In-process transformers baseline: the same workload through ``Qwen2_5OmniForConditionalGeneration.generate``
+(``HFBaseline``) or ``Qwen3OmniMoeForConditionalGeneration.generate`` (``Qwen3HFBaseline``, the qwen3_omni graph's).
 
 Contract: ``run_hf_baseline(requests, HFBaselineConfig(checkpoint=DIR)) -> RunResult`` (``system="hf"``,
 ``streaming=False``, ``concurrency=1``) runs the requests one at a time in this process, after
@@ -79,16 +80,26 @@ class HFBaselineConfig:
 class HFBaseline:
     """The loaded reference model plus the server's input preparation."""
 
+    model_class = "Qwen2_5OmniForConditionalGeneration"
+
     def __init__(self, cfg: HFBaselineConfig):
+        import torch
+
+        self.cfg = cfg
+        self.threads = cfg.threads or os.cpu_count() or 1
+        torch.set_num_threads(self.threads)
+        self._load(cfg)
+        self.im_end = self.inputs.tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def _load(self, cfg: HFBaselineConfig) -> None:
+        """Set ``model``, ``inputs`` (the server's input processor), ``system_prompt``, ``voices`` (lower -> name)
+        and the family's generation defaults."""
         import torch
         from transformers import Qwen2_5OmniForConditionalGeneration
 
         from omni_serve.graphs.qwen2_5_omni.spec import SPEECH_SYSTEM_PROMPT
         from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
 
-        self.cfg = cfg
-        self.threads = cfg.threads or os.cpu_count() or 1
-        torch.set_num_threads(self.threads)
         self.defaults = ServerDefaults.from_spec(max_codec_tokens=cfg.max_codec_tokens, num_steps=cfg.num_steps)
         self.system_prompt = cfg.system_prompt or SPEECH_SYSTEM_PROMPT
         self.inputs = OmniInputProcessor(cfg.checkpoint)
@@ -96,7 +107,6 @@ class HFBaseline:
             cfg.checkpoint, local_files_only=True, dtype=torch.float32).eval()
         tc = self.model.config.talker_config
         self.talker_stop_ids = [tc.tts_codec_pad_token_id, tc.tts_codec_end_token_id]
-        self.im_end = self.inputs.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.voices = {name.lower(): name for name in self.model.speaker_map}
 
     def messages(self, req: BenchRequest) -> list[dict]:
@@ -105,7 +115,6 @@ class HFBaseline:
                 {"role": "user", "content": [{"type": "text", "text": req.prompt}]}]
 
     def generate_kwargs(self, req: BenchRequest) -> dict:
-        d = self.defaults
         sample = req.temperature > 0
         kw = {"thinker_max_new_tokens": req.max_tokens, "thinker_eos_token_id": self.im_end,
               "thinker_do_sample": sample}
@@ -119,7 +128,12 @@ class HFBaseline:
         voice = self.voices.get(req.voice.lower())
         if voice is None:
             raise ValueError(f"unknown voice {req.voice!r}; the checkpoint has {sorted(self.voices.values())}")
-        kw.update(speaker=voice, talker_max_new_tokens=d.max_codec_tokens, talker_do_sample=sample,
+        return kw | self.speech_kwargs(voice, sample)
+
+    def speech_kwargs(self, voice: str, sample: bool) -> dict:
+        """The talker / code2wav arguments of ``generate`` for a spoken answer, as the server sets them."""
+        d = self.defaults
+        kw = dict(speaker=voice, talker_max_new_tokens=d.max_codec_tokens, talker_do_sample=sample,
                   talker_repetition_penalty=d.talker_repetition_penalty, talker_eos_token_id=self.talker_stop_ids,
                   token2wav_num_steps=d.num_steps, token2wav_guidance_scale=d.guidance_scale,
                   token2wav_sway_coefficient=d.sway_coefficient)
@@ -127,6 +141,10 @@ class HFBaseline:
             kw.update(talker_temperature=d.talker_temperature, talker_top_k=d.talker_top_k,
                       talker_top_p=d.talker_top_p)
         return kw
+
+    def audio_notes(self) -> list[str]:
+        d = self.defaults
+        return [f"talker max_new_tokens={d.max_codec_tokens}, token2wav num_steps={d.num_steps}"]
 
     def run_one(self, req: BenchRequest) -> RequestRecord:
         import torch
@@ -172,11 +190,10 @@ class HFBaseline:
             records.append(rec)
             on_done(rec)
         wall = time.perf_counter() - t_run
-        d = self.defaults
-        notes = [f"transformers Qwen2_5OmniForConditionalGeneration.generate, one request at a time, "
+        notes = [f"transformers {self.model_class}.generate, one request at a time, "
                  f"{self.threads} torch threads; TTFT = TTFP = E2E (not streaming)"]
         if any(r.audio for r in requests):
-            notes.append(f"talker max_new_tokens={d.max_codec_tokens}, token2wav num_steps={d.num_steps}")
+            notes += self.audio_notes()
         notes += self.cfg.extra_notes
         if any(r.temperature > 0 for r in requests):
             notes.append("sampled requests (temperature > 0): same settings as the server but its own random "
@@ -185,6 +202,49 @@ class HFBaseline:
                          streaming=False, records=records, notes=notes)
 
 
-def run_hf_baseline(requests: list[BenchRequest], cfg: HFBaselineConfig, label: str = "hf") -> RunResult:
-    log.info("loading the transformers baseline from %s ...", cfg.checkpoint)
-    return HFBaseline(cfg).run(requests, label=label)
+class Qwen3HFBaseline(HFBaseline):
+    """``Qwen3OmniMoeForConditionalGeneration.generate`` with the qwen3_omni graph's defaults: talker sampling
+    from its ``TalkerParams`` (the code predictor samples as generate does), code2wav as generate runs it."""
+
+    model_class = "Qwen3OmniMoeForConditionalGeneration"
+
+    def _load(self, cfg: HFBaselineConfig) -> None:
+        from functools import partial
+
+        import torch
+        from transformers import Qwen3OmniMoeForConditionalGeneration
+
+        from omni_serve.graphs.qwen3_omni.frontend import audio_token_counts
+        from omni_serve.graphs.qwen3_omni.params import TalkerParams
+        from omni_serve.graphs.qwen3_omni.spec import SPEECH_SYSTEM_PROMPT
+        from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
+
+        self.talker = TalkerParams()
+        self.max_codec_tokens = cfg.max_codec_tokens or self.talker.max_codec_tokens
+        self.system_prompt = cfg.system_prompt or SPEECH_SYSTEM_PROMPT
+        self.model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+            cfg.checkpoint, local_files_only=True, dtype=torch.float32).eval()
+        c = self.model.config
+        self.inputs = OmniInputProcessor(cfg.checkpoint, audio_tokens=partial(
+            audio_token_counts, n_window=c.thinker_config.audio_config.n_window))
+        self.voices = {name.lower(): name.lower() for name in c.talker_config.speaker_id}
+
+    def speech_kwargs(self, voice: str, sample: bool) -> dict:
+        t = self.talker
+        kw = dict(speaker=voice, return_audio=True, talker_max_new_tokens=self.max_codec_tokens,
+                  talker_do_sample=sample, talker_repetition_penalty=t.repetition_penalty)
+        if sample:
+            kw.update(talker_temperature=t.temperature, talker_top_k=t.top_k, talker_top_p=t.top_p)
+        return kw
+
+    def audio_notes(self) -> list[str]:
+        return [f"talker max_new_tokens={self.max_codec_tokens}; code2wav chunked_decode as generate runs it"]
+
+
+BASELINES = {"qwen2_5_omni": HFBaseline, "qwen3_omni": Qwen3HFBaseline}
+
+
+def run_hf_baseline(requests: list[BenchRequest], cfg: HFBaselineConfig, label: str = "hf",
+                    graph: str = "qwen2_5_omni") -> RunResult:
+    log.info("loading the transformers %s baseline from %s ...", graph, cfg.checkpoint)
+    return BASELINES[graph](cfg).run(requests, label=label)

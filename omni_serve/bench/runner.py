@@ -41,6 +41,8 @@ class BenchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mode: Literal["omni", "text"] = Field("omni", description="omni: HTTP engine vs generate; text: thinker only.")
+    graph: Literal["qwen2_5_omni", "qwen3_omni"] = Field("qwen2_5_omni", description=(
+        "The served Omni family (omni mode): its transformers generate is the hf baseline."))
     url: str | None = Field(None, description="Base URL of the running server (omni mode).")
     checkpoint: str | None = Field(None, description="Local checkpoint directory for the in-process baselines.")
     model: str | None = Field(None, description="Model name in requests; default: the first of /v1/models.")
@@ -86,6 +88,9 @@ class BenchConfig(BaseModel):
             raise ValueError("concurrency values must be >= 1")
         if self.request_rate is not None and any(r <= 0 for r in self.request_rate):
             raise ValueError("request_rate values must be > 0")
+        if self.graph != "qwen2_5_omni" and (self.mode != "omni" or "cb" in self.baselines):
+            raise ValueError(f"--graph {self.graph} runs in omni mode with the hf baseline (text mode and cb are "
+                             "Qwen2.5-Omni thinker comparisons)")
         if self.mode == "omni" and not self.url:
             raise ValueError("omni mode needs --url (a running omni-serve endpoint)")
         if self.baselines and not self.checkpoint:
@@ -167,7 +172,7 @@ def _hf_run(cfg: BenchConfig, requests) -> RunResult:
     return run_hf_baseline(requests, HFBaselineConfig(
         checkpoint=cfg.checkpoint, max_codec_tokens=cfg.max_codec_tokens, num_steps=cfg.num_steps,
         system_prompt=cfg.system_prompt, threads=cfg.threads, warmup=cfg.warmup,
-        progress_every=cfg.progress_every))
+        progress_every=cfg.progress_every), graph=cfg.graph)
 
 
 def _cb_runs(cfg: BenchConfig, prompts: list[list[int]]) -> list[RunResult]:

@@ -274,9 +274,21 @@ class Qwen3OmniCode2Wav:
         self.conv_context, self.lookahead = conv_reach(cfg)
 
     @torch.inference_mode()
-    def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """``codes [B, G, n]`` -> ``[B, samples]`` float32: one whole-window forward."""
-        return self.model(codes.to(self.device)).float()[:, 0]
+    def decode(self, codes: torch.Tensor, conv_from: int = 0) -> torch.Tensor:
+        """``codes [B, G, n]`` -> ``[B, samples]`` float32: transformers' forward (``Qwen3OmniMoeCode2Wav.forward``,
+        its modules in its order), with the convolution stack run on frames ``conv_from:`` only. The transformer
+        needs the long context (its attention reach); the convolutions, which cost most, only their receptive
+        field: samples of frames ``>= conv_from + conv_context`` equal those of the whole forward."""
+        m = self.model
+        codes = codes.to(self.device)
+        hidden = m.code_embedding(codes + m.code_offset).mean(1)
+        hidden = m.pre_transformer(inputs_embeds=hidden).last_hidden_state[:, conv_from:].permute(0, 2, 1)
+        for blocks in m.upsample:
+            for block in blocks:
+                hidden = block(hidden)
+        for block in m.decoder:
+            hidden = block(hidden)
+        return hidden.clamp(min=-1, max=1).float()[:, 0]
 
     @torch.inference_mode()
     def reference(self, codes: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ import json
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
@@ -20,42 +21,57 @@ from tests.integration.test_omni_graph import oracle_request
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-APP = "omni_faults"
+# The graphs whose stages are killed: (Serve app, family, served model name, talker settings).
+GRAPHS = {
+    "qwen2_5_omni": ("omni_faults", "qwen2.5-omni", {"stages.talker.params.max_codec_tokens": 120,
+                                                     "stages.code2wav.params.num_steps": 6}),
+    "qwen3_omni": ("qwen3_faults", "qwen3-omni", {"stages.talker.params.max_codec_tokens": 120}),
+}
 STAGES = ("encoder", "thinker", "talker", "code2wav")
 DEADLINE_S = 60
 
 
-@pytest.fixture(scope="module")
-def faults_app(ray_serve, omni_tiny_dir):
+@dataclass(frozen=True)
+class Target:
+    url: str
+    app: str
+    model: str
+
+
+@pytest.fixture(scope="module", params=sorted(GRAPHS))
+def faults_app(request, ray_serve) -> Target:
     from ray import serve
 
-    from omni_serve.graphs.qwen2_5_omni import build_app
+    from omni_serve.deployments.builder import build_app
+    from omni_serve.graphs.registry import family
+    from tests.conftest import tiny_checkpoint
 
-    serve.run(build_app({
-        "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, "ingress.request_timeout_s": DEADLINE_S,
-        **{f"stages.{s}.num_cpus": 0 for s in STAGES},
-        "stages.talker.params.max_codec_tokens": 120, "stages.code2wav.params.num_steps": 6,
-    }), name=APP, route_prefix="/faults")
-    yield ray_serve + "/faults"
-    serve.delete(APP)
+    app, model, talker = GRAPHS[request.param]
+    serve.run(build_app(family(request.param), {
+        "checkpoint": tiny_checkpoint(request.param), "ingress.num_cpus": 0, "ingress.request_timeout_s": DEADLINE_S,
+        **{f"stages.{s}.num_cpus": 0 for s in STAGES}, **talker,
+    }), name=app, route_prefix=f"/{app}")
+    yield Target(f"{ray_serve}/{app}", app, model)
+    serve.delete(app)
 
 
-def _request(stream: bool) -> dict:
+def _request(target: Target, stream: bool) -> dict:
     # audio in (the encoder works) and speech out (talker, code2wav), long enough to be killed mid-way
-    return oracle_request("audio") | {"max_tokens": 40, "min_tokens": 40, "stream": stream,
+    return oracle_request("audio") | {"model": target.model, "max_tokens": 40, "min_tokens": 40, "stream": stream,
                                       "modalities": ["text", "audio"], "audio": {"voice": "Chelsie", "format": "pcm16"}}
 
 
-def _run(url: str, stream: bool, stage: str = "", reached: threading.Event | None = None) -> tuple[str, float]:
+def _run(target: Target, stream: bool, stage: str = "", reached: threading.Event | None = None) -> tuple[str, float]:
     """('ok' | 'error <status or type>', seconds). A stream sets ``reached`` once it carries output of
     ``stage`` (text for the thinker, audio for the talker and code2wav)."""
     start = time.monotonic()
+    url = target.url
     if not stream:
-        r = httpx.post(f"{url}/v1/chat/completions", json=_request(False), timeout=DEADLINE_S + 30)
+        r = httpx.post(f"{url}/v1/chat/completions", json=_request(target, False), timeout=DEADLINE_S + 30)
         outcome = "ok" if r.status_code == 200 else f"error {r.status_code} {r.json()['error']['type']}"
         return outcome, time.monotonic() - start
     lines = []
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=_request(True), timeout=DEADLINE_S + 30) as r:
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=_request(target, True), timeout=DEADLINE_S + 30) as r:
         for line in r.iter_lines():
             if line:
                 lines.append(line)
@@ -74,17 +90,17 @@ def _carries_output_of(stage: str, line: str) -> bool:
     return bool(delta.get("content")) if stage == "thinker" else delta.get("audio") is not None
 
 
-def _stage_stats(stage: str) -> dict:
+def _stage_stats(app: str, stage: str) -> dict:
     from ray import serve
 
-    return serve.get_deployment_handle(stage, app_name=APP).ready.remote().result(timeout_s=30)
+    return serve.get_deployment_handle(stage, app_name=app).ready.remote().result(timeout_s=30)
 
 
-def _replica(stage: str):
+def _replica(app: str, stage: str):
     import ray
 
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-             if a["name"].startswith(f"SERVE_REPLICA::{APP}#{stage}#")]
+             if a["name"].startswith(f"SERVE_REPLICA::{app}#{stage}#")]
     assert len(names) == 1, names
     return ray.get_actor(names[0], namespace="serve")
 
@@ -93,7 +109,7 @@ def _wait_healthy(url: str) -> None:
     wait_for_200(f"{url}/health", 180, "the graph did not recover")
 
 
-def _held_encoder_call(pool: ThreadPoolExecutor, request_id: str) -> Future:
+def _held_encoder_call(pool: ThreadPoolExecutor, app: str, request_id: str) -> Future:
     """An encoder call (as the ingress opens one) whose media never comes: the encoder takes it and holds it,
     waiting for its input, until the replica dies or the data-plane timeout (the request deadline) passes. The
     future's result: the exception that ended the call, or None if it ended without one."""
@@ -101,7 +117,7 @@ def _held_encoder_call(pool: ThreadPoolExecutor, request_id: str) -> Future:
 
     from omni_serve.graphs.qwen2_5_omni.messages import EncoderCall
 
-    gen = serve.get_deployment_handle("encoder", app_name=APP).options(stream=True).generate.remote(
+    gen = serve.get_deployment_handle("encoder", app_name=app).options(stream=True).generate.remote(
         EncoderCall(request_id=request_id))
 
     def consume():
@@ -122,25 +138,26 @@ def test_killing_a_stage_replica_mid_request_fails_fast_and_the_graph_recovers(f
 
     from omni_serve.graphs.calls import stage_error
 
-    _wait_healthy(faults_app)
+    app = faults_app.app
+    _wait_healthy(faults_app.url)
     reached = threading.Event()
     with ThreadPoolExecutor(5) as pool:
         futures = [pool.submit(_run, faults_app, i % 2 == 0, stage, reached) for i in range(4)]
-        replica = _replica(stage)
+        replica = _replica(app, stage)
         if stage == "encoder":
             # The encoder's part of a request takes milliseconds (tiny towers): no kill could be timed to land
             # inside one. So the proof is a call it is sure to hold: one whose input never comes, opened after
             # the HTTP requests. Once the encoder reports it active, it is past Serve's retry (a replica runs a
             # call only after accepting it), so the kill must fail it as replica loss, never retry it.
             held_id = f"held-{uuid.uuid4().hex}"
-            held = _held_encoder_call(pool, held_id)
-            wait_until(lambda: _stage_stats(stage)["active"] > 0, 30, "the encoder never took the held call")
+            held = _held_encoder_call(pool, app, held_id)
+            wait_until(lambda: _stage_stats(app, stage)["active"] > 0, 30, "the encoder never took the held call")
         else:
             # Kill it once a stream shows the stage's output. Merely holding the requests is not enough:
             # Serve retries a request on a fresh replica when the one it was sent to dies before the router
             # saw it accepted, and such a request then succeeds (seen in CI, and a fine outcome for users).
             assert reached.wait(30), f"no stream showed {stage} output within 30 s"
-        active = _stage_stats(stage)["active"]
+        active = _stage_stats(app, stage)["active"]
         assert active > 0, f"{stage} held no request right before the kill"
         ray.kill(replica)
         outcomes = [f.result() for f in futures]
@@ -154,6 +171,6 @@ def test_killing_a_stage_replica_mid_request_fails_fast_and_the_graph_recovers(f
     if stage != "encoder":  # the stream that showed the stage's output was past Serve's retry: it must fail
         assert errors, f"killing {stage} mid-request failed no request: {outcomes}"
     assert all(o in ("error 503 service_unavailable", "error stream service_unavailable") for o in errors), outcomes
-    _wait_healthy(faults_app)
+    _wait_healthy(faults_app.url)
     assert _run(faults_app, stream=True)[0] == "ok"  # later requests succeed
-    assert not busy_stages(faults_app)  # and nothing of the failed requests is left in any stage
+    assert not busy_stages(faults_app.url)  # and nothing of the failed requests is left in any stage

@@ -34,18 +34,21 @@ IMAGE_STAGES = ("text_encoder", "dit", "vae")
 
 
 @pytest.fixture(scope="module")
-def fuzz_apps(ray_serve, omni_tiny_dir, qwen_image_tiny_dir):
+def fuzz_apps(ray_serve, omni_tiny_dir, qwen_image_tiny_dir, qwen3_omni_tiny_dir):
     from ray import serve
 
-    from omni_serve.graphs import qwen2_5_omni, qwen_image
+    from omni_serve.graphs import qwen2_5_omni, qwen3_omni, qwen_image
 
-    serve.run(qwen2_5_omni.build_app({
-        "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in OMNI_STAGES},
+    omni_args = {
+        "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in OMNI_STAGES},
         "stages.thinker.params.max_model_len": 512, "stages.thinker.params.default_max_tokens": 8,
-        "stages.talker.params.max_codec_tokens": 16, "stages.code2wav.params.num_steps": 1,
-        "max_audio_seconds": 5, "max_image_pixels": 128 * 128, "ingress.request_timeout_s": 60,
-        "ingress.enable_docs": True,  # the fuzzer reads /openapi.json
-    }), name="fuzz_omni", route_prefix="/fuzz_omni")
+        "stages.talker.params.max_codec_tokens": 16, "max_audio_seconds": 5, "max_image_pixels": 128 * 128,
+        "ingress.request_timeout_s": 60, "ingress.enable_docs": True,  # the fuzzer reads /openapi.json
+    }
+    serve.run(qwen2_5_omni.build_app({"checkpoint": omni_tiny_dir, **omni_args,
+                                      "stages.code2wav.params.num_steps": 1}), name="fuzz_omni", route_prefix="/fuzz_omni")
+    serve.run(qwen3_omni.build_app({"checkpoint": qwen3_omni_tiny_dir, **omni_args}), name="fuzz_qwen3",
+              route_prefix="/fuzz_qwen3")
     serve.run(qwen_image.build_app({
         "checkpoint": qwen_image_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in IMAGE_STAGES},
         "stages.dit.engine.torch_threads": 1, "default_size": "32x32", "default_steps": 2, "max_steps": 3,
@@ -53,8 +56,10 @@ def fuzz_apps(ray_serve, omni_tiny_dir, qwen_image_tiny_dir):
         "ingress.enable_docs": True,
     }), name="fuzz_image", route_prefix="/fuzz_image")
     yield {"fuzz_omni": (ray_serve + "/fuzz_omni", "qwen2.5-omni", "/v1/chat/completions", OMNI_STAGES),
+           "fuzz_qwen3": (ray_serve + "/fuzz_qwen3", "qwen3-omni", "/v1/chat/completions", OMNI_STAGES),
            "fuzz_image": (ray_serve + "/fuzz_image", "qwen-image", "/v1/images/generations", IMAGE_STAGES)}
     serve.delete("fuzz_omni")
+    serve.delete("fuzz_qwen3")
     serve.delete("fuzz_image")
 
 
@@ -150,7 +155,7 @@ def _fuzz(schema, base_url: str, model: str, route: str, examples: int) -> tuple
     return statuses, problems
 
 
-@pytest.mark.parametrize("app", ["fuzz_omni", "fuzz_image"])
+@pytest.mark.parametrize("app", ["fuzz_omni", "fuzz_qwen3", "fuzz_image"])
 def test_fuzzed_requests_get_no_5xx_and_crash_no_replica(fuzz_apps, app):
     import schemathesis
 

@@ -20,19 +20,28 @@ SPEECH = {"model": "qwen2.5-omni", "modalities": ["text", "audio"], "audio": {"v
 MAX_INFLIGHT = 2
 
 
-@pytest.fixture(scope="module")
-def small_app(ray_serve, omni_tiny_dir):
+# Each Omni family, serving under SPEECH's model id.
+GRAPHS = {"qwen2_5_omni": {"stages.code2wav.params.num_steps": 4}, "qwen3_omni": {"model_name": SPEECH["model"]}}
+
+
+@pytest.fixture(scope="module", params=sorted(GRAPHS))
+def small_app(request, ray_serve):
+    """A small-admission graph of each Omni family."""
     from ray import serve
 
-    from omni_serve.graphs.qwen2_5_omni import build_app
+    from omni_serve.deployments.builder import build_app
+    from omni_serve.graphs.registry import family
+    from tests.conftest import tiny_checkpoint
 
-    serve.run(build_app({
-        "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, "ingress.max_inflight_requests": MAX_INFLIGHT,
+    extra = GRAPHS[request.param]
+    app = f"{request.param}_overload"
+    serve.run(build_app(family(request.param), {
+        "checkpoint": tiny_checkpoint(request.param), "ingress.num_cpus": 0, "ingress.max_inflight_requests": MAX_INFLIGHT,
         "ingress.retry_after_s": 2, **{f"stages.{s}.num_cpus": 0 for s in ("encoder", "thinker", "talker", "code2wav")},
-        "stages.talker.params.max_codec_tokens": 40, "stages.code2wav.params.num_steps": 4,
-    }), name="omni_overload", route_prefix="/overload")
-    yield ray_serve + "/overload"
-    serve.delete("omni_overload")
+        "stages.talker.params.max_codec_tokens": 40, **extra,
+    }), name=app, route_prefix=f"/{app}")
+    yield ray_serve + f"/{app}"
+    serve.delete(app)
 
 
 def _ingress(url: str) -> dict:

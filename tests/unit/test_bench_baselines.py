@@ -178,3 +178,27 @@ def test_cb_fixed_length_suppresses_the_stop_token_like_generate(omni_tiny_dir, 
         assert rec.text_sha1 == hashlib.sha1(tok.decode(ref, skip_special_tokens=True).encode()).hexdigest()
     with pytest.raises(ValueError, match="min_new_tokens == max_new_tokens"):
         run_transformers_cb(causal_lm, prompts, MAX_NEW, 2, min_new_tokens=3)
+
+
+def test_qwen3_hf_baseline_mirrors_the_qwen3_server(qwen3_omni_tiny_dir):
+    """The qwen3_omni graph's baseline: its frontend's chat, its talker defaults, and a spoken answer whose text
+    is the served graph's (the same greedy generate the oracle tests hold the graph to)."""
+    from omni_serve.api import protocol as P
+    from omni_serve.bench.hf_baseline import Qwen3HFBaseline
+    from omni_serve.graphs.qwen3_omni.frontend import Qwen3OmniFrontend
+    from omni_serve.graphs.qwen3_omni.params import TalkerParams
+    from omni_serve.graphs.qwen3_omni.spec import Qwen3OmniGraphSpec
+
+    base = Qwen3HFBaseline(HFBaselineConfig(checkpoint=qwen3_omni_tiny_dir, max_codec_tokens=10, warmup=0,
+                                            progress_every=0))
+    reqs = build_workload(WorkloadConfig(num_requests=2, max_tokens=6, audio=True, voice="Ethan"))
+    spec = Qwen3OmniGraphSpec(checkpoint=qwen3_omni_tiny_dir)
+    frontend = SimpleNamespace(spec=spec, inputs=base.inputs, default_system_prompt=Qwen3OmniFrontend.default_system_prompt)
+    server_msgs, _, _ = Qwen3OmniFrontend._convert_messages(frontend, [P.ChatMessage(**m) for m in reqs[0].messages()])
+    assert server_msgs == base.messages(reqs[0])
+    kw = base.generate_kwargs(reqs[0])
+    assert kw["speaker"] == "ethan" and kw["talker_max_new_tokens"] == 10 and kw["talker_do_sample"] is False
+    assert kw["talker_repetition_penalty"] == TalkerParams().repetition_penalty and "token2wav_num_steps" not in kw
+    run = base.run(reqs)
+    assert run.num_errors == 0 and all(r.audio_seconds > 0 and r.output_tokens >= 1 for r in run.records)
+    assert "Qwen3OmniMoeForConditionalGeneration" in run.notes[0]

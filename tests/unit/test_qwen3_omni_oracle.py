@@ -150,10 +150,12 @@ def test_code2wav_stream_equals_chunked_decode(code2wav, n):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
-def test_code2wav_stream_without_lookahead_breaks_the_seams(code2wav, monkeypatch):
-    """Negative control: chunks decoded without the look-ahead frames do not equal the whole decode."""
+@pytest.mark.parametrize("reach", ("lookahead", "conv_context"))
+def test_code2wav_stream_without_its_context_breaks_the_seams(code2wav, monkeypatch, reach):
+    """Negative control: chunks decoded without the look-ahead frames, or without the convolutions' left context,
+    do not equal the whole decode."""
     frames = torch.randint(0, 2048, (90, code2wav.num_quantizers), generator=torch.Generator().manual_seed(5))
     want = code2wav.reference(frames.T).numpy()
-    monkeypatch.setattr(code2wav, "lookahead", 0)
+    monkeypatch.setattr(code2wav, reach, 0)
     got, _ = stream(code2wav, frames.tolist(), Code2WavRequest())
     assert got.shape != want.shape or np.abs(got - want).max() > 1e-3 * np.abs(want).max()

@@ -28,7 +28,8 @@ class Code2WavParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     first_chunk_codes: int = Field(4, ge=1, description="Codec frames in the first audio chunk (small: early audio).")
-    chunk_codes: int = Field(25, ge=1, description="Codec frames per later audio chunk.")
+    chunk_codes: int = Field(50, ge=1, description=(
+        "Codec frames per later audio chunk (4 s of audio; each chunk also decodes ~13 frames of context)."))
     block_codes: int = Field(300, ge=1, description=(
         "Frames decoded from one attention context, as transformers' chunked_decode(chunk_size) which generate "
         "uses: the served audio equals generate's."))

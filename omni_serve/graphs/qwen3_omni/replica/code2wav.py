@@ -9,9 +9,10 @@ the engine's batched ``compute``: equally long windows of many requests in one f
 Why chunks match: the vocoder is causal except for a few samples of look-ahead. Its transformer attends
 within a sliding window (``attention_reach`` frames over all layers) and its convolutions reach
 ``conv_context`` frames back and ``lookahead`` frames ahead (``omni_serve.models.qwen3_omni.conv_reach``).
-Chunk ``[s, e)`` is decoded as the window ``[s - conv_context - attention_reach, e + lookahead)``, never
-reaching before the start of the reference block's own context (``chunked_decode`` restarts attention there),
-and its samples ``[(s - lo) * U, (e - lo) * U)`` are kept (U samples per frame). At a block's end and at the end
+Chunk ``[s, e)`` is decoded as the window ``[s - conv_context - attention_reach, e + lookahead)`` for the
+transformer and ``[s - conv_context, ...)`` for the convolutions (which cost most), never reaching before the start
+of the reference block's own context (``chunked_decode`` restarts attention there); the convolutions' samples
+``[(s - lo) * U, (e - lo) * U)`` are kept (U samples per frame, ``lo`` their first frame). At a block's end and at the end
 of speech there is no look-ahead: the window ends there, as the reference block does, and keeps every sample.
 The price of exact seams is waiting ``lookahead`` frames (2 by default, 160 ms) beyond a chunk.
 """
@@ -32,7 +33,7 @@ from omni_serve.models.qwen3_omni import Qwen3OmniCode2Wav
 @dataclass
 class Code2WavRequest:
     first_chunk_codes: int = 4
-    chunk_codes: int = 25
+    chunk_codes: int = 50
     block_codes: int = 300
     block_left_context: int = 25
 
@@ -40,7 +41,8 @@ class Code2WavRequest:
 @dataclass
 class _Job:
     codes: torch.Tensor  # [G, n] the window's frames
-    keep: tuple[int, int | None]  # samples of the window's output that are this chunk (None: to the end)
+    conv_from: int  # the first frame the convolutions run on
+    keep: tuple[int, int | None]  # samples of the convolutions' output that are this chunk (None: to the end)
 
 
 class Code2WavStream(BatchProgram):
@@ -90,12 +92,13 @@ class Code2WavStream(BatchProgram):
         r, m = self.req, self.model
         block = self.start // r.block_codes * r.block_codes
         context = r.block_left_context if block - r.block_left_context > 0 else block  # chunked_decode's rule
-        lo = max(block - context, self.start - m.conv_context - m.attention_reach)
+        lo = max(block - context, self.start - m.conv_context - m.attention_reach)  # the transformer's window
+        conv_lo = max(lo, self.start - m.conv_context)  # the convolutions' window
         self._pending_end = end
         codes = torch.tensor(self.frames[lo:window_end], dtype=torch.long).T
         u = m.samples_per_code
-        keep = ((self.start - lo) * u, None if edge else (end - lo) * u)
-        return (window_end - lo,), _Job(codes, keep)
+        keep = ((self.start - conv_lo) * u, None if edge else (end - conv_lo) * u)
+        return (window_end - lo, conv_lo - lo), _Job(codes, conv_lo - lo, keep)
 
     def complete(self, result) -> list[WaveChunk]:
         if result is None:
@@ -115,8 +118,8 @@ class Code2WavCompute:
         self.model = model
 
     def __call__(self, jobs: list[_Job | None]) -> list:
-        real = [j for j in jobs if j is not None]
-        wavs = iter(self.model.decode(torch.stack([j.codes for j in real])) if real else [])
+        real = [j for j in jobs if j is not None]  # one key: equally long windows, the same conv_from
+        wavs = iter(self.model.decode(torch.stack([j.codes for j in real]), real[0].conv_from) if real else [])
         out = []
         for job in jobs:
             if job is None:
