@@ -95,7 +95,7 @@ class InProcessQwen3Omni:
         calls.update({stage: thinker for stage in spec.thinker_stages()})
         if audio:
             calls["talker"] = TalkerCall(request_id=rid, voice=VOICE, seed=seed, temperature=0.0,
-                                         image_grid_thw=grid, audio_seqlens=seqlens)
+                                         image_grid_thw=grid, audio_seqlens=seqlens, return_frames=True)
             calls["code2wav"] = Code2WavCall(request_id=rid, voice=VOICE, seed=seed)
         tokens, frames, wavs = [], [], []
         async for _, out in stages.stream(rid, calls, timeout_s=300):

@@ -16,17 +16,15 @@ Contract (tensors on the adapter's device; H = thinker hidden size, Ht = talker 
   runs the code predictor for a batch of codec frames at once (all frames have the same length, so one
   dense batch, fresh KV per frame): it draws the G-1 residual codes of each frame and returns them with the
   sum of the frame's G code embeddings (the next talker input, before the text part is added).
-- ``Qwen3OmniCode2Wav``: the causal ConvNet vocoder. ``decode(codes [B, G, n]) -> [B, samples]`` is
-  transformers' whole-window forward; ``reference(codes)`` its ``chunked_decode`` as ``generate`` calls it.
-  ``conv_context`` / ``lookahead`` are the codes of left context and look-ahead the convolution stack needs
-  around a window so that its samples equal those of a longer decode (``graphs/qwen3_omni/replica/code2wav.py``).
+- ``Qwen3OmniCode2Wav``: the causal ConvNet vocoder. ``feed(stream, codes [G, m])`` decodes new frames of a
+  ``VocoderStream`` and returns the samples final now (``omni_serve.models.qwen3_omni_vocoder``: the pieces
+  concatenate to one whole-sequence forward); ``reference(codes)`` is ``chunked_decode`` as ``generate`` calls it.
 
 No module is subclassed or patched; ``RopeIndex`` borrows transformers' own position-index functions.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +34,7 @@ from omni_serve.engines.sampling import Sampler
 from omni_serve.models.loading import load_component, read_state_dict
 from omni_serve.models.qwen2_5_omni import OmniEncoder, _PagedDecoder
 from omni_serve.models.qwen3_omni_layout import load_config
+from omni_serve.models.qwen3_omni_vocoder import StreamingCode2Wav, VocoderStream
 
 # What Qwen3OmniMoeForConditionalGeneration.generate hard-codes for the talker and code2wav.
 SUPPRESSED_CODEC_TAIL = 1024  # the talker never samples the top 1024 codec ids (except its eos)
@@ -270,25 +269,11 @@ class Qwen3OmniCode2Wav:
         self.modules = {"code2wav": self.model}
         self.num_quantizers = cfg.num_quantizers
         self.samples_per_code = int(self.model.total_upsample)
-        self.attention_reach = cfg.num_hidden_layers * cfg.sliding_window  # codes back the transformer sees
-        self.conv_context, self.lookahead = conv_reach(cfg)
+        self.streaming = StreamingCode2Wav(self.model)
 
-    @torch.inference_mode()
-    def decode(self, codes: torch.Tensor, conv_from: int = 0) -> torch.Tensor:
-        """``codes [B, G, n]`` -> ``[B, samples]`` float32: transformers' forward (``Qwen3OmniMoeCode2Wav.forward``,
-        its modules in its order), with the convolution stack run on frames ``conv_from:`` only. The transformer
-        needs the long context (its attention reach); the convolutions, which cost most, only their receptive
-        field: samples of frames ``>= conv_from + conv_context`` equal those of the whole forward."""
-        m = self.model
-        codes = codes.to(self.device)
-        hidden = m.code_embedding(codes + m.code_offset).mean(1)
-        hidden = m.pre_transformer(inputs_embeds=hidden).last_hidden_state[:, conv_from:].permute(0, 2, 1)
-        for blocks in m.upsample:
-            for block in blocks:
-                hidden = block(hidden)
-        for block in m.decoder:
-            hidden = block(hidden)
-        return hidden.clamp(min=-1, max=1).float()[:, 0]
+    def feed(self, stream: VocoderStream, codes: torch.Tensor) -> torch.Tensor:
+        """New frames ``codes [G, m]`` of a streamed decode -> the samples final now (``qwen3_omni_vocoder``)."""
+        return self.streaming.feed(stream, codes)
 
     @torch.inference_mode()
     def reference(self, codes: torch.Tensor) -> torch.Tensor:
@@ -296,25 +281,3 @@ class Qwen3OmniCode2Wav:
         wav = self.model.chunked_decode(codes.unsqueeze(0).to(self.device), chunk_size=REFERENCE_CHUNK,
                                         left_context_size=REFERENCE_LEFT_CONTEXT)
         return wav.float()[0, 0]
-
-
-def conv_reach(cfg) -> tuple[int, int]:
-    """(left context, look-ahead) in codes that the code2wav convolution stack needs around a window.
-
-    Walks the stack at each stage's rate (samples per code): a causal conv of effective kernel k reaches
-    ``k - 1`` samples back; the decoder's transposed convs (kernel 2r, stride r, trimmed by r on each side)
-    read one input frame ahead; the upsampling transposed convs (kernel = stride) neither. Rounded up, plus one
-    code of margin on each side for the floor divisions at frame edges.
-    """
-    left = right = 0.0
-    rate = 1
-    for factor in cfg.upsampling_ratios:
-        rate *= factor
-        left += 6 / rate  # ConvNeXt depthwise conv, kernel 7
-    left += 6 / rate  # first decoder conv, kernel 7
-    for r in cfg.upsample_rates:
-        right += 1 / rate  # transposed conv: one input frame ahead
-        rate *= r
-        left += sum(6 * d for d in (1, 3, 9)) / rate  # residual units, kernel 7, dilations 1, 3, 9
-    left += 6 / rate  # final conv, kernel 7
-    return math.ceil(left) + 1, math.ceil(right) + 1

@@ -15,22 +15,13 @@ import soundfile as sf
 
 from omni_serve.api.media import decode_input_audio
 from tests.integration.conftest import ORACLE
-from tests.omni_cases import CASES, audio_clip, image, png_data_url, wav_b64
+from tests.integration.test_omni_graph import SYSTEM, http_messages
+from tests.omni_cases import CASES, audio_clip, image, wav_b64
 from tests.qwen3_inprocess import input_processor, reference
 
 pytestmark = pytest.mark.integration
 MODEL = "qwen3-omni"
-SYSTEM = "You are a test assistant."
-PROMPT = {"text": "hello world cat", "audio": "what is this", "image": "describe"}
-
-
-def http_messages(kind: str) -> list[dict]:
-    user = [{"type": "text", "text": PROMPT[kind]}]
-    if kind == "audio":
-        user.insert(0, {"type": "input_audio", "input_audio": {"data": wav_b64(audio_clip()), "format": "wav"}})
-    if kind == "image":
-        user.insert(0, {"type": "image_url", "image_url": {"url": png_data_url(image())}})
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+PROMPT = {"text": "hello world cat", "audio": "what is this", "image": "describe"}  # test_omni_graph's prompts
 
 
 def oracle_request(kind: str) -> dict:

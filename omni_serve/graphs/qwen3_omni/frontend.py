@@ -46,7 +46,7 @@ class Qwen3OmniFrontend(OmniFrontend):
     def _talker_call(self, p: Prepared) -> Message:
         return TalkerCall(request_id=p.request_id, voice=p.voice.lower(), seed=p.seed,
                           temperature=p.thinker.sampling.temperature, image_grid_thw=p.thinker.image_grid_thw,
-                          audio_seqlens=p.thinker.audio_seqlens)
+                          audio_seqlens=p.thinker.audio_seqlens, return_frames=bool(p.request.return_token_ids))
 
     @staticmethod
     def _codec_ids(out: Message) -> list[int] | None:

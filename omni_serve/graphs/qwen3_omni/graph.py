@@ -58,8 +58,9 @@ GRAPH = GraphDef(
                 "hand-off per request (prompt KV, rows, last logits, the talker's prompt vectors) from "
                 "thinker_prefill to thinker_decode; chunk sizes do not apply."),
         EdgeDef("thinker_talker", M.ThinkerStates, "The talker's prompt, then the generated tokens' embeddings "
-                "(chunk = generated tokens).", stream=True, defaults={"chunk_size": 8, "first_chunk_size": 1}),
+                "(chunk = generated tokens; the talker reads one per frame, so small chunks keep it going).",
+                stream=True, defaults={"chunk_size": 4, "first_chunk_size": 2}),
         EdgeDef("talker_code2wav", M.CodecChunk, "Codec frames to code2wav (chunk = frames).", stream=True,
-                defaults={"chunk_size": 5, "first_chunk_size": 4}),
+                defaults={"chunk_size": 4, "first_chunk_size": 2}),
     ),
 )

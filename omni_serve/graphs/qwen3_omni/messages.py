@@ -13,7 +13,7 @@ here); what differs is the talker side:
   of the tts bos/eos/pad tokens); every chunk has ``states`` ([k, H]: the embedding of each generated token the
   thinker fed back, in order);
 - ``talker_code2wav`` (stream): ``CodecChunk``, codec frames (``G`` codes each, first codebook first);
-- ``CodecDelta`` (talker output): the frames drawn, for ``return_token_ids``.
+- ``CodecDelta`` (talker output): the frames drawn, sent only when the call asks (``return_token_ids``).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class TalkerCall(Message):
     temperature: float = Field(ge=0)  # the request's; a greedy request decodes codes greedily too
     image_grid_thw: list[list[int]] | None = None  # the prompt's media, for the talker's M-RoPE
     audio_seqlens: list[int] | None = None
+    return_frames: bool = False  # send the frames to the ingress too (CodecDelta: return_token_ids)
 
 
 class CodecDelta(Message):

@@ -27,15 +27,16 @@ class TalkerParams(BaseModel):
 class Code2WavParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    first_chunk_codes: int = Field(4, ge=1, description="Codec frames in the first audio chunk (small: early audio).")
-    chunk_codes: int = Field(50, ge=1, description=(
-        "Codec frames per later audio chunk (4 s of audio; each chunk also decodes ~13 frames of context)."))
+    first_chunk_codes: int = Field(2, ge=1, description=(
+        "Codec frames in the first audio chunk (160 ms of audio: early first audio; chunks then grow)."))
+    chunk_codes: int = Field(25, ge=1, description=(
+        "Most codec frames per later chunk (chunks grow threefold up to it; 25 frames = 2 s of audio)."))
     block_codes: int = Field(300, ge=1, description=(
         "Frames decoded from one attention context, as transformers' chunked_decode(chunk_size) which generate "
         "uses: the served audio equals generate's."))
     block_left_context: int = Field(25, ge=0, description="Frames of context before each block after the first "
                                     "(chunked_decode's left_context_size).")
-    max_batch: int = Field(16, ge=1, description="Equally long windows of different requests decoded in one batch.")
+    max_batch: int = Field(16, ge=1, description="Requests' chunks decoded per engine call (one after another).")
 
 
 class TalkerStage(StageSpec):

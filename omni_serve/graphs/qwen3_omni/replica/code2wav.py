@@ -4,17 +4,15 @@ Contract: ``Code2WavStream`` (a ``BatchProgram``) takes ``CodecChunk``s and emit
 frames, in order; the concatenation equals ``Qwen3OmniMoeCode2Wav.chunked_decode(codes, block, left_context)``
 on all the frames (what ``Qwen3OmniMoeForConditionalGeneration.generate`` returns; a single whole-sequence
 forward when the response has at most ``block`` frames) within float tolerance. ``Code2WavCompute(model)`` is
-the engine's batched ``compute``: equally long windows of many requests in one forward.
+the engine's ``compute``.
 
-Why chunks match: the vocoder is causal except for a few samples of look-ahead. Its transformer attends
-within a sliding window (``attention_reach`` frames over all layers) and its convolutions reach
-``conv_context`` frames back and ``lookahead`` frames ahead (``omni_serve.models.qwen3_omni.conv_reach``).
-Chunk ``[s, e)`` is decoded as the window ``[s - conv_context - attention_reach, e + lookahead)`` for the
-transformer and ``[s - conv_context, ...)`` for the convolutions (which cost most), never reaching before the start
-of the reference block's own context (``chunked_decode`` restarts attention there); the convolutions' samples
-``[(s - lo) * U, (e - lo) * U)`` are kept (U samples per frame, ``lo`` their first frame). At a block's end and at the end
-of speech there is no look-ahead: the window ends there, as the reference block does, and keeps every sample.
-The price of exact seams is waiting ``lookahead`` frames (2 by default, 160 ms) beyond a chunk.
+Each chunk's frames are fed to the request's ``VocoderStream`` (``omni_serve.models.qwen3_omni_vocoder``): the
+vocoder keeps its attention cache and every convolution's left context, so a frame is decoded once and the samples
+that come out are final. ``chunked_decode`` decodes blocks of ``block`` frames independently, each from
+``left_context`` frames before it (whose samples it drops): at a block's first chunk the stream starts afresh on
+that context and drops its samples the same way. Chunks grow from ``first_chunk_codes`` (early first audio)
+threefold up to ``chunk_codes``; nothing waits for look-ahead frames (the vocoder holds back the part of the last
+frame that is not final yet, as the whole decode does).
 """
 
 from __future__ import annotations
@@ -28,21 +26,24 @@ from omni_serve.engines.batch import BatchProgram
 from omni_serve.graphs.qwen2_5_omni.replica.code2wav import WaveChunk
 from omni_serve.graphs.qwen3_omni.messages import CodecChunk
 from omni_serve.models.qwen3_omni import Qwen3OmniCode2Wav
+from omni_serve.models.qwen3_omni_vocoder import VocoderStream
+
+GROWTH = 3  # the next chunk at most this many times the frames already sent
 
 
 @dataclass
 class Code2WavRequest:
-    first_chunk_codes: int = 4
-    chunk_codes: int = 50
+    first_chunk_codes: int = 2
+    chunk_codes: int = 25
     block_codes: int = 300
     block_left_context: int = 25
 
 
 @dataclass
 class _Job:
-    codes: torch.Tensor  # [G, n] the window's frames
-    conv_from: int  # the first frame the convolutions run on
-    keep: tuple[int, int | None]  # samples of the convolutions' output that are this chunk (None: to the end)
+    stream: VocoderStream
+    codes: torch.Tensor  # [G, m] the frames to feed
+    drop: int  # samples of the output that belong to the block's context (not this chunk's)
 
 
 class Code2WavStream(BatchProgram):
@@ -50,7 +51,8 @@ class Code2WavStream(BatchProgram):
         self.model, self.req = model, req
         self.frames: list[list[int]] = []
         self.upstream_done = False
-        self.start = 0  # frames whose audio was emitted
+        self.fed = 0  # frames fed (their audio emitted, but for the part of the last one that is not final)
+        self.stream: VocoderStream | None = None
         self.emitted = False
         self.done = False
         self._pending_end = 0
@@ -65,66 +67,52 @@ class Code2WavStream(BatchProgram):
 
     def release(self) -> None:
         self.frames = []
+        self.stream = None
 
-    def _plan(self) -> tuple[int, int, bool] | None:
-        """(chunk end, window end, whether the window ends at the chunk's end) of the next chunk, or None while
-        it waits for frames. A window never reaches past its reference block, nor past the end of speech."""
-        r, n, s = self.req, len(self.frames), self.start
-        block_end = (s // r.block_codes + 1) * r.block_codes
-        end = min(s + (r.chunk_codes if s else r.first_chunk_codes), block_end)
-        limit = block_end
+    def _chunk_end(self) -> int | None:
+        """The end of the next chunk, or None while it waits for frames. A chunk never crosses a block."""
+        r, n = self.req, len(self.frames)
+        size = max(r.first_chunk_codes, min(r.chunk_codes, GROWTH * self.fed))
+        end = min(self.fed + size, (self.fed // r.block_codes + 1) * r.block_codes)
         if self.upstream_done:
-            end, limit = min(end, n), min(block_end, n)
-        window_end = min(end + self.model.lookahead, limit)
-        if n < window_end:
-            return None
-        return end, window_end, window_end == end
+            end = min(end, n)
+        return end if n >= end else None
 
     def ready(self) -> bool:
-        if self.done:
-            return False
-        return self._plan() is not None
+        return not self.done and (self.upstream_done or self._chunk_end() is not None)
 
     def work(self):
-        end, window_end, edge = self._plan()
-        if end <= self.start:  # upstream ended: nothing (more) to decode
+        end = self._chunk_end()
+        if end is None or end <= self.fed:  # upstream ended: nothing (more) to decode
             return (0,), None
-        r, m = self.req, self.model
-        block = self.start // r.block_codes * r.block_codes
-        context = r.block_left_context if block - r.block_left_context > 0 else block  # chunked_decode's rule
-        lo = max(block - context, self.start - m.conv_context - m.attention_reach)  # the transformer's window
-        conv_lo = max(lo, self.start - m.conv_context)  # the convolutions' window
+        r, start = self.req, self.fed
+        block = start // r.block_codes * r.block_codes
+        drop = 0
+        if start == block:  # a new chunked_decode block: a fresh decode from its left context
+            self.stream = VocoderStream()
+            context = r.block_left_context if block - r.block_left_context > 0 else block
+            start, drop = block - context, context * self.model.samples_per_code
         self._pending_end = end
-        codes = torch.tensor(self.frames[lo:window_end], dtype=torch.long).T
-        u = m.samples_per_code
-        keep = ((self.start - conv_lo) * u, None if edge else (end - conv_lo) * u)
-        return (window_end - lo, conv_lo - lo), _Job(codes, conv_lo - lo, keep)
+        codes = torch.tensor(self.frames[start:end], dtype=torch.long).T
+        return (end - start,), _Job(self.stream, codes, drop)
 
     def complete(self, result) -> list[WaveChunk]:
         if result is None:
             self.done = True
             return [] if self.emitted else [WaveChunk(np.zeros(0, dtype=np.float32), 0)]
-        n = self._pending_end - self.start
-        self.start = self._pending_end
+        n = self._pending_end - self.fed
+        self.fed = self._pending_end
         self.emitted = True
-        self.done = self.upstream_done and self.start >= len(self.frames)
+        self.done = self.upstream_done and self.fed >= len(self.frames)
         return [WaveChunk(result.numpy(), n)]
 
 
 class Code2WavCompute:
-    """The batch engine's ``compute``: one forward for equally long windows, each trimmed to its chunk."""
+    """The batch engine's ``compute``: each request's new frames through its own stream, one after another (a
+    stream's state is its own; and on CPU, batching the vocoder's large activations is slower per frame)."""
 
     def __init__(self, model: Qwen3OmniCode2Wav):
         self.model = model
 
     def __call__(self, jobs: list[_Job | None]) -> list:
-        real = [j for j in jobs if j is not None]  # one key: equally long windows, the same conv_from
-        wavs = iter(self.model.decode(torch.stack([j.codes for j in real]), real[0].conv_from) if real else [])
-        out = []
-        for job in jobs:
-            if job is None:
-                out.append(None)
-                continue
-            lo, hi = job.keep
-            out.append(next(wavs)[lo:hi].cpu())
-        return out
+        return [None if job is None else self.model.feed(job.stream, job.codes)[job.drop:].cpu() for job in jobs]

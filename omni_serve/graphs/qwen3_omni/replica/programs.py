@@ -113,6 +113,7 @@ class TalkerRequest:
     first_chunk_size: int = 4
     image_grid_thw: list[list[int]] | None = None
     audio_seqlens: list[int] | None = None
+    return_frames: bool = True  # also output CodecDelta (the frames, for the ingress)
 
 
 class Qwen3TalkerSequence(ARSequence):
@@ -193,7 +194,7 @@ class Qwen3TalkerSequence(ARSequence):
             # The thinker's reply is one token (an immediate stop, or max_tokens=1): nothing to speak (transformers'
             # generate cannot build a talker prompt either). The answer is its text with empty audio.
             self.done = True
-            self.outbox = [CodecChunk(frames=[], end=True), CodecDelta(frames=[])]
+            self.outbox = [CodecChunk(frames=[], end=True)] + ([CodecDelta(frames=[])] if self.req.return_frames else [])
             return
         h, req = self.head, self.req
         rows = self.model.prompt_rows(h.user, h.user_is_media, torch.stack(self.text[:ASSISTANT_HEAD_ROWS]),
@@ -229,4 +230,4 @@ class Qwen3TalkerSequence(ARSequence):
             return []
         chunk = CodecChunk(frames=self.unsent, end=self.done)
         self.unsent, self.sent_any = [], True
-        return [chunk, CodecDelta(frames=chunk.frames)]
+        return [chunk, CodecDelta(frames=chunk.frames)] if self.req.return_frames else [chunk]
