@@ -64,7 +64,7 @@ class StreamingCode2Wav:
         if left is None:
             left = x.new_zeros(x.shape[0], x.shape[1], pad)
         inp = torch.cat([left, x], dim=-1)
-        self._stream.left[module] = inp[..., inp.shape[-1] - pad:]
+        self._stream.left[module] = inp[..., inp.shape[-1] - pad:].clone()  # a copy: a view would pin all of inp
         return (inp,)
 
     def _conv_post(self, module, args, output):
@@ -78,7 +78,7 @@ class StreamingCode2Wav:
         x = args[0]
         last = self._stream.last.get(module)
         inp = x if last is None else torch.cat([last, x], dim=-1)
-        self._stream.last[module] = inp[..., -1:]
+        self._stream.last[module] = inp[..., -1:].clone()
         return (inp,)
 
     # -- decoding ---------------------------------------------------------------------------------------------
