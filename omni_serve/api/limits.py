@@ -15,7 +15,7 @@ from typing import Any
 
 from omni_serve.api.errors import bad_request
 
-MEDIA_PARTS = ("input_audio", "image_url")
+MEDIA_PARTS = ("input_audio", "image_url", "video_url")
 
 
 def check_request_size(messages: list[Any], limits: Any) -> None:

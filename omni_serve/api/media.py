@@ -8,7 +8,7 @@ Contract:
   the problem. No other exception escapes a decoder for bad input.
 * Audio comes back as mono ``float32`` in ``[-1, 1]`` (nominally) at the
   requested sample rate; images come back as fully loaded RGB ``PIL.Image``.
-* Only inline ``data:`` image URLs are accepted; nothing is fetched remotely.
+* Only inline ``data:`` image and video URLs are accepted; nothing is fetched remotely.
 * Limits are checked from headers before anything is decoded: an audio file's
   sample rate, channels and length; an image's pixel count (``probe_image``, so
   a caller can also bound the pixels of all of a request's images); images
@@ -43,6 +43,7 @@ __all__ = [
     "decode_image_url",
     "decode_image_bytes",
     "image_url_bytes",
+    "data_url_bytes",
     "probe_image",
     "IMAGE_FORMATS",
     "encode_wav",
@@ -189,7 +190,8 @@ def decode_input_audio(
     return np.ascontiguousarray(samples, dtype=np.float32)
 
 
-_DATA_IMAGE_URL = re.compile(r"^data:(?P<mime>[^;,]*)(?P<params>(;[^;,]*)*),", re.IGNORECASE)
+_EXAMPLE_MIME = {"image": "image/png", "video": "video/mp4"}
+_DATA_URL = re.compile(r"^data:(?P<mime>[^;,]*)(?P<params>(;[^;,]*)*),", re.IGNORECASE)
 
 
 def decode_image_url(url: str, *, max_pixels: int, max_bytes: int, param: str,
@@ -205,24 +207,30 @@ def decode_image_url(url: str, *, max_pixels: int, max_bytes: int, param: str,
 
 def image_url_bytes(url: str, *, max_bytes: int, param: str) -> bytes:
     """The encoded image of a ``data:image/...;base64,`` URL (not decoded: see ``probe_image``)."""
+    return data_url_bytes(url, "image", max_bytes=max_bytes, param=param)
+
+
+def data_url_bytes(url: str, kind: str, *, max_bytes: int, param: str) -> bytes:
+    """The payload of a ``data:<kind>/...;base64,`` URL (``kind``: ``image`` or ``video``); remote URLs, other
+    media types and non-base64 data URLs are a 400."""
     if not isinstance(url, str):
         raise bad_request(f"{param} must be a string", param=param)
     lowered = url[:8].lower()
     if lowered.startswith(("http://", "https://")):
         raise bad_request(
-            "remote image URLs are not supported; send a data URL (data:image/png;base64,...)",
+            f"remote {kind} URLs are not supported; send a data URL (data:{_EXAMPLE_MIME[kind]};base64,...)",
             param=param,
         )
-    match = _DATA_IMAGE_URL.match(url)
+    match = _DATA_URL.match(url)
     if match is None:
         raise bad_request(
-            f"{param} must be a data URL of the form data:image/<type>;base64,<data>", param=param
+            f"{param} must be a data URL of the form data:{kind}/<type>;base64,<data>", param=param
         )
     mime = match.group("mime").lower()
-    if not mime.startswith("image/"):
-        raise bad_request(f"{param}: data URL media type must be image/*, got {mime or 'none'!r}", param=param)
+    if not mime.startswith(f"{kind}/"):
+        raise bad_request(f"{param}: data URL media type must be {kind}/*, got {mime or 'none'!r}", param=param)
     if ";base64" not in match.group("params").lower():
-        raise bad_request(f"{param}: image data URL must be base64-encoded (';base64,')", param=param)
+        raise bad_request(f"{param}: {kind} data URL must be base64-encoded (';base64,')", param=param)
     return decode_base64(url[match.end():], param=param, max_bytes=max_bytes)
 
 

@@ -31,9 +31,12 @@ __all__ = [
     "InputAudioPart",
     "ImageURL",
     "ImageURLPart",
+    "VideoURL",
+    "VideoURLPart",
     "ContentPart",
     "ChatMessage",
     "AudioOutputOptions",
+    "MMProcessorKwargs",
     "StreamOptions",
     "ChatCompletionRequest",
     "UsageInfo",
@@ -87,9 +90,19 @@ class ImageURLPart(_Lenient):
     image_url: ImageURL = Field(description="The image reference.")
 
 
+class VideoURL(_Lenient):
+    url: str = Field(description="Video as a data:video/...;base64 URL (remote URLs are rejected).")
+
+
+class VideoURLPart(_Lenient):
+    type: Literal["video_url"] = Field(description=(
+        "Content part kind: video input (the vLLM / Qwen-Omni extension of OpenAI's content parts)."))
+    video_url: VideoURL = Field(description="The video reference.")
+
+
 def _part_tag(value: Any) -> str | None:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return f"part[{kind}]" if kind in ("text", "input_audio", "image_url") else None
+    return f"part[{kind}]" if kind in ("text", "input_audio", "image_url", "video_url") else None
 
 
 # Tags contain "[" so the error renderer leaves them out of ``param`` paths.
@@ -98,11 +111,12 @@ ContentPart = Annotated[
         Annotated[TextPart, Tag("part[text]")],
         Annotated[InputAudioPart, Tag("part[input_audio]")],
         Annotated[ImageURLPart, Tag("part[image_url]")],
+        Annotated[VideoURLPart, Tag("part[video_url]")],
     ],
     Discriminator(
         _part_tag,
         custom_error_type="invalid_content_part",
-        custom_error_message="content part 'type' must be 'text', 'input_audio' or 'image_url'",
+        custom_error_message="content part 'type' must be 'text', 'input_audio', 'image_url' or 'video_url'",
     ),
 ]
 
@@ -167,6 +181,12 @@ class StreamOptions(_Lenient):
     )
 
 
+class MMProcessorKwargs(_Lenient):
+    use_audio_in_video: bool | None = Field(default=None, description=(
+        "Qwen-Omni: also hear the audio track of every video part (its tokens interleaved with the video's in "
+        "time). None: the graph's default (video.use_audio_in_video). True fails for a video without audio."))
+
+
 class ChatCompletionRequest(_Lenient):
     model: str = Field(description="Served model name.")
     messages: list[ChatMessage] = Field(min_length=1, description="Conversation so far (>= 1).")
@@ -199,6 +219,8 @@ class ChatCompletionRequest(_Lenient):
         default=False,
         description="omni_serve extension: also return generated text token ids and codec token ids.",
     )
+    mm_processor_kwargs: MMProcessorKwargs | None = Field(default=None, description=(
+        "Extension (as vLLM's): multimodal processor settings for this request; only use_audio_in_video is read."))
     min_tokens: int = Field(
         default=0, ge=0,
         description=("omni_serve extension (as vLLM's): generate at least this many text tokens before a stop "

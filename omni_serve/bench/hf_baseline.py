@@ -209,12 +209,10 @@ class Qwen3HFBaseline(HFBaseline):
     model_class = "Qwen3OmniMoeForConditionalGeneration"
 
     def _load(self, cfg: HFBaselineConfig) -> None:
-        from functools import partial
 
         import torch
         from transformers import Qwen3OmniMoeForConditionalGeneration
 
-        from omni_serve.graphs.qwen3_omni.frontend import audio_token_counts
         from omni_serve.graphs.qwen3_omni.params import TalkerParams
         from omni_serve.graphs.qwen3_omni.spec import SPEECH_SYSTEM_PROMPT
         from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
@@ -225,8 +223,7 @@ class Qwen3HFBaseline(HFBaseline):
         self.model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
             cfg.checkpoint, local_files_only=True, dtype=torch.float32).eval()
         c = self.model.config
-        self.inputs = OmniInputProcessor(cfg.checkpoint, audio_tokens=partial(
-            audio_token_counts, n_window=c.thinker_config.audio_config.n_window))
+        self.inputs = OmniInputProcessor(cfg.checkpoint)
         self.voices = {name.lower(): name.lower() for name in c.talker_config.speaker_id}
 
     def speech_kwargs(self, voice: str, sample: bool) -> dict:

@@ -3,7 +3,8 @@
 Contract (all tensors on the adapter's device; batch dimension 1 unless stated):
 
 - ``OmniEncoder``: audio tower + vision tower. ``encode_audio(features, feature_mask) -> [n_audio_tokens, H]``,
-  ``encode_image(pixel_values, grid_thw) -> [n_image_tokens, H]`` (H = thinker hidden size).
+  ``encode_image(pixel_values, grid_thw) -> [n_image_tokens, H]`` (H = thinker hidden size; videos go through
+  ``encode_image`` too, with their video grid).
 - ``OmniThinker``: text decoder + lm_head. ``prompt_positions(...)`` gives the 4-row position ids transformers'
   ``generate`` feeds the decoder (text row + 3 M-RoPE rows) and the rope delta used while decoding.
 - ``OmniTalker``: codec decoder. Its input rows are exactly what ``Qwen2_5OmniForConditionalGeneration.
@@ -49,6 +50,14 @@ class MropeIndex:
         self.config = config
         self.spatial_merge_size = spatial_merge_size
 
+    def positions(self, input_ids: torch.Tensor, image_grid_thw=None, video_grid_thw=None, audio_seqlens=None,
+                  second_per_grids=None, use_audio_in_video: bool = False) -> tuple[torch.Tensor, int]:
+        """M-RoPE positions ``[3, L]`` of a prompt ``[1, L]`` and the delta that continues them while decoding."""
+        mask = torch.ones_like(input_ids)
+        pos, delta = self.get_rope_index(input_ids, image_grid_thw, video_grid_thw, mask, use_audio_in_video,
+                                         audio_seqlens, second_per_grids)
+        return pos[:, 0], int(torch.as_tensor(delta).view(-1)[0])
+
 
 class OmniEncoder:
     """The thinker's media towers (Qwen3-Omni's encoder subclasses it with its own towers and config)."""
@@ -75,6 +84,7 @@ class OmniEncoder:
 
     @torch.inference_mode()
     def encode_image(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
+        """Images or videos (the same tower; a video's grid has t > 1)."""
         out = self.visual(pixel_values.to(self.device, self.visual.dtype), grid_thw=image_grid_thw)
         return out.pooler_output
 
@@ -119,13 +129,12 @@ class OmniThinker(_PagedDecoder):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(ids.to(self.device))
 
-    def prompt_positions(self, input_ids, image_grid_thw=None, audio_seqlens=None) -> tuple[torch.Tensor, int]:
-        """Prompt positions ``[4, L]`` (``[text; t; h; w]``) and the delta that continues M-RoPE while decoding."""
-        mask = torch.ones_like(input_ids)
-        mrope, delta = self.rope.get_rope_index(
-            input_ids, image_grid_thw, None, mask, False, audio_seqlens, None)
+    def prompt_positions(self, input_ids, **media) -> tuple[torch.Tensor, int]:
+        """Prompt positions ``[4, L]`` (``[text; t; h; w]``) and the delta that continues M-RoPE while decoding;
+        ``media``: ``MropeIndex.positions``' keyword arguments (none for a text prompt)."""
+        mrope, delta = self.rope.positions(input_ids, **media)
         text = torch.arange(input_ids.shape[1]).view(1, -1)
-        return torch.cat([text, mrope[:, 0]], dim=0), int(delta.view(-1)[0])
+        return torch.cat([text, mrope], dim=0), delta
 
     @staticmethod
     def step_positions(past_len: int, delta: int, n: int = 1) -> torch.Tensor:

@@ -3,8 +3,9 @@
 Contract (tensors on the adapter's device; H = thinker hidden size, Ht = talker hidden size, G = code groups):
 
 - ``Qwen3OmniEncoder``: audio tower + vision tower. ``encode_audio(features, feature_mask) -> [n_audio, H]``;
-  ``encode_image(pixel_values, grid_thw) -> [n_image, (1 + D) * H]``: per image token its embedding followed by
-  its D deepstack features (the vision tower's intermediate mergers, added to the thinker's first D layers).
+  ``encode_image(pixel_values, grid_thw) -> [n_image, (1 + D) * H]``: per image (or video: the same tower)
+  token its embedding followed by its D deepstack features (the vision tower's intermediate mergers, added to
+  the thinker's first D layers).
 - ``Qwen3OmniThinker``: MoE text decoder + lm_head, an ``ARModel``. An input row is ``[(1 + D) * H]``: the
   input embedding, then D deepstack features (zero for every row that is not an image/video token; adding zero
   is exact, so the packed batch adds them to every row that has any). ``forward_packed`` returns, when asked
@@ -32,7 +33,7 @@ from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
 
 from omni_serve.engines.sampling import Sampler
 from omni_serve.models.loading import load_component, read_state_dict
-from omni_serve.models.qwen2_5_omni import OmniEncoder, _PagedDecoder
+from omni_serve.models.qwen2_5_omni import MropeIndex, OmniEncoder, _PagedDecoder
 from omni_serve.models.qwen3_omni_layout import load_config
 from omni_serve.models.qwen3_omni_vocoder import StreamingCode2Wav, VocoderStream
 
@@ -41,7 +42,7 @@ SUPPRESSED_CODEC_TAIL = 1024  # the talker never samples the top 1024 codec ids 
 REFERENCE_CHUNK, REFERENCE_LEFT_CONTEXT = 300, 25  # code2wav.chunked_decode(chunk_size, left_context_size)
 
 
-class RopeIndex:
+class RopeIndex(MropeIndex):
     """transformers' Qwen3-Omni M-RoPE index without holding the model that defines it (it reads only
     ``self.config`` and ``self.spatial_merge_size``); used for the thinker's and the talker's prompts."""
 
@@ -50,20 +51,17 @@ class RopeIndex:
     get_llm_pos_ids_for_vision = _base.get_llm_pos_ids_for_vision
     get_chunked_index = _base.get_chunked_index
 
-    def __init__(self, config, spatial_merge_size: int):
-        self.config = config
-        self.spatial_merge_size = spatial_merge_size
 
-    def positions(self, input_ids: torch.Tensor, image_grid_thw=None, audio_seqlens=None) -> tuple[torch.Tensor, int]:
-        """M-RoPE positions ``[3, L]`` of a prompt and the delta that continues them while decoding."""
-        mask = torch.ones_like(input_ids)
-        pos, delta = self.get_rope_index(input_ids, image_grid_thw, None, mask, False, audio_seqlens, None)
-        return pos[:, 0], int(torch.as_tensor(delta).view(-1)[0])
+def talker_rope_config(full):
+    """The talker's config as its M-RoPE index reads it. transformers' ``get_rope_index`` reads
+    ``config.audio_config.n_window`` for audio placed with a video (``use_audio_in_video``), which the talker's
+    config lacks (transformers 5.23: ``generate`` raises AttributeError there); the audio tower's is the one
+    meant. A copy, so the loaded config stays as it is."""
+    import copy
 
-
-def audio_token_counts(feature_lengths: torch.Tensor, n_window: int) -> torch.Tensor:
-    """Audio tokens per clip from its feature frames (transformers' own arithmetic)."""
-    return hf._get_feat_extract_output_lengths(feature_lengths, n_window)
+    cfg = copy.copy(full.talker_config)
+    cfg.audio_config = full.thinker_config.audio_config
+    return cfg
 
 
 class Qwen3OmniEncoder(OmniEncoder):
@@ -113,9 +111,10 @@ class Qwen3OmniThinker(_PagedDecoder):
         """Input rows for embeddings without deepstack features (text and audio tokens, generated tokens)."""
         return torch.cat([embeds, embeds.new_zeros(embeds.shape[0], self.row_size - self.hidden_size)], dim=-1)
 
-    def prompt_positions(self, input_ids, image_grid_thw=None, audio_seqlens=None) -> tuple[torch.Tensor, int]:
-        """Prompt positions ``[4, L]`` (``[text; t; h; w]``) and the M-RoPE delta used while decoding."""
-        mrope, delta = self.rope.positions(input_ids, image_grid_thw, audio_seqlens)
+    def prompt_positions(self, input_ids, **media) -> tuple[torch.Tensor, int]:
+        """Prompt positions ``[4, L]`` (``[text; t; h; w]``) and the M-RoPE delta used while decoding; ``media``:
+        ``RopeIndex.positions``' keyword arguments (none for a text prompt)."""
+        mrope, delta = self.rope.positions(input_ids, **media)
         text = torch.arange(input_ids.shape[1]).view(1, -1)
         return torch.cat([text, mrope], dim=0), delta
 
@@ -177,7 +176,7 @@ class Qwen3OmniTalker(_PagedDecoder):
         vocab = c.text_config.vocab_size
         self.suppress_tokens = tuple(i for i in range(vocab - SUPPRESSED_CODEC_TAIL, vocab) if i != self.codec_eos)
         self.voices = dict(c.speaker_id)
-        self.rope = RopeIndex(c, c.spatial_merge_size)
+        self.rope = RopeIndex(talker_rope_config(full), c.spatial_merge_size)
         self.tts_pad_token_id = full.tts_pad_token_id
 
     @torch.inference_mode()
@@ -217,15 +216,17 @@ class Qwen3OmniTalker(_PagedDecoder):
         codec_part = torch.cat([text_part.new_zeros(3, self.embedding_size), self.embed_codes(codec_ids)])
         return torch.cat([user_rows, text_part + codec_part])
 
-    def prompt_positions(self, user_ids: list[int], image_grid_thw=None, audio_seqlens=None,
-                         ) -> tuple[torch.Tensor, int]:
+    def prompt_positions(self, user_ids: list[int], **media) -> tuple[torch.Tensor, int]:
         """Positions ``[3, U + 9]`` of the talker's prompt and its decoding delta: M-RoPE over the user turns' ids
-        when the request has media (as ``generate``), else plain."""
+        when the request has media (``media``: ``RopeIndex.positions``' keyword arguments), else plain.
+
+        As ``generate`` computes them: it hands the talker the media grids and audio lengths but not
+        ``use_audio_in_video`` (transformers 5.23), so the talker's index runs with it off."""
         n = len(user_ids) + 9
-        if image_grid_thw is None and audio_seqlens is None:
+        if not media:
             return torch.arange(n).view(1, n).expand(3, n), 0
         ids = torch.tensor([list(user_ids) + [self.tts_pad_token_id] * 9])
-        return self.rope.positions(ids, image_grid_thw, audio_seqlens)
+        return self.rope.positions(ids, **{**media, "use_audio_in_video": False})
 
     @staticmethod
     def step_positions(past_len: int, delta: int, n: int = 1) -> torch.Tensor:

@@ -12,10 +12,8 @@ import pytest
 import soundfile as sf
 import torch
 
-from omni_serve.api.media import decode_input_audio
-from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
 from tests.integration.conftest import ORACLE
-from tests.omni_cases import CASES, audio_clip, image, png_data_url, wav_b64
+from tests.omni_cases import ALL_CASES, CASES, http_content, http_extras, reference_inputs
 
 pytestmark = pytest.mark.integration
 MODEL = "qwen2.5-omni"
@@ -24,42 +22,31 @@ SAMPLES_PER_CODE = 480
 
 
 def http_messages(kind: str) -> list[dict]:
-    user = [{"type": "text", "text": "hello world cat" if kind == "text" else ("what is this" if kind == "audio" else "describe")}]
-    if kind == "audio":
-        user.insert(0, {"type": "input_audio", "input_audio": {"data": wav_b64(audio_clip()), "format": "wav"}})
-    if kind == "image":
-        user.insert(0, {"type": "image_url", "image_url": {"url": png_data_url(image())}})
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": http_content(kind)}]
+
+
+SYSTEM_TURN = {"role": "system", "content": [{"type": "text", "text": SYSTEM}]}  # http_messages' system turn
 
 
 def oracle_request(kind: str) -> dict:
     return {"model": MODEL, "messages": http_messages(kind), "max_tokens": ORACLE["thinker_tokens"],
             "temperature": 0, "seed": ORACLE["seed"], "modalities": ["text", "audio"],
-            "audio": {"voice": "Chelsie", "format": "wav"}, "return_token_ids": True}
+            "audio": {"voice": "Chelsie", "format": "wav"}, "return_token_ids": True, **http_extras(kind)}
 
 
 @pytest.fixture(scope="module")
 def reference(omni_tiny_dir):
-    """transformers' in-process generate on the same checkpoint and the same (decoded) inputs."""
+    """transformers' in-process generate on the same checkpoint, its inputs built by transformers' own processor
+    from the same media."""
     from transformers import Qwen2_5OmniForConditionalGeneration
 
     model = Qwen2_5OmniForConditionalGeneration.from_pretrained(omni_tiny_dir).eval()
-    proc = OmniInputProcessor(omni_tiny_dir)
     cache = {}
 
     def run(kind: str):
         if kind in cache:
             return cache[kind]
-        parts = [{"type": "text", "text": http_messages(kind)[1]["content"][-1]["text"]}]
-        audios, images = [], []
-        if kind == "audio":
-            parts.insert(0, {"type": "audio"})
-            audios = [decode_input_audio(wav_b64(audio_clip()), "wav", target_sr=16000, max_seconds=60, param="x")]
-        if kind == "image":
-            parts.insert(0, {"type": "image"})
-            images = [image()]
-        msgs = [{"role": "system", "content": [{"type": "text", "text": SYSTEM}]}, {"role": "user", "content": parts}]
-        x = proc(msgs, audios, images)
+        x = reference_inputs(omni_tiny_dir, kind, prefix=(SYSTEM_TURN,))
         codes = []
         hook = model.token2wav.register_forward_pre_hook(lambda m, a: codes.append(a[0][0].tolist()))
         torch.manual_seed(ORACLE["seed"])
@@ -88,16 +75,16 @@ def check_against_reference(body: dict, ref) -> None:
     np.testing.assert_allclose(samples, wav, atol=2.0 / 32767)  # wav is int16 on the wire
 
 
-@pytest.mark.parametrize("kind", CASES)
+@pytest.mark.parametrize("kind", ALL_CASES)
 def test_served_graph_matches_transformers_generate(http, reference, kind):
     r = http.post("/v1/chat/completions", json=oracle_request(kind))
     assert r.status_code == 200, r.text
     check_against_reference(r.json(), reference(kind))
 
 
-def check_batch_against_reference(client, reference, n: int) -> None:
-    """``n`` oracle requests in flight at once (text, audio and image mixed) each match the reference."""
-    kinds = [CASES[i % len(CASES)] for i in range(n)]
+def check_batch_against_reference(client, reference, n: int, cases=CASES) -> None:
+    """``n`` oracle requests in flight at once (the ``cases`` mixed) each match the reference."""
+    kinds = [cases[i % len(cases)] for i in range(n)]
     with ThreadPoolExecutor(n) as pool:
         responses = list(pool.map(lambda k: client.post("/v1/chat/completions", json=oracle_request(k)), kinds))
     for kind, r in zip(kinds, responses):
@@ -106,8 +93,8 @@ def check_batch_against_reference(client, reference, n: int) -> None:
 
 
 def test_batched_requests_return_what_a_batch_of_one_returns(http, reference):
-    """8 oracle requests in flight at once each match their batch-of-one run."""
-    check_batch_against_reference(http, reference, 8)
+    """8 oracle requests in flight at once (text, audio, image and video mixed) each match their batch-of-one run."""
+    check_batch_against_reference(http, reference, 8, ALL_CASES)
 
 
 def test_stages_are_separate_deployments_holding_their_own_weights(omni_app, http):

@@ -67,6 +67,11 @@ def test_thinker_replica_runs_vllm_in_its_own_environment(vllm_app):
     assert "encoder" not in stats  # vLLM runs the media towers itself
 
 
+def test_video_is_refused_with_a_400_on_the_vllm_backend(vhttp):
+    r = vhttp.post("/v1/chat/completions", json=oracle_request("video"))
+    assert r.status_code == 400 and "not supported with the vLLM thinker backend" in r.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("kind", CASES)
 def test_served_graph_on_vllm_matches_transformers_generate(vhttp, reference, kind):
     r = vhttp.post("/v1/chat/completions", json=oracle_request(kind))

@@ -13,42 +13,30 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from omni_serve.api.media import decode_input_audio
 from tests.integration.conftest import ORACLE
-from tests.integration.test_omni_graph import SYSTEM, http_messages
-from tests.omni_cases import CASES, audio_clip, image, wav_b64
-from tests.qwen3_inprocess import input_processor, reference
+from tests.integration.test_omni_graph import SYSTEM_TURN, http_messages
+from tests.omni_cases import ALL_CASES, http_extras, reference_inputs, video_bytes, video_data_url
+from tests.qwen3_inprocess import reference
 
 pytestmark = pytest.mark.integration
 MODEL = "qwen3-omni"
-PROMPT = {"text": "hello world cat", "audio": "what is this", "image": "describe"}  # test_omni_graph's prompts
 
 
 def oracle_request(kind: str) -> dict:
     return {"model": MODEL, "messages": http_messages(kind), "max_tokens": ORACLE["thinker_tokens"],
             "temperature": 0, "seed": ORACLE["seed"], "modalities": ["text", "audio"],
-            "audio": {"voice": "Ethan", "format": "wav"}, "return_token_ids": True}
+            "audio": {"voice": "Ethan", "format": "wav"}, "return_token_ids": True, **http_extras(kind)}
 
 
 @pytest.fixture(scope="module")
 def references(qwen3_omni_tiny_dir):
-    """transformers' generate on the same checkpoint and the same (decoded) inputs, per case."""
+    """transformers' generate on the same checkpoint, its inputs built by transformers' own processor from the same
+    media, per case."""
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(qwen3_omni_tiny_dir).eval()
-    proc = input_processor(qwen3_omni_tiny_dir)
-    out = {}
-    for kind in CASES:
-        parts, audios, images = [{"type": "text", "text": PROMPT[kind]}], [], []
-        if kind == "audio":
-            parts.insert(0, {"type": "audio"})
-            audios = [decode_input_audio(wav_b64(audio_clip()), "wav", target_sr=16000, max_seconds=60, param="x")]
-        if kind == "image":
-            parts.insert(0, {"type": "image"})
-            images = [image()]
-        msgs = [{"role": "system", "content": [{"type": "text", "text": SYSTEM}]}, {"role": "user", "content": parts}]
-        out[kind] = reference(model, proc(msgs, audios, images), ORACLE["thinker_tokens"], ORACLE["talker_tokens"])
-    return out
+    return {kind: reference(model, reference_inputs(qwen3_omni_tiny_dir, kind, prefix=(SYSTEM_TURN,)),
+                            ORACLE["thinker_tokens"], ORACLE["talker_tokens"]) for kind in ALL_CASES}
 
 
 def decode_wav(b64: str) -> tuple[np.ndarray, int]:
@@ -74,7 +62,7 @@ def client(qwen3_app):
 
 
 def test_eight_in_flight_match_transformers_generate(client, references):
-    kinds = [CASES[i % len(CASES)] for i in range(8)]
+    kinds = [ALL_CASES[i % len(ALL_CASES)] for i in range(8)]
     with ThreadPoolExecutor(8) as pool:
         responses = list(pool.map(lambda k: client.post("/v1/chat/completions", json=oracle_request(k)), kinds))
     for kind, r in zip(kinds, responses):
@@ -153,6 +141,12 @@ BAD = {
     "remote_image": {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://example.com/a.png"}}]}]},
     "context_too_long": {"max_tokens": 100_000},
+    "remote_video": {"messages": [{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": "https://example.com/a.mp4"}}]}]},
+    "not_a_video": {"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {
+        "url": "data:video/mp4;base64," + base64.b64encode(b"hello" * 100).decode()}}]}]},
+    "silent_video_heard": {"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {
+        "url": video_data_url(video_bytes(audio=False))}}]}], "mm_processor_kwargs": {"use_audio_in_video": True}},
 }
 
 

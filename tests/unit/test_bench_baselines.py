@@ -117,7 +117,7 @@ def test_hf_baseline_mirrors_the_server(omni_tiny_dir):
     reqs = build_workload(WorkloadConfig(num_requests=2, max_tokens=6, audio=True, voice="ethan"))
     # The ingress's message conversion gives the same chat as the baseline (default system prompt first).
     spec = OmniGraphSpec(checkpoint=omni_tiny_dir)
-    server_msgs, _, _ = OmniFrontend._convert_messages(
+    server_msgs, *_ = OmniFrontend._convert_messages(
         SimpleNamespace(spec=spec, inputs=base.inputs, default_system_prompt=OmniFrontend.default_system_prompt),
         [P.ChatMessage(**m) for m in reqs[0].messages()])
     assert server_msgs == base.messages(reqs[0])
@@ -194,7 +194,7 @@ def test_qwen3_hf_baseline_mirrors_the_qwen3_server(qwen3_omni_tiny_dir):
     reqs = build_workload(WorkloadConfig(num_requests=2, max_tokens=6, audio=True, voice="Ethan"))
     spec = Qwen3OmniGraphSpec(checkpoint=qwen3_omni_tiny_dir)
     frontend = SimpleNamespace(spec=spec, inputs=base.inputs, default_system_prompt=Qwen3OmniFrontend.default_system_prompt)
-    server_msgs, _, _ = Qwen3OmniFrontend._convert_messages(frontend, [P.ChatMessage(**m) for m in reqs[0].messages()])
+    server_msgs, *_ = Qwen3OmniFrontend._convert_messages(frontend, [P.ChatMessage(**m) for m in reqs[0].messages()])
     assert server_msgs == base.messages(reqs[0])
     kw = base.generate_kwargs(reqs[0])
     assert kw["speaker"] == "ethan" and kw["talker_max_new_tokens"] == 10 and kw["talker_do_sample"] is False

@@ -3,7 +3,7 @@
 Layers, top to bottom (a module may import its own layer and any layer below; function-level imports count):
 tools (cli, bench) > checkpoint writers > families (``omni_serve.graphs.<family>``) > deployments > the generic
 graph framework (``omni_serve.graphs.*`` modules) > model adapters > engines > metrics, autoscaling > api,
-transport, request ids > settings. Inside a family, only ``replica/`` (what stage replicas run) may import the
+transport, request ids > settings, torchvision_compat. Inside a family, only ``replica/`` (what stage replicas run) may import the
 family's replica code; everything else of the family is ingress-side or declaration.
 """
 
@@ -30,7 +30,7 @@ RANKS = {
     "engines": 3,
     "metrics": 2, "autoscaling": 2,
     "api": 1, "transport": 1, "request_ids": 1,
-    "settings": 0, "omni_serve": 0,
+    "settings": 0, "torchvision_compat": 0, "omni_serve": 0,
 }
 
 

@@ -59,7 +59,7 @@ def test_within_the_limits_a_request_is_prepared(frontend):
 
 
 def test_text_beyond_max_prompt_chars_is_refused_before_tokenizing(frontend, monkeypatch):
-    monkeypatch.setattr(frontend.inputs, "tokenizer", None)  # tokenizing would now fail: it must not happen
+    monkeypatch.setattr(frontend.inputs, "processor", None)  # tokenizing would now fail: it must not happen
     expect_400(prepare(frontend, "y" * 1001), "messages", "1001 characters")
     expect_400(prepare(frontend, [{"type": "text", "text": "y" * 600}] * 2), "messages", "1200 characters")
 

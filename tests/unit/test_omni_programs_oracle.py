@@ -15,7 +15,7 @@ import torch
 from omni_serve.engines.ar import ARConfig
 from omni_serve.models.qwen2_5_omni import OmniCode2Wav, OmniEncoder, OmniTalker, OmniThinker
 from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
-from tests.omni_cases import CASES, template_messages
+from tests.omni_cases import ALL_CASES, CASES, reference_inputs, serve_inputs
 from tests.omni_inprocess import InProcessOmni
 
 THINKER_TOKENS, TALKER_TOKENS, STEPS, SEED = 12, 20, 3, 7
@@ -58,10 +58,11 @@ def check(result, ref, samples_per_code):
 
 
 @pytest.fixture(scope="module")
-def references(models):
+def references(models, omni_tiny_dir):
+    """Per case: the served inputs (ours) and generate's output on transformers' processor's inputs."""
     ref, proc = models[0], models[1]
-    inputs = {kind: proc(*template_messages(kind)) for kind in CASES}
-    return inputs, {kind: reference(ref, inputs[kind]) for kind in CASES}
+    inputs = {kind: serve_inputs(proc, kind) for kind in ALL_CASES}
+    return inputs, {kind: reference(ref, reference_inputs(omni_tiny_dir, kind)) for kind in ALL_CASES}
 
 
 LAYOUTS = ("aggregated", "disaggregated")
@@ -80,7 +81,7 @@ async def _serve(checkpoint, ar, jobs, layout="aggregated"):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("kind", CASES)
+@pytest.mark.parametrize("kind", ALL_CASES)
 def test_stages_match_transformers_generate(models, references, omni_tiny_dir, kind, layout):
     inputs, refs = references
     (result,), stats = run(_serve(omni_tiny_dir, ARConfig(), [inputs[kind]], layout))
@@ -91,10 +92,20 @@ def test_stages_match_transformers_generate(models, references, omni_tiny_dir, k
         assert decode["batched_rows"] == len(result.tokens) - 1
 
 
+def test_prompts_differ_so_outputs_differ(references):
+    """Negative control: the oracle can fail (each case's reference differs from every other's, the video heard
+    with and without its sound track included)."""
+    _, refs = references
+    for a in ALL_CASES:
+        for b in ALL_CASES:
+            if a != b:
+                assert refs[a][0] != refs[b][0] and refs[a][1] != refs[b][1], (a, b)
+
+
 def test_eight_in_flight_match_batch_of_one(models, references, omni_tiny_dir):
     """Continuous batching: 8 concurrent requests (mixed media) decode exactly as each does alone."""
     inputs, refs = references
-    kinds = [CASES[i % len(CASES)] for i in range(8)]
+    kinds = [ALL_CASES[i % len(ALL_CASES)] for i in range(8)]
     results, (thinker, talker) = run(_serve(omni_tiny_dir, ARConfig(), [inputs[k] for k in kinds]))
     for kind, result in zip(kinds, results):
         check(result, refs[kind], models[-1].samples_per_code)
@@ -111,6 +122,21 @@ def test_kv_pressure_queues_and_preempts_without_loss(models, references, omni_t
     longest = max(inputs[k].input_ids.shape[1] for k in kinds) + THINKER_TOKENS + 2 + TALKER_TOKENS
     assert 8 * longest > ar.num_kv_blocks * ar.block_size  # the pressure is real
     results, engines = run(_serve(omni_tiny_dir, ar, [inputs[k] for k in kinds], layout))
+    for kind, result in zip(kinds, results):
+        check(result, refs[kind], models[-1].samples_per_code)
+    assert engines[0]["preemptions"] + engines[1]["preemptions"] > 0
+    for stats in engines:
+        assert stats["kv_blocks_used"] == 0 and stats["kv_blocks_free"] == ar.num_kv_blocks
+
+
+def test_video_prompts_under_kv_pressure_preempt_without_loss(models, references, omni_tiny_dir):
+    """Video prompts (hundreds of rows) beside the other kinds in a cache that holds about one of them."""
+    inputs, refs = references
+    kinds = [ALL_CASES[(i + 3) % len(ALL_CASES)] for i in range(8)]
+    ar = ARConfig(num_kv_blocks=100, block_size=4, max_batch_tokens=64)
+    longest = max(inputs[k].input_ids.shape[1] for k in kinds) + THINKER_TOKENS + 2 + TALKER_TOKENS
+    assert longest < ar.num_kv_blocks * ar.block_size < 2 * longest  # one fits, two of the largest do not
+    results, engines = run(_serve(omni_tiny_dir, ar, [inputs[k] for k in kinds]))
     for kind, result in zip(kinds, results):
         check(result, refs[kind], models[-1].samples_per_code)
     assert engines[0]["preemptions"] + engines[1]["preemptions"] > 0

@@ -16,7 +16,7 @@ import torch
 from omni_serve.checkpoints.qwen2_5_omni import TOKEN_ID
 from omni_serve.graphs.qwen2_5_omni import FAMILY
 from omni_serve.graphs.qwen2_5_omni.messages import (
-    MediaEmbeddings, PrefillDone, SamplingSettings, TalkerPrompt, TextDelta, ThinkerCall,
+    MediaEmbeddings, MediaLayout, PrefillDone, SamplingSettings, TalkerPrompt, TextDelta, ThinkerCall,
 )
 from omni_serve.graphs.runner import StageIO, build_runner
 from omni_serve.models.qwen2_5_omni import OmniEncoder
@@ -69,9 +69,7 @@ def request(rid: str, x, *, talker: bool, max_new: int = 10, temperature: float 
         sampling=SamplingSettings(temperature=temperature, top_p=0.9 if temperature else 1.0, seed=seed,
                                   min_new_tokens=min_new),
         stop_token_ids=[EOS], stop=[],
-        image_grid_thw=None if x.image_grid_thw is None else x.image_grid_thw.tolist(),
-        audio_seqlens=None if x.audio_seqlens is None else x.audio_seqlens.tolist(),
-        expects_media=x.input_features is not None or x.pixel_values is not None,
+        media_layout=MediaLayout.of(x), expects_media=x.has_media,
         talker=TalkerPrompt(voice_token=VOICE, tts_end_token=0, tts_pad_token=1) if talker else None)
 
 

@@ -27,13 +27,14 @@ from omni_serve.api import protocol as P
 from omni_serve.api.errors import OpenAIError, bad_request
 from omni_serve.api.limits import check_request_size
 from omni_serve.api.media import decode_image_bytes, decode_input_audio, encode_audio, image_url_bytes, probe_image
+from omni_serve.api.video import decode_video, video_url_bytes
 from omni_serve.api.sse import SSE_DONE, sse_error, sse_event
 from omni_serve.graphs.calls import StageCalls
 from omni_serve.graphs.frontend import EventStream, Frontend, RequestContext, Route
 from omni_serve.graphs.messages import Message
 from omni_serve.graphs.qwen2_5_omni.messages import (
-    AudioDelta, CodecDelta, Code2WavCall, EncoderCall, MediaInputs, RawMedia, SamplingSettings, TalkerCall,
-    TalkerPrompt, TextDelta, ThinkerCall,
+    AudioDelta, CodecDelta, Code2WavCall, EncoderCall, MediaInputs, MediaLayout, RawMedia, SamplingSettings,
+    TalkerCall, TalkerPrompt, TextDelta, ThinkerCall,
 )
 from omni_serve.graphs.qwen2_5_omni.spec import SPEECH_SYSTEM_PROMPT, OmniGraphSpec
 from omni_serve.metrics import RequestClock
@@ -83,7 +84,7 @@ class OmniFrontend(Frontend):
 
     def _load_checkpoint(self, checkpoint: str) -> None:
         """Set ``inputs`` (the input processor), ``thinker_cfg`` and ``voices`` (name -> what the talker needs)."""
-        self.inputs = OmniInputProcessor(checkpoint)
+        self.inputs = OmniInputProcessor(checkpoint, video_fps=self.spec.video.fps)
         cfg = load_config(checkpoint)
         self.thinker_cfg, self.talker_cfg = cfg.thinker_config, cfg.talker_config
         self.voices = {name: int(v["bos_token"]) for name, v in load_speakers(checkpoint).items()}
@@ -123,7 +124,7 @@ class OmniFrontend(Frontend):
         check_request_size(req.messages, self.spec.limits)
         rid = new_request_id("chatcmpl")
         try:  # decoding, preprocessing and tokenizing are CPU work: off the event loop
-            inputs, audios, images = await asyncio.to_thread(self._preprocess, req.messages)
+            inputs, audios, images = await asyncio.to_thread(self._preprocess, req)
         except OpenAIError:
             raise
         except Exception as exc:  # noqa: BLE001 - the processor failed on media we decoded and checked
@@ -140,30 +141,35 @@ class OmniFrontend(Frontend):
         temperature = req.temperature if req.temperature is not None else \
             self.spec.thinker_params().default_temperature
         seed = req.seed if req.seed is not None else random.randrange(2**31)
-        media = None
-        if self.raw_media and (audios or images):
-            media = raw_media(audios, images)
-        elif inputs.input_features is not None or inputs.pixel_values is not None:
-            media = MediaInputs(input_features=inputs.input_features,
-                                feature_attention_mask=inputs.feature_attention_mask,
-                                pixel_values=inputs.pixel_values, image_grid_thw=inputs.image_grid_thw)
+        media = raw_media(audios, images) if self.raw_media and (audios or images) else MediaInputs.of(inputs)
         talker = None if voice is None else self._talker_prompt(voice)
         thinker = ThinkerCall(
             request_id=rid, input_ids=inputs.input_ids[0].tolist(), max_new_tokens=max_new,
             sampling=SamplingSettings(temperature=temperature, top_p=req.top_p or 1.0, seed=seed,
                                       min_new_tokens=req.min_tokens),
-            stop_token_ids=self.stop_token_ids, stop=_stops(req.stop),
-            image_grid_thw=None if inputs.image_grid_thw is None else inputs.image_grid_thw.tolist(),
-            audio_seqlens=None if inputs.audio_seqlens is None else inputs.audio_seqlens.tolist(),
+            stop_token_ids=self.stop_token_ids, stop=_stops(req.stop), media_layout=MediaLayout.of(inputs),
             expects_media=media is not None, talker=talker)
         return Prepared(req, rid, prompt_len, thinker, media, voice, req.audio.format if voice else None, seed)
 
-    def _preprocess(self, messages: list[P.ChatMessage]):
+    def _preprocess(self, req: P.ChatCompletionRequest):
         """(model inputs, decoded audio clips, decoded images). The inputs' expanded prompt ids are what either
         thinker backend computes on (vLLM expands the same placeholders itself: the vLLM runner checks it)."""
-        converted, audios, encoded = self._convert_messages(messages)
+        converted, audios, encoded, encoded_videos = self._convert_messages(req.messages)
         images = [self._checked_image(raw, param) for raw, param in encoded]
-        return self.inputs(converted, audios, images), audios, images
+        if encoded_videos and self.raw_media:
+            raise bad_request("Video input is not supported with the vLLM thinker backend yet; use the native "
+                              "backend (stages.thinker.engine.backend: native).", param=encoded_videos[0][1])
+        asked = (req.mm_processor_kwargs.use_audio_in_video if req.mm_processor_kwargs is not None else None)
+        hear = self.spec.video.use_audio_in_video if asked is None else asked
+        videos = [decode_video(raw, limits=self.spec.video, sample=self.inputs.sample_frames, param=param,
+                               audio_rate=self.inputs.sampling_rate if hear else None)
+                  for raw, param in encoded_videos]
+        silent = [param for (_, param), video in zip(encoded_videos, videos) if video.audio is None]
+        if silent and asked:
+            raise bad_request(f"{silent[0]}: the video has no audio track, but mm_processor_kwargs.use_audio_in_video "
+                              "asks to hear it.", param=silent[0])
+        hear = hear and bool(videos) and not silent  # one setting for the whole prompt (the M-RoPE index's)
+        return self.inputs(converted, audios, images, videos, use_audio_in_video=hear), audios, images
 
     def _checked_image(self, raw: bytes, param: str):
         image = decode_image_bytes(raw, max_pixels=self.spec.max_image_pixels, param=param,
@@ -174,9 +180,9 @@ class OmniFrontend(Frontend):
         return image
 
     def _convert_messages(self, messages: list[P.ChatMessage]):
-        """(chat-template messages, decoded audio clips, images as (encoded bytes, param)); the images' pixels
-        are counted from their headers, all together, before any is decoded."""
-        out, audios, images = [], [], []
+        """(chat-template messages, decoded audio clips, images and videos as (encoded bytes, param)); the images'
+        pixels are counted from their headers, all together, before any is decoded."""
+        out, audios, images, videos = [], [], [], []
         limits, pixels = self.spec.limits, 0
         if not any(m.role in ("system", "developer") for m in messages):
             out.append({"role": "system", "content": [{"type": "text",
@@ -211,11 +217,16 @@ class OmniFrontend(Frontend):
                                           "pixels in all.", param=param)
                     images.append((raw, param))
                     parts.append({"type": "image"})
+                elif part.type == "video_url":
+                    param = f"{param}.video_url.url"
+                    videos.append((video_url_bytes(part.video_url.url, max_bytes=self.spec.ingress.max_body_bytes,
+                                                   param=param), param))
+                    parts.append({"type": "video"})
             if role != "user" and (len(parts) != sum(p["type"] == "text" for p in parts)):
-                raise bad_request(f"Only user messages may contain audio or images (message {i} is {msg.role}).",
-                                  param=f"messages[{i}].content")
+                raise bad_request(f"Only user messages may contain audio, images or video (message {i} is "
+                                  f"{msg.role}).", param=f"messages[{i}].content")
             out.append({"role": role, "content": parts})
-        return out, audios, images
+        return out, audios, images, videos
 
     # -- running ------------------------------------------------------------------------------------------
     def _stage_calls(self, p: Prepared) -> dict[str, Message]:

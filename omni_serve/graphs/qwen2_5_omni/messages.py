@@ -5,8 +5,9 @@ Calls (ingress -> stage): ``EncoderCall``, ``ThinkerCall`` (every thinker stage 
 Outputs (stage -> ingress): ``TextDelta`` (the text stage: ``thinker`` or ``thinker_decode``), ``PrefillDone``
 (``thinker_prefill``), ``CodecDelta`` (talker), ``AudioDelta`` (code2wav: float32 samples).
 Edge payloads (one per request unless streamed):
-- ``ingress_encoder``: ``MediaInputs``, the processor's audio features and image patches;
-- ``encoder_thinker``: ``MediaEmbeddings``, ``audio`` [n_a, H] and ``image`` [n_i, H] (present per media);
+- ``ingress_encoder``: ``MediaInputs``, the processor's audio features, image patches and video patches;
+- ``encoder_thinker``: ``MediaEmbeddings``, ``audio`` [n_a, H], ``image`` [n_i, H] and ``video`` [n_v, H]
+  (present per media);
 - ``ingress_thinker`` (thinker on vLLM): ``RawMedia``, the decoded clips (``audio`` [sum of samples] float32 at
   16 kHz, ``audio_lengths``) and images (``images`` [sum of h*w*3] uint8 RGB, ``image_sizes`` [[h, w], ...]), in
   prompt order;
@@ -43,6 +44,37 @@ class SamplingSettings(Message):
     min_new_tokens: int = 0  # the stop tokens cannot end the text before this many tokens
 
 
+class MediaLayout(Message):
+    """Where a prompt's media sit, as the M-RoPE index (transformers' ``get_rope_index``) needs it: the thinker's
+    and the talker's prompt positions. Small metadata, no tensors."""
+
+    image_grid_thw: list[list[int]] | None = None
+    video_grid_thw: list[list[int]] | None = None
+    video_second_per_grid: list[float] | None = None  # seconds per temporal patch of each video
+    audio_seqlens: list[int] | None = None  # feature frames per audio clip (a video's track included)
+    use_audio_in_video: bool = False  # each video's audio tokens are interleaved with its video tokens
+
+    @classmethod
+    def of(cls, inputs) -> "MediaLayout | None":
+        """From a processor's inputs (``OmniInputs``); None for a prompt without media."""
+        def rows(x):
+            return None if x is None else x.tolist()
+        layout = cls(image_grid_thw=rows(inputs.image_grid_thw), video_grid_thw=rows(inputs.video_grid_thw),
+                     video_second_per_grid=rows(inputs.video_second_per_grid),
+                     audio_seqlens=rows(inputs.audio_seqlens), use_audio_in_video=inputs.use_audio_in_video)
+        return None if layout == cls() else layout
+
+    def rope_kwargs(self) -> dict:
+        """The keyword arguments of the models' ``prompt_positions`` (tensors, as ``get_rope_index`` takes them)."""
+        import torch
+
+        def tensor(x, dtype=torch.long):
+            return None if x is None else torch.tensor(x, dtype=dtype)
+        return {"image_grid_thw": tensor(self.image_grid_thw), "video_grid_thw": tensor(self.video_grid_thw),
+                "second_per_grids": tensor(self.video_second_per_grid, torch.float32),
+                "audio_seqlens": tensor(self.audio_seqlens), "use_audio_in_video": self.use_audio_in_video}
+
+
 class TalkerPrompt(Message):
     """Thinker token ids the talker's prompt is built from (set when the request asks for speech)."""
 
@@ -58,8 +90,7 @@ class ThinkerCall(Message):
     sampling: SamplingSettings
     stop_token_ids: list[int]
     stop: list[str] = []
-    image_grid_thw: list[list[int]] | None = None
-    audio_seqlens: list[int] | None = None
+    media_layout: MediaLayout | None = None  # the prompt's media (M-RoPE); None: a text prompt
     expects_media: bool = False  # media embeddings come on encoder_thinker
     talker: TalkerPrompt | None = None  # a talker consumes this request's states
 
@@ -102,6 +133,17 @@ class MediaInputs(Message):
     feature_attention_mask: Tensor | None = None  # [n_audio, frames]
     pixel_values: Tensor | None = None  # [patches, patch_dim]
     image_grid_thw: Tensor | None = None  # [n_images, 3]
+    pixel_values_videos: Tensor | None = None  # [patches, patch_dim]
+    video_grid_thw: Tensor | None = None  # [n_videos, 3]
+
+    @classmethod
+    def of(cls, inputs) -> "MediaInputs | None":
+        """The encoder's share of a processor's inputs (``OmniInputs``); None for a prompt without media."""
+        if not inputs.has_media:
+            return None
+        return cls(input_features=inputs.input_features, feature_attention_mask=inputs.feature_attention_mask,
+                   pixel_values=inputs.pixel_values, image_grid_thw=inputs.image_grid_thw,
+                   pixel_values_videos=inputs.pixel_values_videos, video_grid_thw=inputs.video_grid_thw)
 
 
 class RawMedia(Message):
@@ -114,6 +156,7 @@ class RawMedia(Message):
 class MediaEmbeddings(Message):
     audio: Tensor | None = None
     image: Tensor | None = None
+    video: Tensor | None = None
 
 
 class PromptHandoff(Message):

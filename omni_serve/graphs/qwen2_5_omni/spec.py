@@ -13,6 +13,7 @@ from pydantic import Field
 
 from pydantic import model_validator
 
+from omni_serve.api.video import VideoLimits
 from omni_serve.graphs.graph import GraphDef
 from omni_serve.graphs.qwen2_5_omni.graph import AGGREGATED, AGGREGATED_VLLM, DISAGGREGATED, GRAPH
 from omni_serve.graphs.qwen2_5_omni.messages import TextDelta, ThinkerCall
@@ -30,6 +31,19 @@ SPEECH_SYSTEM_PROMPT = (
 
 OmniStages = GRAPH.stages_model("OmniStages")
 OmniEdges = GRAPH.edges_model("OmniEdges")
+
+
+class OmniVideoSpec(VideoLimits):
+    """Video input (``video_url`` content parts) of the Qwen-Omni graphs: how frames are sampled, whether the audio
+    track is heard, and the limits checked from the container header before decoding."""
+
+    fps: float = Field(2.0, gt=0, le=30, description=(
+        "Frames sampled per second of video, by the checkpoint video processor's own sample_frames (2: Qwen-Omni's "
+        "reference utilities)."))
+    use_audio_in_video: bool = Field(True, description=(
+        "Hear each video's audio track too (its tokens interleaved with the video's in time, as Qwen-Omni's "
+        "use_audio_in_video). Requests override it with mm_processor_kwargs.use_audio_in_video; with the default, "
+        "a request whose videos are not all with sound is processed without."))
 
 
 class ThinkerTalkerSpec:
@@ -64,6 +78,7 @@ class OmniGraphSpec(ThinkerTalkerSpec, GraphSpecBase):
         None, description="System prompt added when a request has none (default: Qwen2.5-Omni's speech prompt).")
     max_audio_seconds: float = Field(60.0, gt=0, description="Longest input audio clip accepted.")
     max_image_pixels: int = Field(4096 * 4096, gt=0, description="Largest input image accepted (pixels).")
+    video: OmniVideoSpec = Field(default_factory=OmniVideoSpec, description="Video input: sampling and limits.")
     thinker_layout: Literal[AGGREGATED, DISAGGREGATED] = Field(AGGREGATED, description=(
         "'aggregated': one thinker stage runs prompt and generation. 'disaggregated': thinker_prefill computes "
         "the prompt's KV and hands it through the thinker_prefill_thinker_decode edge to thinker_decode, which "

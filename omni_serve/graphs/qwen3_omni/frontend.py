@@ -1,15 +1,13 @@
 """Ingress side of the Qwen3-Omni graph: the Qwen-Omni chat frontend (``omni_serve.graphs.qwen2_5_omni.frontend``,
 same OpenAI surface, validation, streaming and cancellation) on a Qwen3-Omni checkpoint.
 
-What differs is read from the checkpoint: the audio tower's token arithmetic (transformers' Qwen3-Omni processing
-module, which loads no model code), the voices (``talker_config.speaker_id``: name -> codec speaker id), and the
-talker's inputs (the tts bos/eos/pad tokens; the talker call carries the voice and the prompt's media grid, for
-the talker's M-RoPE). Codec ids returned with ``return_token_ids`` are the frames flattened, frame by frame.
+What differs is read from the checkpoint: the processor (``Qwen3OmniMoeProcessor``, with its own audio token
+arithmetic), the voices (``talker_config.speaker_id``: name -> codec speaker id), and the
+talker's inputs (the tts bos/eos/pad tokens; the talker call carries the voice and the prompt's media layout,
+for the talker's M-RoPE). Codec ids returned with ``return_token_ids`` are the frames flattened, frame by frame.
 """
 
 from __future__ import annotations
-
-from functools import partial
 
 from omni_serve.graphs.messages import Message
 from omni_serve.graphs.qwen2_5_omni.frontend import OmniFrontend, Prepared
@@ -19,13 +17,6 @@ from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
 from omni_serve.models.qwen3_omni_layout import load_config, voices
 
 
-def audio_token_counts(feature_lengths, n_window: int):
-    """Audio tokens per clip (transformers' arithmetic, from its processing module: no model code)."""
-    from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
-
-    return _get_feat_extract_output_lengths(feature_lengths, n_window)
-
-
 class Qwen3OmniFrontend(OmniFrontend):
     default_system_prompt = SPEECH_SYSTEM_PROMPT
 
@@ -33,8 +24,7 @@ class Qwen3OmniFrontend(OmniFrontend):
         cfg = load_config(checkpoint)
         self.config = cfg
         self.thinker_cfg, self.talker_cfg = cfg.thinker_config, cfg.talker_config
-        self.inputs = OmniInputProcessor(
-            checkpoint, audio_tokens=partial(audio_token_counts, n_window=cfg.thinker_config.audio_config.n_window))
+        self.inputs = OmniInputProcessor(checkpoint, video_fps=self.spec.video.fps)  # Qwen3OmniMoeProcessor
         # voice names as the checkpoint spells them, capitalised for the API (matched case-insensitively)
         self.voices = {name.capitalize(): sid for name, sid in voices(cfg).items()}
 
@@ -45,8 +35,8 @@ class Qwen3OmniFrontend(OmniFrontend):
 
     def _talker_call(self, p: Prepared) -> Message:
         return TalkerCall(request_id=p.request_id, voice=p.voice.lower(), seed=p.seed,
-                          temperature=p.thinker.sampling.temperature, image_grid_thw=p.thinker.image_grid_thw,
-                          audio_seqlens=p.thinker.audio_seqlens, return_frames=bool(p.request.return_token_ids))
+                          temperature=p.thinker.sampling.temperature, media_layout=p.thinker.media_layout,
+                          return_frames=bool(p.request.return_token_ids))
 
     @staticmethod
     def _codec_ids(out: Message) -> list[int] | None:

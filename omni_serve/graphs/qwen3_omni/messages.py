@@ -4,8 +4,8 @@ The calls, the thinker's outputs and the media/hand-off payloads are Qwen2.5-Omn
 here); what differs is the talker side:
 - ``ThinkerCall.talker`` (``TalkerPrompt``): ``voice_token`` is the tts bos token, ``tts_end_token`` /
   ``tts_pad_token`` the tts eos / pad tokens (thinker ids whose embeddings the talker's prompt uses);
-- ``encoder_thinker``: ``MediaEmbeddings.image`` is ``[n_i, (1 + D) * H]``, each image token's embedding followed
-  by its D deepstack features (``omni_serve.models.qwen3_omni``);
+- ``encoder_thinker``: ``MediaEmbeddings.image`` / ``video`` are ``[n, (1 + D) * H]``, each image (video) token's
+  embedding followed by its D deepstack features (``omni_serve.models.qwen3_omni``);
 - ``thinker_talker`` (stream): ``ThinkerStates``; the first chunk has ``head`` (``TalkerHead``: ``user`` [U, H],
   per row of the prompt's user turns the thinker's accept-layer hidden state (media rows, ``user_is_media``) or
   its input embedding; ``user_ids``, those rows' token ids (the talker's M-RoPE); ``assistant`` [A, H], the
@@ -22,7 +22,7 @@ from pydantic import Field
 
 from omni_serve.graphs.messages import Message, StreamChunk, Tensor
 from omni_serve.graphs.qwen2_5_omni.messages import (  # noqa: F401 - the shared messages, importable from here
-    AudioDelta, Code2WavCall, EncoderCall, MediaEmbeddings, MediaInputs, PrefillDone, PromptHandoff,
+    AudioDelta, Code2WavCall, EncoderCall, MediaEmbeddings, MediaInputs, MediaLayout, PrefillDone, PromptHandoff,
     SamplingSettings, TalkerPrompt, TextDelta, ThinkerCall,
 )
 
@@ -32,8 +32,7 @@ class TalkerCall(Message):
     voice: str  # a key of the checkpoint's talker_config.speaker_id
     seed: int
     temperature: float = Field(ge=0)  # the request's; a greedy request decodes codes greedily too
-    image_grid_thw: list[list[int]] | None = None  # the prompt's media, for the talker's M-RoPE
-    audio_seqlens: list[int] | None = None
+    media_layout: MediaLayout | None = None  # the prompt's media, for the talker's M-RoPE
     return_frames: bool = False  # send the frames to the ingress too (CodecDelta: return_token_ids)
 
 

@@ -32,13 +32,14 @@ from omni_serve.engines.ar.sequence import ARSequence, KVTransfer
 from omni_serve.engines.base import StageProgram
 from omni_serve.engines.sampling import Sampler, SamplingParams
 from omni_serve.graphs.qwen2_5_omni.messages import (
-    CodecChunk, CodecDelta, MediaEmbeddings, MediaInputs, PromptHandoff, TalkerHead, TextDelta, ThinkerStates,
+    CodecChunk, CodecDelta, MediaEmbeddings, MediaInputs, MediaLayout, PromptHandoff, TalkerHead, TextDelta,
+    ThinkerStates,
 )
 from omni_serve.models.qwen2_5_omni import OmniEncoder, OmniTalker, OmniThinker
 
 
 class EncoderProgram(StageProgram):
-    """One shot: audio features and image patches in, embeddings out."""
+    """One shot: audio features, image and video patches in, embeddings out."""
 
     def __init__(self, model: OmniEncoder):
         self.model = model
@@ -57,6 +58,8 @@ class EncoderProgram(StageProgram):
             out.audio = self.model.encode_audio(x.input_features, x.feature_attention_mask)
         if x.pixel_values is not None:
             out.image = self.model.encode_image(x.pixel_values, x.image_grid_thw)
+        if x.pixel_values_videos is not None:
+            out.video = self.model.encode_image(x.pixel_values_videos, x.video_grid_thw)
         self.done = True
         return [out]
 
@@ -68,8 +71,7 @@ class ThinkerRequest:
     sampling: SamplingParams
     stop_token_ids: tuple[int, ...]
     stop: tuple[str, ...] = ()
-    image_grid_thw: list[list[int]] | None = None
-    audio_seqlens: list[int] | None = None
+    media_layout: MediaLayout | None = None  # the prompt's media (M-RoPE); None: a text prompt
     expects_media: bool = False
     talker_voice_token: int | None = None  # set when a talker consumes this request's states
     talker_tokens: tuple[int, int] = (0, 0)  # (tts end, tts pad) thinker token ids
@@ -77,6 +79,11 @@ class ThinkerRequest:
     first_chunk_size: int = 1
     media_token_ids: tuple[int, ...] = ()
     block_size: int = 16  # KV block size of the engine (for prefix-sharing hashes)
+
+
+def rope_kwargs(layout: MediaLayout | None) -> dict:
+    """The models' ``prompt_positions`` keyword arguments for a prompt's media (none for a text prompt)."""
+    return {} if layout is None else layout.rope_kwargs()
 
 
 class ThinkerRole(str, enum.Enum):
@@ -156,16 +163,16 @@ class ThinkerSequence(ARSequence):
         m, req = self.model, self.req
         ids = torch.tensor([req.input_ids])
         embeds = m.embed(ids)
-        for key, token in (("audio", m.config.audio_token_index), ("image", m.config.image_token_index)):
+        cfg = m.config
+        for key, token in (("audio", cfg.audio_token_index), ("image", cfg.image_token_index),
+                           ("video", cfg.video_token_index)):
             feats = getattr(self.media, key)
             if feats is not None:
                 mask = (ids == token).unsqueeze(-1).to(embeds.device)
                 if int(mask.sum()) != feats.shape[0]:
                     raise ValueError(f"{key}: {int(mask.sum())} placeholder tokens for {feats.shape[0]} embeddings")
                 embeds = embeds.masked_scatter(mask, feats.to(embeds.dtype))
-        grid = torch.tensor(req.image_grid_thw) if req.image_grid_thw else None
-        seqlens = torch.tensor(req.audio_seqlens) if req.audio_seqlens else None
-        positions, self.delta = m.prompt_positions(ids, grid, seqlens)
+        positions, self.delta = m.prompt_positions(ids, **rope_kwargs(req.media_layout))
         self.append(embeds[0], positions)
         self.media = MediaEmbeddings()
         if self.feeds_talker:

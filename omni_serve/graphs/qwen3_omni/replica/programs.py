@@ -3,7 +3,7 @@
 ``Qwen3ThinkerSequence`` is Qwen2.5-Omni's thinker program (roles, chunked prefill, preemption, the prefill ->
 decode hand-off, stops and text deltas: ``omni_serve.graphs.qwen2_5_omni.replica.programs``) with Qwen3-Omni's
 prompt and talker inputs:
-- input rows carry the deepstack features of image tokens (``Qwen3OmniThinker``'s row layout);
+- input rows carry the deepstack features of image and video tokens (``Qwen3OmniThinker``'s row layout);
 - the talker reads, per prompt row of the user turns, the thinker's input embedding (text rows) or its hidden
   state after ``accept_hidden_layer`` (media rows: the only hidden states the engine is asked for), the
   embeddings of the assistant turn's rows, and then the embedding of each generated token the thinker feeds
@@ -25,8 +25,10 @@ import torch
 
 from omni_serve.engines.ar.sequence import ARSequence
 from omni_serve.engines.sampling import Sampler, SamplingParams
-from omni_serve.graphs.qwen2_5_omni.replica.programs import ThinkerRole, ThinkerSequence
-from omni_serve.graphs.qwen3_omni.messages import CodecChunk, CodecDelta, MediaEmbeddings, TalkerHead, ThinkerStates
+from omni_serve.graphs.qwen2_5_omni.replica.programs import ThinkerRole, ThinkerSequence, rope_kwargs
+from omni_serve.graphs.qwen3_omni.messages import (
+    CodecChunk, CodecDelta, MediaEmbeddings, MediaLayout, TalkerHead, ThinkerStates,
+)
 from omni_serve.models.qwen3_omni import CodeFrame, FrameCodes, Qwen3OmniTalker
 
 ASSISTANT_HEAD_ROWS = 4  # <|im_start|> assistant \n + the first generated token: the talker prompt's text part
@@ -62,16 +64,15 @@ class Qwen3ThinkerSequence(ThinkerSequence):
         rows = m.rows(m.embed(ids))
         h = m.hidden_size
         for key, token, width in (("audio", m.config.audio_token_id, h),
-                                  ("image", m.config.image_token_id, m.row_size)):
+                                  ("image", m.config.image_token_id, m.row_size),
+                                  ("video", m.config.video_token_id, m.row_size)):
             feats = getattr(self.media, key)
             if feats is not None:
                 mask = ids == token
                 if int(mask.sum()) != feats.shape[0]:
                     raise ValueError(f"{key}: {int(mask.sum())} placeholder tokens for {feats.shape[0]} embeddings")
                 rows[mask.to(rows.device), :width] = feats.to(rows.device, rows.dtype)
-        grid = torch.tensor(req.image_grid_thw) if req.image_grid_thw else None
-        seqlens = torch.tensor(req.audio_seqlens) if req.audio_seqlens else None
-        positions, self.delta = m.prompt_positions(ids.view(1, -1), grid, seqlens)
+        positions, self.delta = m.prompt_positions(ids.view(1, -1), **rope_kwargs(req.media_layout))
         self.append(rows, positions)
         self.media = MediaEmbeddings()
         if self.feeds_talker:
@@ -111,8 +112,7 @@ class TalkerRequest:
     predictor_sampling: SamplingParams  # residual codebooks
     chunk_size: int = 5
     first_chunk_size: int = 4
-    image_grid_thw: list[list[int]] | None = None
-    audio_seqlens: list[int] | None = None
+    media_layout: MediaLayout | None = None  # the prompt's media (the talker's M-RoPE); None: a text prompt
     return_frames: bool = True  # also output CodecDelta (the frames, for the ingress)
 
 
@@ -199,9 +199,7 @@ class Qwen3TalkerSequence(ARSequence):
         h, req = self.head, self.req
         rows = self.model.prompt_rows(h.user, h.user_is_media, torch.stack(self.text[:ASSISTANT_HEAD_ROWS]),
                                       req.voice_id, h.tts)
-        grid = torch.tensor(req.image_grid_thw) if req.image_grid_thw else None
-        seqlens = torch.tensor(req.audio_seqlens) if req.audio_seqlens else None
-        positions, self.delta = self.model.prompt_positions(h.user_ids, grid, seqlens)
+        positions, self.delta = self.model.prompt_positions(h.user_ids, **rope_kwargs(req.media_layout))
         self.max_rows = rows.shape[0] + req.max_new_tokens
         self.append(rows, positions)
 

@@ -49,7 +49,7 @@ class TalkerRunner(StageRunner):
         program = Qwen3TalkerSequence(self.model, TalkerRequest(
             voice_id=voices[call.voice], max_new_tokens=p.max_codec_tokens, sampling=sampling,
             predictor_sampling=predictor, chunk_size=edge.chunk_size, first_chunk_size=edge.first_chunk_size,
-            image_grid_thw=call.image_grid_thw, audio_seqlens=call.audio_seqlens, return_frames=call.return_frames))
+            media_layout=call.media_layout, return_frames=call.return_frames))
         async for out in self.drive(engine, call.request_id, program, reads="thinker_talker",
                                     writes="talker_code2wav"):
             yield out

@@ -1,0 +1,183 @@
+"""Decoding of request videos (``video_url`` content parts: ``data:video/...;base64,`` URLs) with PyAV.
+
+Contract:
+
+* ``video_url_bytes(url, max_bytes, param)`` returns the encoded video of a data URL; remote URLs, other media
+  types and bad base64 are a 400 (``OpenAIError`` naming ``param``), as for images.
+* ``decode_video(raw, limits, sample, param, audio_rate)`` opens the container and reads its header first: the
+  video stream's frame count and rate, its duration and its frame size are checked against ``VideoLimits``
+  before any frame is decoded. ``sample(metadata) -> frame indices`` picks the frames to keep (the frontend
+  passes transformers' own ``sample_frames`` of the checkpoint's video processor, so the frames are those the
+  reference processor samples); frames are decoded in order and only the sampled ones are kept, as
+  transformers' PyAV reader (``read_video_pyav``) does, from the same header fields. With ``audio_rate`` set, the
+  audio track (if any) is decoded to mono float32 at that rate (for Qwen-Omni's ``use_audio_in_video``).
+* Unreadable, empty or oversized videos are a 400 that says what is wrong; nothing else escapes for bad input.
+* Decoding is CPU work: callers on an event loop run it in a thread.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from omni_serve.api.errors import OpenAIError, bad_request
+from omni_serve.api.media import data_url_bytes
+
+__all__ = ["VideoLimits", "DecodedVideo", "VideoHeader", "video_url_bytes", "decode_video"]
+
+
+class VideoLimits(BaseModel):
+    """Bounds on one input video, checked from its container header before decoding."""
+
+    max_seconds: float = Field(60.0, gt=0, description="Longest input video accepted (seconds, from the header).")
+    max_frame_pixels: int = Field(1920 * 1080, gt=0, description="Largest frame accepted (width x height).")
+    max_source_frames: int = Field(3600, gt=0, description=(
+        "Most frames a video may have in all (every frame is decoded to reach the sampled ones)."))
+    max_sampled_frames: int = Field(256, gt=0, description="Most frames sampled from one video for the model.")
+
+
+@dataclass
+class VideoHeader:
+    """What the container says of its video stream (the fields transformers' ``VideoMetadata`` takes)."""
+
+    total_num_frames: int
+    fps: float
+    width: int
+    height: int
+    duration: float
+    has_audio: bool
+
+
+@dataclass
+class DecodedVideo:
+    frames: np.ndarray  # [T, H, W, 3] uint8 RGB: the sampled frames, in order
+    header: VideoHeader
+    indices: list[int]  # the sampled frame indices
+    audio: np.ndarray | None = None  # mono float32 at the requested rate (None: no track or not asked for)
+
+
+def video_url_bytes(url: str, *, max_bytes: int, param: str) -> bytes:
+    """The encoded video of a ``data:video/...;base64,`` URL (not decoded)."""
+    return data_url_bytes(url, "video", max_bytes=max_bytes, param=param)
+
+
+def _open(raw: bytes, param: str):
+    import av
+
+    try:
+        return av.open(io.BytesIO(raw), mode="r")
+    except (av.FFmpegError, ValueError, OSError) as exc:
+        raise bad_request(f"{param}: could not read the video: {_detail(exc)}", param=param) from None
+
+
+def _detail(exc: Exception) -> str:
+    return str(exc).strip() or type(exc).__name__
+
+
+def read_header(container, limits: VideoLimits, param: str) -> VideoHeader:
+    """The video stream's header fields, checked against ``limits`` (nothing decoded)."""
+    if not container.streams.video:
+        raise bad_request(f"{param}: the file has no video stream", param=param)
+    stream = container.streams.video[0]
+    rate = stream.average_rate or stream.guessed_rate
+    fps = float(rate) if rate else 0.0
+    width, height = int(stream.codec_context.width or 0), int(stream.codec_context.height or 0)
+    if fps <= 0 or width <= 0 or height <= 0:
+        raise bad_request(f"{param}: the video stream has no frame rate or frame size", param=param)
+    if width * height > limits.max_frame_pixels:
+        raise bad_request(f"{param}: video frames are too large ({width}x{height} = {width * height} pixels; limit "
+                          f"{limits.max_frame_pixels})", param=param)
+    total = int(stream.frames or 0)
+    if total <= 0:  # not in the header (e.g. WebM): count the packets, which decodes nothing
+        total = 0
+        for packet in container.demux(stream):
+            total += packet.size > 0
+            if total > limits.max_source_frames:
+                break
+        container.seek(0)
+    if total <= 0:
+        raise bad_request(f"{param}: the video has no frames", param=param)
+    if total > limits.max_source_frames:
+        raise bad_request(f"{param}: the video has too many frames ({total}; limit {limits.max_source_frames})",
+                          param=param)
+    duration = total / fps
+    if container.duration:  # microseconds; the longer of the two bounds the work
+        duration = max(duration, container.duration / 1e6)
+    if duration > limits.max_seconds:
+        raise bad_request(f"{param}: the video is too long ({duration:.1f} s; limit {limits.max_seconds:g} s)",
+                          param=param)
+    return VideoHeader(total_num_frames=total, fps=fps, width=width, height=height, duration=total / fps,
+                       has_audio=bool(container.streams.audio))
+
+
+def decode_video(raw: bytes, *, limits: VideoLimits, sample: Callable[[VideoHeader], list[int]], param: str,
+                 audio_rate: int | None = None) -> DecodedVideo:
+    """Decode the sampled frames (and the audio track, at ``audio_rate``) of an encoded video; see the module doc."""
+    import av
+
+    try:
+        with _open(raw, param) as container:
+            header = read_header(container, limits, param)
+            indices = sorted({int(i) for i in sample(header)})
+            if not indices or indices[0] < 0 or indices[-1] >= header.total_num_frames:
+                raise bad_request(f"{param}: no frames could be sampled from the video", param=param)
+            if len(indices) > limits.max_sampled_frames:
+                raise bad_request(f"{param}: the video would be sampled to {len(indices)} frames; at most "
+                                  f"{limits.max_sampled_frames} are accepted", param=param)
+            frames = _frames(container, indices, param)
+            audio = None
+            if audio_rate is not None and header.has_audio:
+                container.seek(0)
+                audio = _audio_track(container, audio_rate, limits.max_seconds, param)
+    except OpenAIError:
+        raise
+    except (av.FFmpegError, ValueError, OSError, RuntimeError) as exc:
+        raise bad_request(f"{param}: could not decode the video: {_detail(exc)}", param=param) from None
+    return DecodedVideo(frames=frames, header=header, indices=indices, audio=audio)
+
+
+def _frames(container, indices: list[int], param: str) -> np.ndarray:
+    wanted, last, kept = set(indices), indices[-1], []
+    for i, frame in enumerate(container.decode(video=0)):
+        if i > last:
+            break
+        if i in wanted:
+            kept.append(frame.to_ndarray(format="rgb24"))
+    if len(kept) != len(indices):
+        raise bad_request(f"{param}: the video has fewer decodable frames ({len(kept)} of the sampled "
+                          f"{len(indices)}) than its header says", param=param)
+    shapes = {f.shape for f in kept}
+    if len(shapes) != 1:
+        raise bad_request(f"{param}: the video's frame size changes mid-stream", param=param)
+    return np.stack(kept)
+
+
+def _audio_track(container, rate: int, max_seconds: float, param: str) -> np.ndarray | None:
+    """The first audio track as mono float32 at ``rate`` (at most ``max_seconds``), or None if it is empty."""
+    import av
+
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+    limit = int(math.ceil(max_seconds * rate))
+    chunks, n = [], 0
+    for frame in container.decode(audio=0):
+        for out in resampler.resample(frame):
+            chunks.append(out.to_ndarray().reshape(-1))
+            n += chunks[-1].size
+        if n >= limit:
+            break
+    else:
+        for out in resampler.resample(None):  # flush
+            chunks.append(out.to_ndarray().reshape(-1))
+    if not chunks:
+        return None
+    samples = np.concatenate(chunks)[:limit].astype(np.float32, copy=False)
+    if samples.size == 0:
+        return None
+    if not np.all(np.isfinite(samples)):
+        raise bad_request(f"{param}: the video's audio track contains non-finite samples", param=param)
+    return samples
