@@ -1,22 +1,32 @@
 """Per-request token selection built from transformers' logits processors.
 
-Contract: ``Sampler(params, vocab_size).select(logits, history) -> int``. A ``temperature`` below
-``GREEDY_BELOW`` (0, or so small that logits divided by it overflow) is greedy; otherwise temperature,
-top-k and top-p warpers then a draw from a per-request ``torch.Generator`` seeded with ``params.seed``
-(reproducible per request, independent of other requests in the replica). Repetition penalty, suppressed
-tokens and a minimum length apply in both modes, as in ``generate``.
+Contract: ``Sampler(params).select(logits, history) -> int``. A ``temperature`` below ``GREEDY_BELOW`` (0, or
+so small that logits divided by it overflow) is greedy; otherwise temperature, top-k and top-p warpers then a
+draw from a per-request ``torch.Generator`` seeded with ``params.seed`` (reproducible per request, independent of
+other requests in the replica). Repetition penalty, suppressed tokens and a minimum length apply in both modes,
+as in ``generate``.
+
+``select_rows(samplers, logits)`` is ``[s.select(logits[i], []) for i, s in enumerate(samplers)]`` in fewer
+calls, for rows drawn without a history (the Qwen3-Omni code predictor's residual codebooks): rows whose samplers
+share their processors are processed as one ``[n, V]`` batch (the processors and the softmax work row by row, so
+every row's scores are those of its own call), greedy rows take one ``argmax``, and each sampled row still draws
+from its own generator, in row order. Rows whose processors read the history (repetition penalty, minimum
+length) are selected one by one.
+
+The processors are transformers' own, called in ``generate``'s order, except suppression: ``SuppressTokens``
+rebuilds its vocabulary mask (``isin`` over every suppressed id) on every call, so ``_Suppress`` keeps that mask
+and applies the same ``torch.where``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, replace
+from typing import Sequence
 
 import torch
 from transformers.generation.logits_process import (
-    LogitsProcessorList,
     MinNewTokensLengthLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
-    SuppressTokensLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -48,6 +58,22 @@ class SamplingParams:
         return is_greedy(self.temperature)
 
 
+class _Suppress:
+    """transformers' ``SuppressTokensLogitsProcessor`` with its vocabulary mask built once per vocabulary size."""
+
+    def __init__(self, tokens: tuple[int, ...]):
+        self.tokens = torch.tensor(list(tokens))
+        self._masks: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    def __call__(self, input_ids, scores: torch.Tensor) -> torch.Tensor:
+        key = (scores.shape[-1], scores.device)
+        mask = self._masks.get(key)
+        if mask is None:
+            vocab = torch.arange(key[0], device=scores.device)
+            mask = self._masks[key] = torch.isin(vocab, self.tokens.to(scores.device))
+        return torch.where(mask, -float("inf"), scores)
+
+
 class Sampler:
     def __init__(self, params: SamplingParams):
         self.params = params
@@ -57,8 +83,9 @@ class Sampler:
             procs.append(RepetitionPenaltyLogitsProcessor(penalty=p.repetition_penalty))
         if p.min_new_tokens and p.stop_token_ids:
             procs.append(MinNewTokensLengthLogitsProcessor(0, p.min_new_tokens, list(p.stop_token_ids)))
+        self.reads_history = bool(procs)  # the processors above read the tokens generated so far
         if p.suppress_tokens:
-            procs.append(SuppressTokensLogitsProcessor(list(p.suppress_tokens)))
+            procs.append(_Suppress(p.suppress_tokens))
         if not p.greedy:
             if p.temperature != 1.0:
                 procs.append(TemperatureLogitsWarper(p.temperature))
@@ -66,15 +93,48 @@ class Sampler:
                 procs.append(TopKLogitsWarper(top_k=p.top_k))
             if p.top_p < 1.0:
                 procs.append(TopPLogitsWarper(top_p=p.top_p))
-        self.processors = LogitsProcessorList(procs)
+        # every processor takes (input_ids, scores) only: called directly, without LogitsProcessorList's
+        # per-call signature inspection
+        self.processors = procs
         self.generator = None if p.greedy else torch.Generator().manual_seed(p.seed)
+        # samplers with equal keys process their rows identically (see select_rows); None: not batchable
+        self.batch_key = None if self.reads_history else astuple(replace(p, seed=0))
+
+    def process(self, scores: torch.Tensor, history: list[list[int]] | None) -> torch.Tensor:
+        """``scores [n, V]`` (float) through the processors; ``history``: per row, the tokens generated so far
+        (only read when ``reads_history``)."""
+        ids = torch.tensor(history, dtype=torch.long) if self.reads_history else None
+        for proc in self.processors:
+            scores = proc(ids, scores)
+        return scores
 
     def select(self, logits: torch.Tensor, history: list[int]) -> int:
-        scores = logits.view(1, -1).float()
-        if len(self.processors):
-            ids = torch.tensor([history], dtype=torch.long)
-            scores = self.processors(ids, scores)
+        scores = self.process(logits.view(1, -1).float(), [history])
         if self.params.greedy:
             return int(scores.argmax(-1))
         probs = torch.softmax(scores, dim=-1)
         return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+def select_rows(samplers: Sequence[Sampler], logits: torch.Tensor) -> list[int]:
+    """One token per row of ``logits [n, V]``, row ``i`` by ``samplers[i]`` with an empty history: what
+    ``samplers[i].select(logits[i], [])`` returns, batched where the samplers allow (see the module doc)."""
+    out: list[int | None] = [None] * len(samplers)
+    groups: dict[object, list[int]] = {}
+    for i, s in enumerate(samplers):
+        if s.batch_key is None:
+            out[i] = s.select(logits[i], [])
+        else:
+            groups.setdefault(s.batch_key, []).append(i)
+    for rows in groups.values():
+        lead = samplers[rows[0]]
+        scores = logits.float() if len(rows) == len(samplers) else logits[torch.tensor(rows)].float()
+        scores = lead.process(scores, None)
+        if lead.params.greedy:
+            for i, token in zip(rows, scores.argmax(-1).tolist()):
+                out[i] = token
+            continue
+        probs = torch.softmax(scores, dim=-1)
+        for j, i in enumerate(rows):
+            out[i] = int(torch.multinomial(probs[j:j + 1], 1, generator=samplers[i].generator))
+    return out

@@ -106,23 +106,26 @@ class _PagedDecoder:
         return out.last_hidden_state[0]
 
 
-class OmniThinker(_PagedDecoder):
-    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
-        self.config = load_config(checkpoint_dir).thinker_config
-        text_cfg = self.config.text_config
-        self.model = load_component(checkpoint_dir, hf.Qwen2_5OmniThinkerTextModel, text_cfg,
-                                    {"thinker.model.": ""}, dtype, device)
+class ThinkerDecoder(_PagedDecoder):
+    """A thinker's text model + lm_head with its M-RoPE prompt positions (both Omni families: each names its
+    transformers text model class and position index)."""
+
+    text_model_class: type = hf.Qwen2_5OmniThinkerTextModel
+    rope_class: type = MropeIndex
+
+    def _load_thinker(self, checkpoint_dir: str, thinker_config, dtype, device) -> None:
+        self.config = thinker_config
+        text_cfg = thinker_config.text_config
+        self.model = load_component(checkpoint_dir, self.text_model_class, text_cfg, {"thinker.model.": ""},
+                                    dtype, device)
         self._use_paged_attention(self.model.config, dtype, device)
         self.lm_head = torch.nn.Linear(text_cfg.hidden_size, text_cfg.vocab_size, bias=False)
         self.lm_head.load_state_dict(read_state_dict(checkpoint_dir, {"thinker.lm_head.": ""}))
         self.lm_head.to(device=device, dtype=dtype).eval()
-        self.rope = MropeIndex(self.config, self.config.vision_config.spatial_merge_size)
+        self.rope = self.rope_class(thinker_config, thinker_config.vision_config.spatial_merge_size)
         self.modules = {"model": self.model, "lm_head": self.lm_head}
         self.vocab_size = text_cfg.vocab_size
         self.hidden_size = text_cfg.hidden_size
-        self.row_size = self.hidden_size  # an input row is the embedding
-        cfg = self.config
-        self.media_token_ids = (cfg.audio_token_index, cfg.image_token_index, cfg.video_token_index)
         self.position_rows = 4
 
     @torch.inference_mode()
@@ -140,6 +143,14 @@ class OmniThinker(_PagedDecoder):
     def step_positions(past_len: int, delta: int, n: int = 1) -> torch.Tensor:
         text = torch.arange(past_len, past_len + n).view(1, n)
         return torch.cat([text, text.expand(3, n) + delta], dim=0)
+
+
+class OmniThinker(ThinkerDecoder):
+    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
+        self._load_thinker(checkpoint_dir, load_config(checkpoint_dir).thinker_config, dtype, device)
+        self.row_size = self.hidden_size  # an input row is the embedding
+        cfg = self.config
+        self.media_token_ids = (cfg.audio_token_index, cfg.image_token_index, cfg.video_token_index)
 
     @torch.inference_mode()
     def forward_packed(self, embeds, positions, batch, logit_rows, want_hidden):

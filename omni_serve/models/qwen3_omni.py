@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import torch
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
 
-from omni_serve.engines.sampling import Sampler
-from omni_serve.models.loading import load_component, read_state_dict
-from omni_serve.models.qwen2_5_omni import MropeIndex, OmniEncoder, _PagedDecoder
+from omni_serve.engines.sampling import Sampler, select_rows
+from omni_serve.models.loading import load_component
+from omni_serve.models.qwen2_5_omni import MropeIndex, OmniEncoder, ThinkerDecoder, _PagedDecoder
 from omni_serve.models.qwen3_omni_layout import load_config
 from omni_serve.models.qwen3_omni_vocoder import StreamingCode2Wav, VocoderStream
 
@@ -80,48 +80,23 @@ class Qwen3OmniEncoder(OmniEncoder):
         return torch.cat([out.pooler_output, *out.deepstack_features], dim=-1)
 
 
-class Qwen3OmniThinker(_PagedDecoder):
+class Qwen3OmniThinker(ThinkerDecoder):
+    text_model_class, rope_class = hf.Qwen3OmniMoeThinkerTextModel, RopeIndex
+
     def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
         full = load_config(checkpoint_dir)
-        self.config = full.thinker_config
-        text_cfg = self.config.text_config
-        self.model = load_component(checkpoint_dir, hf.Qwen3OmniMoeThinkerTextModel, text_cfg,
-                                    {"thinker.model.": ""}, dtype, device)
-        self._use_paged_attention(self.model.config, dtype, device)
-        self.lm_head = torch.nn.Linear(text_cfg.hidden_size, text_cfg.vocab_size, bias=False)
-        self.lm_head.load_state_dict(read_state_dict(checkpoint_dir, {"thinker.lm_head.": ""}))
-        self.lm_head.to(device=device, dtype=dtype).eval()
-        self.rope = RopeIndex(self.config, self.config.vision_config.spatial_merge_size)
-        self.modules = {"model": self.model, "lm_head": self.lm_head}
-        self.hidden_size = text_cfg.hidden_size
+        self._load_thinker(checkpoint_dir, full.thinker_config, dtype, device)
         self.deepstack_layers = len(self.config.vision_config.deepstack_visual_indexes)
         self.row_size = self.hidden_size * (1 + self.deepstack_layers)  # [embedding | deepstack features]
         self.accept_layer = full.talker_config.accept_hidden_layer
-        self.position_rows = 4
         self.media_token_ids = (self.config.audio_token_id, self.config.image_token_id, self.config.video_token_id)
         # the turn markers the talker's inputs are cut by
         self.im_start_token_id, self.user_token_id = full.im_start_token_id, full.user_token_id
         self.assistant_token_id = full.assistant_token_id
 
-    @torch.inference_mode()
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(ids.to(self.device))
-
     def rows(self, embeds: torch.Tensor) -> torch.Tensor:
         """Input rows for embeddings without deepstack features (text and audio tokens, generated tokens)."""
         return torch.cat([embeds, embeds.new_zeros(embeds.shape[0], self.row_size - self.hidden_size)], dim=-1)
-
-    def prompt_positions(self, input_ids, **media) -> tuple[torch.Tensor, int]:
-        """Prompt positions ``[4, L]`` (``[text; t; h; w]``) and the M-RoPE delta used while decoding; ``media``:
-        ``RopeIndex.positions``' keyword arguments (none for a text prompt)."""
-        mrope, delta = self.rope.positions(input_ids, **media)
-        text = torch.arange(input_ids.shape[1]).view(1, -1)
-        return torch.cat([text, mrope], dim=0), delta
-
-    @staticmethod
-    def step_positions(past_len: int, delta: int, n: int = 1) -> torch.Tensor:
-        text = torch.arange(past_len, past_len + n).view(1, n)
-        return torch.cat([text, text.expand(3, n) + delta], dim=0)
 
     @torch.inference_mode()
     def forward_packed(self, embeds, positions, batch, logit_rows, want_hidden):
@@ -178,6 +153,7 @@ class Qwen3OmniTalker(_PagedDecoder):
         self.voices = dict(c.speaker_id)
         self.rope = RopeIndex(talker_rope_config(full), c.spatial_merge_size)
         self.tts_pad_token_id = full.tts_pad_token_id
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # see _predictor_rope
 
     @torch.inference_mode()
     def project_text(self, x: torch.Tensor) -> torch.Tensor:
@@ -240,25 +216,52 @@ class Qwen3OmniTalker(_PagedDecoder):
 
     @torch.inference_mode()
     def run_followups(self, frames: list[CodeFrame]) -> list[FrameCodes]:
-        """The residual codes of a batch of frames: the code predictor's G-1 steps, every frame at once."""
-        from transformers import DynamicCache
+        """The residual codes of a batch of frames: the code predictor's G-1 steps, every frame at once.
 
-        p = self.predictor
-        code0 = torch.tensor([f.code0 for f in frames], device=self.device)
-        first = self.embed_codes(code0.tolist())  # [B, Ht]
+        Bit for bit what ``predictor.model(inputs_embeds=x, past_key_values=cache)`` then ``lm_head[g]`` and each
+        frame's ``sampler.select`` give step by step, with less Python per step: the model's decoder layers are
+        called directly with the causal mask its forward would build (transformers' ``create_causal_mask``) and
+        the rotary embedding of the same positions, sliced from one table for positions 0..G-1 instead of computed
+        per step (the forward adds nothing else but output bookkeeping); the frames' codes are drawn by
+        ``select_rows`` (one argmax over the batch for greedy frames)."""
+        from transformers import DynamicCache
+        from transformers.masking_utils import create_causal_mask
+
+        p, model = self.predictor, self.predictor.model
+        samplers = [f.sampler for f in frames]
+        code0 = [f.code0 for f in frames]
+        first = self.embed_codes(code0)  # [B, Ht]
         x = torch.stack([torch.stack([f.hidden.to(self.device, self.dtype) for f in frames]), first], dim=1)
+        cos, sin = self._predictor_rope()
         cache = DynamicCache(config=p.config)
-        codes = [code0.tolist()]
+        codes = [code0]
         total = first.clone()
+        past = 0
         for g in range(self.num_code_groups - 1):
-            out = p.model(inputs_embeds=x, past_key_values=cache, use_cache=True)
-            logits = p.lm_head[g](out.last_hidden_state[:, -1]).float()
-            drawn = [f.sampler.select(logits[i], []) for i, f in enumerate(frames)]
+            n = x.shape[1]
+            positions = torch.arange(past, past + n, device=self.device).view(1, n)
+            mask = create_causal_mask(config=model.config, inputs_embeds=x, attention_mask=None,
+                                      past_key_values=cache, position_ids=positions)
+            rope = (cos[:, past:past + n], sin[:, past:past + n])
+            for layer in model.layers[:model.config.num_hidden_layers]:
+                x = layer(x, attention_mask=mask, past_key_values=cache, position_embeddings=rope)
+            past += n
+            logits = p.lm_head[g](model.norm(x)[:, -1]).float()
+            drawn = select_rows(samplers, logits)
             codes.append(drawn)
-            emb = p.model.get_input_embeddings()[g](torch.tensor(drawn, device=self.device))  # [B, Ht]
+            emb = model.get_input_embeddings()[g](torch.tensor(drawn, device=self.device))  # [B, Ht]
             total = total + emb
             x = emb.unsqueeze(1)
         return [FrameCodes([row[i] for row in codes], total[i]) for i in range(len(frames))]
+
+    def _predictor_rope(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The code predictor's rotary (cos, sin) ``[1, G, d]`` for positions 0..G-1 (a frame's whole length)."""
+        if self._rope_table is None:
+            model = self.predictor.model
+            probe = torch.zeros(1, 1, model.config.hidden_size, device=self.device, dtype=self.dtype)
+            positions = torch.arange(self.num_code_groups, device=self.device).view(1, -1)
+            self._rope_table = model.rotary_emb(probe, positions)
+        return self._rope_table
 
 
 class Qwen3OmniCode2Wav:

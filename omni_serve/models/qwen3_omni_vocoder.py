@@ -10,8 +10,9 @@ final now. Fed a sequence in pieces, the concatenated samples equal one ``forwar
 Why this is exact, module by module (stride-1 causal convolutions, transposed convolutions, pointwise ops):
 - the transformer is causal (sliding-window attention): new frames attend to the cached keys/values;
 - ``Qwen3OmniMoeCausalConvNet`` (stride 1) left-pads its input with ``k - 1`` zeros; streamed, the pad is the
-  previous input's last ``k - 1`` samples instead (a pre-hook prepends them, and a hook drops the outputs of the
-  zeros the module still pads with);
+  previous input's last ``k - 1`` samples instead (a pre-hook on its inner ``Conv1d`` writes them over the zeros
+  of the freshly padded input, which the module made for this call only: no copy of the activation, and the
+  convolution's output is exactly the new samples);
 - ``Qwen3OmniMoeCausalTransConvNet`` with kernel 2r and stride r trims r samples on each side, so its output
   sample q depends on inputs q // r and q // r + 1: the last input's outputs are not final until the next one
   comes. Streamed, each call prepends the previous call's last input (a pre-hook): the module's own trimming then
@@ -27,6 +28,8 @@ applies here); the hooks only change what the input's left edge is. They act onl
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
 
@@ -36,7 +39,7 @@ class VocoderStream:
 
     def __init__(self):
         self.cache = None  # the transformer's DynamicCache
-        self.left: dict[torch.nn.Module, torch.Tensor] = {}  # per causal conv: its last k - 1 input samples
+        self.left: dict[torch.nn.Module, torch.Tensor] = {}  # per causal conv (its Conv1d): its last k - 1 inputs
         self.last: dict[torch.nn.Module, torch.Tensor] = {}  # per transposed conv: its last input sample
         self.frames = 0  # frames fed
 
@@ -47,30 +50,26 @@ class StreamingCode2Wav:
         self._stream: VocoderStream | None = None
         for module in model.modules():
             if isinstance(module, hf.Qwen3OmniMoeCausalConvNet):
-                if module.stride != 1:
-                    raise ValueError("streamed code2wav supports stride-1 causal convolutions only")
-                module.register_forward_pre_hook(self._conv_pre)
-                module.register_forward_hook(self._conv_post)
+                if module.stride != 1 or module.conv.padding != (0,):
+                    raise ValueError("streamed code2wav supports stride-1 causal convolutions that pad in their "
+                                     "module, not in their Conv1d")
+                if module.padding:  # a pointwise convolution has no left context
+                    module.conv.register_forward_pre_hook(functools.partial(self._conv_pre, module.padding))
             elif isinstance(module, hf.Qwen3OmniMoeCausalTransConvNet) and module.left_pad:
                 module.register_forward_pre_hook(self._transposed_pre)
 
     # -- hooks (no-ops unless a stream is being fed) -----------------------------------------------------------
-    def _conv_pre(self, module, args):
+    def _conv_pre(self, pad: int, conv, args):
+        """``args[0]``: the causal convolution's input, just left-padded with ``pad`` zeros by its module (a new
+        tensor, used by nothing else): the stream's left context goes over the zeros, in place."""
         if self._stream is None:
             return None
         x = args[0]
-        pad = module.padding
-        left = self._stream.left.get(module)
-        if left is None:
-            left = x.new_zeros(x.shape[0], x.shape[1], pad)
-        inp = torch.cat([left, x], dim=-1)
-        self._stream.left[module] = inp[..., inp.shape[-1] - pad:].clone()  # a copy: a view would pin all of inp
-        return (inp,)
-
-    def _conv_post(self, module, args, output):
-        if self._stream is None:
-            return None
-        return output[..., module.padding:].contiguous()  # the outputs of the zeros the module pads the (already padded) input with
+        left = self._stream.left.get(conv)
+        if left is not None:
+            x[..., :pad] = left
+        self._stream.left[conv] = x[..., x.shape[-1] - pad:].clone()  # a copy: a view would pin all of x
+        return None
 
     def _transposed_pre(self, module, args):
         if self._stream is None:

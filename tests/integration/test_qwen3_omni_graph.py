@@ -70,15 +70,17 @@ def test_eight_in_flight_match_transformers_generate(client, references):
         check(r.json(), references[kind])
 
 
-def test_openai_client_non_streaming_and_streaming(qwen3_app, references):
+@pytest.mark.parametrize("kind", ["text", "video_audio"])
+def test_openai_client_non_streaming_and_streaming(qwen3_app, references, kind):
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{qwen3_app}/v1", api_key="unused")
-    req = oracle_request("text")
+    req = oracle_request(kind)
     kw = {k: req[k] for k in ("model", "messages", "max_tokens", "temperature", "seed", "modalities", "audio")}
-    completion = client.chat.completions.create(**kw, extra_body={"return_token_ids": True})
+    kw["extra_body"] = http_extras(kind)  # the video case: mm_processor_kwargs
+    completion = client.chat.completions.create(**kw | {"extra_body": kw["extra_body"] | {"return_token_ids": True}})
     choice = completion.choices[0]
-    ref = references["text"]
+    ref = references[kind]
     assert choice.model_extra["token_ids"] == ref.tokens
     assert choice.model_extra["codec_ids"] == [c for frame in ref.frames for c in frame]
     assert choice.message.audio.transcript == choice.message.content

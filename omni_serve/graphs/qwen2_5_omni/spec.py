@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
-
-from pydantic import model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from omni_serve.api.video import VideoLimits
 from omni_serve.graphs.graph import GraphDef
@@ -46,6 +44,14 @@ class OmniVideoSpec(VideoLimits):
         "a request whose videos are not all with sound is processed without."))
 
 
+class OmniMediaSpec(BaseModel):
+    """The media settings both Qwen-Omni specs take (limits checked at the ingress before decoding)."""
+
+    max_audio_seconds: float = Field(60.0, gt=0, description="Longest input audio clip accepted.")
+    max_image_pixels: int = Field(4096 * 4096, gt=0, description="Largest input image accepted (pixels).")
+    video: OmniVideoSpec = Field(default_factory=OmniVideoSpec, description="Video input: sampling and limits.")
+
+
 class ThinkerTalkerSpec:
     """What the Qwen-Omni frontends ask a thinker-talker spec (mixed into ``OmniGraphSpec`` and Qwen3-Omni's spec,
     each naming its ``graph``): the stages deployed for the spec's ``layout()`` and which of them thinks."""
@@ -70,15 +76,12 @@ class ThinkerTalkerSpec:
         return self.stage_spec(self.text_stage()).params
 
 
-class OmniGraphSpec(ThinkerTalkerSpec, GraphSpecBase):
+class OmniGraphSpec(ThinkerTalkerSpec, OmniMediaSpec, GraphSpecBase):
     checkpoint: str = Field(..., description="Local Qwen2.5-Omni checkpoint directory (Hugging Face layout).")
     model_name: str = Field("qwen2.5-omni", description="Model id served at /v1/models and accepted in requests.")
     default_voice: str = Field("Chelsie", description="Voice used when a request asks for audio without one.")
     system_prompt: str | None = Field(
         None, description="System prompt added when a request has none (default: Qwen2.5-Omni's speech prompt).")
-    max_audio_seconds: float = Field(60.0, gt=0, description="Longest input audio clip accepted.")
-    max_image_pixels: int = Field(4096 * 4096, gt=0, description="Largest input image accepted (pixels).")
-    video: OmniVideoSpec = Field(default_factory=OmniVideoSpec, description="Video input: sampling and limits.")
     thinker_layout: Literal[AGGREGATED, DISAGGREGATED] = Field(AGGREGATED, description=(
         "'aggregated': one thinker stage runs prompt and generation. 'disaggregated': thinker_prefill computes "
         "the prompt's KV and hands it through the thinker_prefill_thinker_decode edge to thinker_decode, which "

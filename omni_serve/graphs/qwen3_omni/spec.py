@@ -13,7 +13,7 @@ from pydantic import Field
 
 from omni_serve.graphs.graph import GraphDef
 from omni_serve.graphs.qwen3_omni.graph import AGGREGATED, DISAGGREGATED, GRAPH
-from omni_serve.graphs.qwen2_5_omni.spec import OmniVideoSpec, ThinkerTalkerSpec
+from omni_serve.graphs.qwen2_5_omni.spec import OmniMediaSpec, ThinkerTalkerSpec
 from omni_serve.graphs.spec import GraphSpecBase
 
 # The system prompt Qwen3-Omni's model card uses for spoken answers.
@@ -26,7 +26,7 @@ Qwen3OmniStages = GRAPH.stages_model("Qwen3OmniStages")
 Qwen3OmniEdges = GRAPH.edges_model("Qwen3OmniEdges")
 
 
-class Qwen3OmniGraphSpec(ThinkerTalkerSpec, GraphSpecBase):
+class Qwen3OmniGraphSpec(ThinkerTalkerSpec, OmniMediaSpec, GraphSpecBase):
     graph: ClassVar[GraphDef] = GRAPH
 
     checkpoint: str = Field(..., description="Local Qwen3-Omni (MoE) checkpoint directory (Hugging Face layout).")
@@ -36,9 +36,6 @@ class Qwen3OmniGraphSpec(ThinkerTalkerSpec, GraphSpecBase):
         "speaker_id, matched case-insensitively)."))
     system_prompt: str | None = Field(
         None, description="System prompt added when a request has none (default: Qwen3-Omni's speech prompt).")
-    max_audio_seconds: float = Field(60.0, gt=0, description="Longest input audio clip accepted.")
-    max_image_pixels: int = Field(4096 * 4096, gt=0, description="Largest input image accepted (pixels).")
-    video: OmniVideoSpec = Field(default_factory=OmniVideoSpec, description="Video input: sampling and limits.")
     thinker_layout: Literal[AGGREGATED, DISAGGREGATED] = Field(AGGREGATED, description=(
         "'aggregated': one thinker stage runs prompt and generation. 'disaggregated': thinker_prefill computes "
         "the prompt's KV and hands it through the thinker_prefill_thinker_decode edge to thinker_decode, which "
