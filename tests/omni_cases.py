@@ -153,8 +153,7 @@ def reference_inputs(checkpoint: str, kind: str, prefix: tuple = (), fps: float 
 # -- the same cases as OpenAI requests ------------------------------------------------------------------------
 def http_content(kind: str) -> list[dict]:
     """The user turn of a case as OpenAI content parts (media as data URLs; the same prompt text)."""
-    text = {"type": "text", "text": (template_messages(kind) if kind in CASES else (_messages(kind), 0, 0))[0][0]
-            ["content"][-1]["text"]}
+    text = {"type": "text", "text": _messages(kind)[0]["content"][-1]["text"]}
     if kind == "audio":
         return [{"type": "input_audio", "input_audio": {"data": wav_b64(audio_clip()), "format": "wav"}}, text]
     if kind == "image":

@@ -57,7 +57,6 @@ class VideoHeader:
 class DecodedVideo:
     frames: np.ndarray  # [T, H, W, 3] uint8 RGB: the sampled frames, in order
     header: VideoHeader
-    indices: list[int]  # the sampled frame indices
     audio: np.ndarray | None = None  # mono float32 at the requested rate (None: no track or not asked for)
 
 
@@ -105,11 +104,10 @@ def read_header(container, limits: VideoLimits, param: str) -> VideoHeader:
     if total > limits.max_source_frames:
         raise bad_request(f"{param}: the video has too many frames ({total}; limit {limits.max_source_frames})",
                           param=param)
-    duration = total / fps
-    if container.duration:  # microseconds; the longer of the two bounds the work
-        duration = max(duration, container.duration / 1e6)
-    if duration > limits.max_seconds:
-        raise bad_request(f"{param}: the video is too long ({duration:.1f} s; limit {limits.max_seconds:g} s)",
+    # the longer of the frames' span and the container's duration (microseconds) bounds the work
+    longest = max(total / fps, (container.duration or 0) / 1e6)
+    if longest > limits.max_seconds:
+        raise bad_request(f"{param}: the video is too long ({longest:.1f} s; limit {limits.max_seconds:g} s)",
                           param=param)
     return VideoHeader(total_num_frames=total, fps=fps, width=width, height=height, duration=total / fps,
                        has_audio=bool(container.streams.audio))
@@ -138,7 +136,7 @@ def decode_video(raw: bytes, *, limits: VideoLimits, sample: Callable[[VideoHead
         raise
     except (av.FFmpegError, ValueError, OSError, RuntimeError) as exc:
         raise bad_request(f"{param}: could not decode the video: {_detail(exc)}", param=param) from None
-    return DecodedVideo(frames=frames, header=header, indices=indices, audio=audio)
+    return DecodedVideo(frames=frames, header=header, audio=audio)
 
 
 def _frames(container, indices: list[int], param: str) -> np.ndarray:

@@ -209,7 +209,6 @@ class Qwen3HFBaseline(HFBaseline):
     model_class = "Qwen3OmniMoeForConditionalGeneration"
 
     def _load(self, cfg: HFBaselineConfig) -> None:
-
         import torch
         from transformers import Qwen3OmniMoeForConditionalGeneration
 

@@ -153,7 +153,6 @@ class Qwen3OmniTalker(_PagedDecoder):
         self.voices = dict(c.speaker_id)
         self.rope = RopeIndex(talker_rope_config(full), c.spatial_merge_size)
         self.tts_pad_token_id = full.tts_pad_token_id
-        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # see _predictor_rope
 
     @torch.inference_mode()
     def project_text(self, x: torch.Tensor) -> torch.Tensor:
@@ -216,52 +215,28 @@ class Qwen3OmniTalker(_PagedDecoder):
 
     @torch.inference_mode()
     def run_followups(self, frames: list[CodeFrame]) -> list[FrameCodes]:
-        """The residual codes of a batch of frames: the code predictor's G-1 steps, every frame at once.
-
-        Bit for bit what ``predictor.model(inputs_embeds=x, past_key_values=cache)`` then ``lm_head[g]`` and each
-        frame's ``sampler.select`` give step by step, with less Python per step: the model's decoder layers are
-        called directly with the causal mask its forward would build (transformers' ``create_causal_mask``) and
-        the rotary embedding of the same positions, sliced from one table for positions 0..G-1 instead of computed
-        per step (the forward adds nothing else but output bookkeeping); the frames' codes are drawn by
-        ``select_rows`` (one argmax over the batch for greedy frames)."""
+        """The residual codes of a batch of frames: the code predictor's G-1 steps, every frame at once (its
+        model's own forward over one cache; each step's codes drawn by ``select_rows``: what every frame's
+        ``sampler.select`` draws, one argmax for greedy frames)."""
         from transformers import DynamicCache
-        from transformers.masking_utils import create_causal_mask
 
-        p, model = self.predictor, self.predictor.model
+        p = self.predictor
         samplers = [f.sampler for f in frames]
         code0 = [f.code0 for f in frames]
         first = self.embed_codes(code0)  # [B, Ht]
         x = torch.stack([torch.stack([f.hidden.to(self.device, self.dtype) for f in frames]), first], dim=1)
-        cos, sin = self._predictor_rope()
         cache = DynamicCache(config=p.config)
         codes = [code0]
         total = first.clone()
-        past = 0
         for g in range(self.num_code_groups - 1):
-            n = x.shape[1]
-            positions = torch.arange(past, past + n, device=self.device).view(1, n)
-            mask = create_causal_mask(config=model.config, inputs_embeds=x, attention_mask=None,
-                                      past_key_values=cache, position_ids=positions)
-            rope = (cos[:, past:past + n], sin[:, past:past + n])
-            for layer in model.layers[:model.config.num_hidden_layers]:
-                x = layer(x, attention_mask=mask, past_key_values=cache, position_embeddings=rope)
-            past += n
-            logits = p.lm_head[g](model.norm(x)[:, -1]).float()
+            out = p.model(inputs_embeds=x, past_key_values=cache, use_cache=True)
+            logits = p.lm_head[g](out.last_hidden_state[:, -1]).float()
             drawn = select_rows(samplers, logits)
             codes.append(drawn)
-            emb = model.get_input_embeddings()[g](torch.tensor(drawn, device=self.device))  # [B, Ht]
+            emb = p.model.get_input_embeddings()[g](torch.tensor(drawn, device=self.device))  # [B, Ht]
             total = total + emb
             x = emb.unsqueeze(1)
         return [FrameCodes([row[i] for row in codes], total[i]) for i in range(len(frames))]
-
-    def _predictor_rope(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The code predictor's rotary (cos, sin) ``[1, G, d]`` for positions 0..G-1 (a frame's whole length)."""
-        if self._rope_table is None:
-            model = self.predictor.model
-            probe = torch.zeros(1, 1, model.config.hidden_size, device=self.device, dtype=self.dtype)
-            positions = torch.arange(self.num_code_groups, device=self.device).view(1, -1)
-            self._rope_table = model.rotary_emb(probe, positions)
-        return self._rope_table
 
 
 class Qwen3OmniCode2Wav:

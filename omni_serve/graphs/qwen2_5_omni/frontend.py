@@ -155,16 +155,16 @@ class OmniFrontend(Frontend):
         """(model inputs, decoded audio clips, decoded images). The inputs' expanded prompt ids are what either
         thinker backend computes on (vLLM expands the same placeholders itself: the vLLM runner checks it)."""
         converted, audios, encoded, encoded_videos = self._convert_messages(req.messages)
-        images = [self._checked_image(raw, param) for raw, param in encoded]
         if encoded_videos and self.raw_media:
             raise bad_request("Video input is not supported with the vLLM thinker backend yet; use the native "
                               "backend (stages.thinker.engine.backend: native).", param=encoded_videos[0][1])
-        asked = (req.mm_processor_kwargs.use_audio_in_video if req.mm_processor_kwargs is not None else None)
+        images = [self._checked_image(raw, param) for raw, param in encoded]
+        asked = req.mm_processor_kwargs.use_audio_in_video if req.mm_processor_kwargs is not None else None
         hear = self.spec.video.use_audio_in_video if asked is None else asked
         videos = [decode_video(raw, limits=self.spec.video, sample=self.inputs.sample_frames, param=param,
                                audio_rate=self.inputs.sampling_rate if hear else None)
                   for raw, param in encoded_videos]
-        silent = [param for (_, param), video in zip(encoded_videos, videos) if video.audio is None]
+        silent = [param for (_, param), video in zip(encoded_videos, videos) if hear and video.audio is None]
         if silent and asked:
             raise bad_request(f"{silent[0]}: the video has no audio track, but mm_processor_kwargs.use_audio_in_video "
                               "asks to hear it.", param=silent[0])
