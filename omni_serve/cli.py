@@ -243,6 +243,33 @@ def _cache_modes(text: str) -> list[str]:
     return modes
 
 
+def _speech_bench(args) -> int:
+    from pydantic import ValidationError
+
+    from omni_serve.bench.speech import SpeechBenchConfig, format_report, run_speech_bench
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    baseline = args.baseline if args.baseline != "auto" else ("hf" if args.checkpoint else "none")
+    try:
+        if baseline == "hf" and not args.checkpoint:
+            raise ValueError("the hf baseline needs --checkpoint (the served checkpoint)")
+        cfg = SpeechBenchConfig(
+            url=args.url, graph=args.graph, checkpoint=args.checkpoint, model=args.model, voice=args.voice,
+            num_requests=args.num_requests, concurrency=args.concurrency or [1, 8], seed=args.seed,
+            warmup=args.warmup, baseline=baseline, threads=args.threads, stop_server_pid=args.stop_server_pid,
+            out=args.out, timeout_s=args.timeout, **({"min_words": args.min_words} if args.min_words else {}),
+            **({"max_words": args.max_words} if args.max_words else {}),
+            **({"max_codec_tokens": args.max_codec_tokens} if args.max_codec_tokens else {}),
+            **({"num_steps": args.num_steps} if args.num_steps else {}))
+    except (ValidationError, ValueError) as exc:
+        msg = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        print(f"omni-serve bench: {msg}", file=sys.stderr)
+        return 2
+    report = run_speech_bench(cfg)
+    print(format_report(report))
+    return 1 if any(row["failed"] for row in report["points"]) else 0
+
+
 def _image_bench_config(args):
     from omni_serve.bench.image import ImageBenchConfig
 
@@ -286,6 +313,8 @@ def cmd_bench(args) -> int:
     if args.target == "transport":
         return cmd_bench_transport(args)
 
+    if args.mode == "speech":
+        return _speech_bench(args)
     if args.mode == "image":
         from omni_serve.bench.image import run_image_bench
 
@@ -391,9 +420,10 @@ def main(argv: list[str] | None = None) -> int:
     bn.add_argument("--url", help="base URL of the running server, e.g. http://127.0.0.1:8000 (omni, image modes)")
     bn.add_argument("--checkpoint", metavar="DIR",
                     help="local checkpoint directory for the baselines (text mode: required)")
-    bn.add_argument("--mode", choices=["omni", "text", "image"], default="omni",
+    bn.add_argument("--mode", choices=["omni", "text", "image", "speech"], default="omni",
                     help="omni: HTTP engine vs HF generate (default); text: thinker-only engine vs transformers CB; "
-                         "image: HTTP image generation vs diffusers")
+                         "image: HTTP image generation vs diffusers; speech: POST /v1/audio/speech (TTFP, RTF, audio "
+                         "seconds per second) vs transformers one request at a time")
     bn.add_argument("--graph", choices=["qwen2_5_omni", "qwen3_omni"], default="qwen2_5_omni",
                     help="omni mode: the served Omni family, whose transformers generate is the hf baseline "
                          "(default qwen2_5_omni)")

@@ -76,8 +76,9 @@ class InProcessQwen3Omni:
     async def close(self):
         await self.graph.aclose()
 
-    async def run(self, rid: str, x, thinker_tokens: int, seed: int = 1, audio: bool = True) -> Result:
-        """One greedy request for the preprocessed prompt ``x``."""
+    async def run(self, rid: str, x, thinker_tokens: int, seed: int = 1, audio: bool = True,
+                  forced_reply: list[int] | None = None) -> Result:
+        """One greedy request for the preprocessed prompt ``x``. ``forced_reply``: the thinker's reply is forced (speech)."""
         c, spec, stages = self.config, self.graph.spec, self.graph.stages
         media, layout = x.has_media, MediaLayout.of(x)
         calls = {}
@@ -89,7 +90,8 @@ class InProcessQwen3Omni:
         thinker = ThinkerCall(
             request_id=rid, input_ids=x.input_ids[0].tolist(), max_new_tokens=thinker_tokens,
             sampling=SamplingSettings(temperature=0.0, seed=seed), stop_token_ids=[c.im_end_token_id],
-            media_layout=layout, expects_media=media, talker=talker if audio else None)
+            media_layout=layout, expects_media=media, talker=talker if audio else None,
+            forced_reply=forced_reply)
         calls.update({stage: thinker for stage in spec.thinker_stages()})
         if audio:
             calls["talker"] = TalkerCall(request_id=rid, voice=VOICE, seed=seed, temperature=0.0,

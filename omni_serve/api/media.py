@@ -40,6 +40,9 @@ __all__ = [
     "PCM16_SAMPLE_RATE",
     "decode_base64",
     "decode_input_audio",
+    "decode_audio_bytes",
+    "audio_max_bytes",
+    "read_upload",
     "decode_image_url",
     "decode_image_bytes",
     "image_url_bytes",
@@ -169,8 +172,23 @@ def decode_input_audio(
     if fmt == "pcm16":
         max_bytes = int(max_seconds * PCM16_SAMPLE_RATE) * 2 * 2  # 2x: just too long is "too long", not "too large"
     else:
-        max_bytes = int(max_seconds * _AUDIO_BYTES_PER_SECOND) + _AUDIO_HEADER_SLACK
+        max_bytes = audio_max_bytes(max_seconds)
     raw = decode_base64(data_b64, param=param, max_bytes=max_bytes)
+    return decode_audio_bytes(raw, fmt, target_sr=target_sr, max_seconds=max_seconds, param=param,
+                              max_sample_rate=max_sample_rate, max_channels=max_channels)
+
+
+def audio_max_bytes(max_seconds: float) -> int:
+    """The most encoded bytes an audio file of ``max_seconds`` may take (checked before decoding)."""
+    return int(max_seconds * _AUDIO_BYTES_PER_SECOND) + _AUDIO_HEADER_SLACK
+
+
+def decode_audio_bytes(
+    raw: bytes, fmt: str, *, target_sr: int, max_seconds: float, param: str,
+    max_sample_rate: int = 48_000, max_channels: int = 2,
+) -> np.ndarray:
+    """``decode_input_audio`` of bytes already decoded from base64 (or uploaded): ``fmt`` ``pcm16`` is raw int16,
+    anything else a container soundfile recognises from the bytes (wav, mp3, flac, ogg)."""
 
     if fmt == "pcm16":
         samples, sample_rate = _read_pcm16(raw, param)
@@ -307,3 +325,13 @@ def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     if fmt == "pcm16":
         return encode_pcm16(samples)
     raise bad_request(f"unsupported audio output format {fmt!r}; use 'wav' or 'pcm16'", param="audio.format")
+
+
+async def read_upload(upload, max_bytes: int, param: str) -> bytes:
+    """The bytes of an uploaded file (FastAPI's ``UploadFile``), at most ``max_bytes`` (a 400 beyond)."""
+    data = await upload.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise bad_request(f"{param} is too large (more than {max_bytes} bytes).", param=param)
+    if not data:
+        raise bad_request(f"{param} is empty.", param=param)
+    return data

@@ -7,8 +7,7 @@ Contract:
   unknown fields are accepted and ignored.
 * Invalid requests raise ``pydantic.ValidationError`` (FastAPI turns it into
   ``RequestValidationError``, rendered as a 400 by ``omni_serve.api.errors``).
-  Cross-field rules report the offending field as ``loc``: ``modalities``,
-  ``audio`` (audio output requested without audio options) and ``n`` (only 1).
+  Cross-field rules report the offending field as ``loc``: ``modalities`` and ``n`` (only 1).
 * Response models use ``None`` for absent optional fields, so serialize them
   with ``model_dump(exclude_none=True)`` / ``model_dump_json(exclude_none=True)``.
 * Media payloads stay base64 strings here; decoding lives in ``omni_serve.api.media``.
@@ -21,7 +20,7 @@ import uuid
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
-    BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator,
+    BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -179,6 +178,8 @@ class StreamOptions(_Lenient):
     include_usage: bool = Field(
         default=False, description="Send a final chunk with usage and no choices."
     )
+    continuous_usage_stats: bool = Field(default=False, description=(
+        "vLLM's extension: every text chunk carries the usage so far (read in the vLLM-Omni stream shape)."))
 
 
 class MMProcessorKwargs(_Lenient):
@@ -196,8 +197,8 @@ class ChatCompletionRequest(_Lenient):
     )
     audio: AudioOutputOptions | None = Field(
         default=None,
-        validate_default=True,
-        description="Audio output options; required when 'audio' is in modalities.",
+        description=("Audio output options. Without them, audio output uses the graph's default_voice and WAV (as "
+                     "vLLM-Omni's clients expect; OpenAI requires them)."),
     )
     max_tokens: int | None = Field(default=None, ge=1, description="Legacy cap on generated tokens.")
     max_completion_tokens: int | None = Field(
@@ -219,6 +220,12 @@ class ChatCompletionRequest(_Lenient):
         default=False,
         description="omni_serve extension: also return generated text token ids and codec token ids.",
     )
+    transcript_in_content: bool = Field(
+        default=False,
+        description=("omni_serve extension, for clients that read only `content`: with audio output, the reply's "
+                     "text goes in `content` (streamed: `delta.content` pieces) instead of OpenAI's "
+                     "`audio.transcript` (streamed: `delta.audio.transcript` pieces, `content` null)."),
+    )
     mm_processor_kwargs: MMProcessorKwargs | None = Field(default=None, description=(
         "Extension (as vLLM's): multimodal processor settings for this request; only use_audio_in_video is read."))
     min_tokens: int = Field(
@@ -239,19 +246,6 @@ class ChatCompletionRequest(_Lenient):
         if "text" not in value:
             raise PydanticCustomError(
                 "invalid_modalities", "modalities must include 'text' (audio-only output is not supported)"
-            )
-        return value
-
-    @field_validator("audio")
-    @classmethod
-    def _check_audio(
-        cls, value: AudioOutputOptions | None, info: ValidationInfo
-    ) -> AudioOutputOptions | None:
-        modalities = info.data.get("modalities") or []
-        if value is None and "audio" in modalities:
-            raise PydanticCustomError(
-                "missing_audio_options",
-                "'audio' (with a 'voice') is required when modalities include 'audio'",
             )
         return value
 

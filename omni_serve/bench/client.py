@@ -4,7 +4,7 @@ Contract:
 
 * ``send_one(client, chat_url, request, model)`` posts one ``stream: true`` request and returns a
   ``RequestRecord``; it never raises for request failures. Timing (``time.perf_counter``): TTFT is the first
-  non-empty ``delta.content``, TTFP the first non-empty ``delta.audio.data``, ITL the gaps between
+  non-empty ``delta.content`` or ``delta.audio.transcript``, TTFP the first non-empty ``delta.audio.data``, ITL the gaps between
   consecutive non-empty text deltas, E2E the end of the stream. Audio seconds are decoded pcm16 bytes
   ``/ 2 / 24000`` (streamed audio is raw pcm16, 24 kHz mono). Output tokens, best source first:
   ``choices[].token_ids`` if the server streams them (``token_ids``), the final usage chunk's
@@ -114,7 +114,9 @@ class StreamAccumulator:
             if choice.get("finish_reason"):
                 self.rec.finish_reason = choice["finish_reason"]
             delta = choice.get("delta") or {}
-            text = delta.get("content")
+            audio = delta.get("audio")
+            # OpenAI's shape: an audio reply's text comes as delta.audio.transcript pieces (content null)
+            text = delta.get("content") or (audio.get("transcript") if isinstance(audio, dict) else None)
             if text:
                 if self.last_text_t is None:
                     self.rec.ttft_s = t - self.t0
@@ -124,7 +126,6 @@ class StreamAccumulator:
                 self.rec.text_deltas += 1
                 self.rec.text_chars += len(text)
                 self.text.update(text.encode("utf-8"))
-            audio = delta.get("audio")
             if isinstance(audio, dict) and audio.get("data"):
                 try:
                     n = len(base64.b64decode(audio["data"]))

@@ -19,7 +19,7 @@ Every frontend route goes through one path: admission, the handler, metrics and 
 itself answers 503 with ``Retry-After`` beyond ``ingress.max_queued_requests`` queued for the replicas); the
 request's deadline (``ingress.request_timeout_s``, lowered by an ``X-Request-Timeout`` header) reaches the
 handler in its ``RequestContext``; outcomes and latencies are counted under the route's name. A streamed reply
-(``EventStream``) holds its in-flight slot until the stream ends, however it ends.
+(``EventStream``, ``ByteStream``) holds its in-flight slot until the stream ends, however it ends.
 """
 
 import asyncio
@@ -37,7 +37,7 @@ from omni_serve.api.guards import ApiKeyAuth, BodyLimit, api_keys
 from omni_serve.api.protocol import ModelCard, ModelList
 from omni_serve.deployments.admission import TIMEOUT_HEADER, InflightLimit, Ticket, request_deadline
 from omni_serve.graphs.calls import StageCalls
-from omni_serve.graphs.frontend import EventStream, RequestContext, Route
+from omni_serve.graphs.frontend import ByteStream, EventStream, RawReply, RequestContext, Route
 from omni_serve.graphs.registry import import_path, load_family
 from omni_serve.metrics import IngressMetrics, RequestClock, observe_transfers
 
@@ -90,26 +90,30 @@ class OpenAIIngress:
         streaming = False
         try:
             try:
-                reply = await getattr(self.frontend, route.handler)(body, RequestContext(timeout_s, clock))
+                reply = await getattr(self.frontend, route.handler)(body, RequestContext(timeout_s, clock, request.headers))
             except Exception as err:
                 self._failed(route.name, err)
                 raise
-            if isinstance(reply, EventStream):
+            if isinstance(reply, (EventStream, ByteStream)):
                 self.requests.labels(route=route.name, outcome="stream").inc()
                 streaming = True
-                return StreamingResponse(self._timed_stream(route.name, reply.lines, clock, ticket),
-                                         media_type="text/event-stream", background=BackgroundTask(ticket.release))
+                lines, media_type = ((reply.lines, "text/event-stream") if isinstance(reply, EventStream)
+                                     else (reply.chunks, reply.media_type))
+                return StreamingResponse(self._timed_stream(route.name, lines, clock, ticket),
+                                         media_type=media_type, background=BackgroundTask(ticket.release))
             self.requests.labels(route=route.name, outcome="ok").inc()
             self.latency.labels(route=route.name).observe(clock.figures()["e2e"])
             self.metrics.finished(route.name, clock)
+            if isinstance(reply, RawReply):
+                return Response(reply.body, media_type=reply.media_type)
             return JSONResponse(reply.model_dump(exclude_none=True))
         finally:
             if not streaming:
                 ticket.release()
 
-    async def _timed_stream(self, route: str, lines: AsyncIterator[str], clock: RequestClock,
-                            ticket: Ticket) -> AsyncIterator[str]:
-        """The SSE stream, recording its outcome and timings once it ends (or the client leaves)."""
+    async def _timed_stream(self, route: str, lines: AsyncIterator[str | bytes], clock: RequestClock,
+                            ticket: Ticket) -> AsyncIterator[str | bytes]:
+        """The streamed reply (SSE lines or a file's bytes), recording its outcome and timings once it ends (or the client leaves)."""
         try:
             async for line in lines:
                 yield line

@@ -9,6 +9,10 @@ that answers it: ``async def handler(self, body, ctx: RequestContext) -> BaseMod
 - Return an ``EventStream``: the ingress streams its lines (server-sent events) and records the request when the
   stream ends; a failure after the first line must be written into the stream as an error event by the
   frontend, which also sets ``ctx.clock.error`` to the error's type.
+- Return a ``ByteStream`` (a file streamed as it is made, e.g. speech audio) or a ``RawReply`` (a body that is not
+  JSON, e.g. ``text/plain``): sent with their ``media_type``. A byte stream has no way to carry an error once
+  it started: the frontend should hold it back until its first bytes exist (errors before are plain 4xx/5xx),
+  and on a later failure set ``ctx.clock.error`` and end it (the client sees a truncated file).
 - Raise ``OpenAIError`` for a clear 4xx/5xx before anything is sent.
 ``ctx.timeout_s`` is the request's deadline (the graph's ``ingress.request_timeout_s``, lowered by an
 ``X-Request-Timeout`` header): pass it to ``StageCalls.stream``. ``ctx.clock`` marks first text / audio.
@@ -21,7 +25,7 @@ Frontends are built once per ingress replica with ``(spec, stages)``: the valida
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, ClassVar
+from typing import Any, AsyncIterator, ClassVar, Mapping
 
 from pydantic import BaseModel
 
@@ -44,6 +48,7 @@ class Route:
 class RequestContext:
     timeout_s: float  # the request's deadline in seconds
     clock: RequestClock = field(default_factory=RequestClock)
+    headers: Mapping[str, str] = field(default_factory=dict)  # the HTTP request's headers (case-insensitive)
 
 
 @dataclass
@@ -51,6 +56,22 @@ class EventStream:
     """A streamed reply: server-sent event lines (``omni_serve.api.sse``)."""
 
     lines: AsyncIterator[str]
+
+
+@dataclass
+class ByteStream:
+    """A streamed reply that is one file: its bytes, in order."""
+
+    chunks: AsyncIterator[bytes]
+    media_type: str
+
+
+@dataclass
+class RawReply:
+    """A whole reply that is not JSON."""
+
+    body: bytes | str
+    media_type: str
 
 
 class Frontend:

@@ -8,6 +8,8 @@ import os
 import pytest
 
 ORACLE = {"thinker_tokens": 12, "talker_tokens": 20, "steps": 3, "seed": 7}
+TRANSCRIPT_TOKENS = 16  # the served graphs' transcription.max_tokens
+TRANSCRIPTION = {"transcription.max_tokens": TRANSCRIPT_TOKENS, "transcription.max_file_bytes": 500_000}
 METRICS_PORT = 8099  # the session's Ray metrics endpoint (Prometheus text at /metrics)
 
 
@@ -35,7 +37,7 @@ def omni_app(ray_serve, omni_tiny_dir):
     serve.run(build_app({
         "checkpoint": omni_tiny_dir,
         "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"],
-        "stages.code2wav.params.num_steps": ORACLE["steps"],
+        "stages.code2wav.params.num_steps": ORACLE["steps"], **TRANSCRIPTION,
     }), name="omni", route_prefix="/")
     return ray_serve
 
@@ -96,6 +98,6 @@ def qwen3_app(ray_serve, qwen3_omni_tiny_dir):
 
     serve.run(build_app({
         "checkpoint": qwen3_omni_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in QWEN3_STAGES},
-        "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"],
+        "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"], **TRANSCRIPTION,
     }), name="qwen3_omni", route_prefix="/qwen3")
     return ray_serve + "/qwen3"

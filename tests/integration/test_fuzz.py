@@ -1,12 +1,13 @@
 """Hostile input: requests generated from the served OpenAPI schema (schemathesis) against both graphs.
 
-Every operation of the ingress's ``/openapi.json`` is fuzzed with schema-valid (positive) and
+Every operation of the ingress's ``/openapi.json`` (the Omni graphs': chat, speech, transcriptions) is fuzzed with schema-valid (positive) and
 schema-violating (negative) requests, a few thousand in all. Half of the bodies that name a model are
 pointed at the served one, so generation runs deep into the stages (media decoding, the thinker, talker and
 code2wav, the DiT and VAE) instead of stopping at ``model_not_found``. The graphs run with small limits
 (short outputs, small images, few steps) so a valid request is cheap; the limits themselves are fuzzed too.
 
-Passes when: no answer is a 5xx; every 4xx carries an OpenAI error body; every stream ends in ``[DONE]``
+Passes when: no answer is a 5xx; every 4xx carries an OpenAI error body; every stream ends in ``[DONE]`` (chat)
+or a ``*.done`` event (speech, transcriptions)
 and carries no server error event; no replica of either graph crashed or was replaced; and afterwards both
 graphs still serve a normal request and hold no request state.
 
@@ -96,13 +97,22 @@ def _problem(response) -> str | None:
         # schemathesis stops reading a stream after its max_stream_events (and disconnects): what it read must be
         # sound, but the [DONE] it did not wait for cannot be asked of the server
         cut_short = getattr(response, "stream_cut_short", False)
-        if not events or (events[-1] != "[DONE]" and not cut_short):
-            return f"stream did not end in [DONE]: {events[-2:]}"
+        # chat streams end in [DONE]; the audio routes' (OpenAI's shape) in a "*.done" event
+        done = bool(events) and (events[-1] == "[DONE]" or str(_event_type(events[-1])).endswith(".done"))
+        if not done and not cut_short:
+            return f"stream did not end in [DONE] or a done event: {events[-2:]}"
         for event in (events if events[-1] != "[DONE]" else events[:-1]):
             error = json.loads(event).get("error")
             if error is not None and error.get("type") not in ("invalid_request_error", "timeout_error"):
                 return f"stream error event: {event[:300]}"
     return None
+
+
+def _event_type(event: str):
+    try:
+        return json.loads(event).get("type")
+    except (ValueError, AttributeError):
+        return None
 
 
 def _aim(body: dict, model: str) -> None:
@@ -115,6 +125,8 @@ def _aim(body: dict, model: str) -> None:
         body["min_tokens"] = 0
     if isinstance(body.get("audio"), dict) and "voice" in body["audio"]:
         body["audio"]["voice"] = "Chelsie"
+    if isinstance(body.get("voice"), str):  # /v1/audio/speech
+        body["voice"] = "Chelsie"
 
 
 def _fuzz(schema, base_url: str, model: str, route: str, examples: int) -> tuple[Counter, list[str]]:

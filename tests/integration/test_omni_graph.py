@@ -13,6 +13,7 @@ import soundfile as sf
 import torch
 
 from tests.integration.conftest import ORACLE
+from tests.openai_stream import read_stream, sse_has_text
 from tests.omni_cases import ALL_CASES, CASES, http_content, http_extras, reference_inputs
 
 pytestmark = pytest.mark.integration
@@ -116,39 +117,33 @@ def test_stages_are_separate_deployments_holding_their_own_weights(omni_app, htt
 
 
 def test_openai_client_non_streaming_and_streaming_audio(omni_app):
+    """OpenAI's shapes: the non-streamed reply's text is its audio's transcript (content null); the stream sends
+    each piece of text once, as delta.audio.transcript, and pcm16 audio; both carry the same text and audio."""
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{omni_app}/v1", api_key="unused")
-    messages = [{"role": "user", "content": "hello there"}]
-    completion = client.chat.completions.create(
-        model=MODEL, messages=messages, modalities=["text", "audio"], audio={"voice": "Ethan", "format": "wav"},
-        max_tokens=8, extra_body={"return_token_ids": True})
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "hello there"}], modalities=["text", "audio"],
+              max_tokens=8, temperature=0, seed=3)
+    completion = client.chat.completions.create(**kw, audio={"voice": "Ethan", "format": "wav"},
+                                                extra_body={"return_token_ids": True})
     choice = completion.choices[0]
     samples, sr = decode_wav(choice.message.audio.data)
     codes = choice.model_extra["codec_ids"]
     assert sr == 24000 and len(codes) > 0 and samples.size == len(codes) * SAMPLES_PER_CODE
-    assert choice.message.audio.transcript == choice.message.content
+    assert choice.message.content is None and choice.message.audio.transcript
 
-    stream = client.chat.completions.create(
-        model=MODEL, messages=messages, modalities=["text", "audio"], audio={"voice": "Chelsie", "format": "pcm16"},
-        max_tokens=8, stream=True, stream_options={"include_usage": True},
-        extra_body={"min_tokens": 8})  # sampled (no seed): never let an early end-of-text make it shorter
-    text, pcm, usage, finish = [], [], None, None
-    for chunk in stream:
-        if chunk.usage is not None:
-            usage = chunk.usage
-        for c in chunk.choices:
-            finish = c.finish_reason or finish
-            if c.delta.content:
-                text.append(c.delta.content)
-            audio = getattr(c.delta, "audio", None)
-            data = audio.get("data") if isinstance(audio, dict) else getattr(audio, "data", None)
-            if data:
-                pcm.append(base64.b64decode(data))
-    samples = np.frombuffer(b"".join(pcm), dtype="<i2")
-    assert usage is not None and usage.completion_tokens == 8 and finish == "length"
-    assert samples.size > 0 and samples.size % SAMPLES_PER_CODE == 0
-    assert "".join(text)
+    got = read_stream(client.chat.completions.create(**kw, audio={"voice": "Ethan", "format": "pcm16"}, stream=True,
+                                                     stream_options={"include_usage": True}))
+    assert got.transcript == choice.message.audio.transcript and got.content == ""
+    assert all(c.delta.content is None for chunk in got.chunks for c in chunk.choices)
+    pcm = np.frombuffer(got.pcm, dtype="<i2")
+    np.testing.assert_array_equal(pcm, np.round(samples * 32768).astype("<i2"))
+    assert got.usage.completion_tokens == completion.usage.completion_tokens and got.finish_reason
+
+    # transcript_in_content: the text in content instead (never both)
+    moved = read_stream(client.chat.completions.create(**kw, audio={"voice": "Ethan", "format": "pcm16"},
+                                                       stream=True, extra_body={"transcript_in_content": True}))
+    assert moved.content == got.transcript and moved.transcript == "" and moved.pcm == got.pcm
 
 
 def test_a_one_token_reply_with_speech_answers_text_and_empty_audio(http):
@@ -176,7 +171,6 @@ BAD = {
     "malformed_json": ("post", "/v1/chat/completions", '{"model": "qwen', 400),
     "unknown_model": ("post", "/v1/chat/completions", _with(model="gpt-9"), 400),
     "invalid_modalities": ("post", "/v1/chat/completions", _with(modalities=["video"]), 400),
-    "audio_without_voice": ("post", "/v1/chat/completions", _with(modalities=["text", "audio"]), 400),
     "unknown_voice": ("post", "/v1/chat/completions",
                       _with(modalities=["text", "audio"], audio={"voice": "Nobody", "format": "wav"}), 400),
     "undecodable_base64_audio": ("post", "/v1/chat/completions", _with(messages=[{"role": "user", "content": [
@@ -237,7 +231,7 @@ def test_client_disconnect_frees_kv_blocks_and_stops_every_stage(omni_app):
         assert r.status_code == 200
         lines = r.iter_lines()  # held: dropping the iterator would close the connection right away
         for line in lines:
-            if line.startswith("data:") and json.loads(line[5:])["choices"][0]["delta"].get("content"):
+            if sse_has_text(line):
                 break
         busy = _stage_stats()  # mid-stream: the request holds thinker KV blocks
     deadline = time.monotonic() + 60

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from omni_serve.engines.vllm_engine.config import VLLM_PYTHON_ENV
+from tests.openai_stream import sse_has_text
 from tests.integration.conftest import ORACLE
 from tests.integration.test_omni_graph import (  # noqa: F401 - `reference` is a fixture
     CASES, check_against_reference, check_batch_against_reference, decode_wav, oracle_request, reference,
@@ -100,11 +101,12 @@ def test_streamed_reply_equals_the_reference(vllm_app, reference):
             if not line.startswith("data:") or line == "data: [DONE]":
                 continue
             for c in json.loads(line[5:])["choices"]:
-                text.append(c["delta"].get("content") or "")
-                if c["delta"].get("audio"):
-                    pcm.append(base64.b64decode(c["delta"]["audio"]["data"]))
+                audio = c["delta"].get("audio") or {}
+                text.append(audio.get("transcript") or "")  # OpenAI's shape: the text as transcript pieces
+                if audio.get("data"):
+                    pcm.append(base64.b64decode(audio["data"]))
     whole = httpx.post(f"{vllm_app}/v1/chat/completions", json=oracle_request("image"), timeout=120).json()
-    assert "".join(text) == whole["choices"][0]["message"]["content"]
+    assert "".join(text) == whole["choices"][0]["message"]["audio"]["transcript"]
     samples = np.frombuffer(b"".join(pcm), dtype="<i2").astype(np.float32) / 32767.0
     assert samples.shape == wav.shape
     np.testing.assert_allclose(samples, wav, atol=2.0 / 32767)
@@ -117,7 +119,7 @@ def test_client_disconnect_aborts_the_vllm_request_and_every_stage(vllm_app):
         assert r.status_code == 200
         lines = r.iter_lines()  # held: dropping the iterator would close the connection right away
         for line in lines:
-            if line.startswith("data:") and json.loads(line[5:])["choices"][0]["delta"].get("content"):
+            if sse_has_text(line):
                 break
         busy = _stats()
     deadline = time.monotonic() + 60

@@ -15,6 +15,7 @@ import soundfile as sf
 
 from tests.integration.conftest import ORACLE
 from tests.integration.test_omni_graph import SYSTEM_TURN, http_messages
+from tests.openai_stream import read_stream, sse_has_text
 from tests.omni_cases import ALL_CASES, http_extras, reference_inputs, video_bytes, video_data_url
 from tests.qwen3_inprocess import reference
 
@@ -83,24 +84,14 @@ def test_openai_client_non_streaming_and_streaming(qwen3_app, references, kind):
     ref = references[kind]
     assert choice.model_extra["token_ids"] == ref.tokens
     assert choice.model_extra["codec_ids"] == [c for frame in ref.frames for c in frame]
-    assert choice.message.audio.transcript == choice.message.content
+    assert choice.message.content is None and choice.message.audio.transcript
 
-    stream = client.chat.completions.create(**kw | {"audio": {"voice": "Ethan", "format": "pcm16"}}, stream=True,
-                                            stream_options={"include_usage": True})
-    text, pcm, usage = [], [], None
-    for chunk in stream:
-        usage = chunk.usage or usage
-        for c in chunk.choices:
-            if c.delta.content:
-                text.append(c.delta.content)
-            audio = getattr(c.delta, "audio", None)
-            data = audio.get("data") if isinstance(audio, dict) else getattr(audio, "data", None)
-            if data:
-                pcm.append(base64.b64decode(data))
-    samples = np.frombuffer(b"".join(pcm), dtype="<i2")
-    assert "".join(text) == choice.message.content
-    assert usage is not None and usage.completion_tokens == len(ref.tokens)
-    assert len(pcm) > 1 and samples.size == ref.wav.size  # streamed in chunks, all of generate's samples
+    got = read_stream(client.chat.completions.create(**kw | {"audio": {"voice": "Ethan", "format": "pcm16"}},
+                                                     stream=True, stream_options={"include_usage": True}))
+    samples = np.frombuffer(got.pcm, dtype="<i2")
+    assert got.transcript == choice.message.audio.transcript and got.content == ""
+    assert got.usage is not None and got.usage.completion_tokens == len(ref.tokens)
+    assert samples.size == ref.wav.size  # all of generate's samples
 
 
 def _stage_stats() -> dict[str, dict]:
@@ -120,7 +111,7 @@ def test_client_disconnect_frees_every_stage(qwen3_app):
         assert r.status_code == 200
         lines = r.iter_lines()
         for line in lines:
-            if line.startswith("data:") and json.loads(line[5:])["choices"][0]["delta"].get("content"):
+            if sse_has_text(line):
                 break
         busy = _stage_stats()
     deadline = time.monotonic() + 60

@@ -30,11 +30,13 @@ def _chunk(delta: P.ChatCompletionDelta | None = None, finish=None, usage=None, 
 
 def server_events(texts=("Hel", "lo", " world"), audio=True, usage=True, done=True) -> list[str]:
     """The event sequence omni_serve's frontend streams for one request."""
-    events = [_chunk(P.ChatCompletionDelta(role="assistant", content=""))]
-    events += [_chunk(P.ChatCompletionDelta(content=t)) for t in texts]
+    events = [_chunk(P.ChatCompletionDelta(role="assistant", content=None if audio else ""))]
+    # OpenAI's shape: with audio the text comes as delta.audio.transcript pieces, else as delta.content
+    events += [_chunk(P.ChatCompletionDelta(audio=P.DeltaAudio(id="audio_x", transcript=t)) if audio
+                      else P.ChatCompletionDelta(content=t)) for t in texts]
     if audio:
-        events.append(_chunk(P.ChatCompletionDelta(audio=P.DeltaAudio(
-            id="audio_x", data=base64.b64encode(PCM).decode(), transcript="".join(texts)))))
+        events.append(_chunk(P.ChatCompletionDelta(audio=P.DeltaAudio(id="audio_x",
+                                                                      data=base64.b64encode(PCM).decode()))))
     events.append(_chunk(finish="stop"))
     if usage:
         events.append(_chunk(choices=False, usage=P.UsageInfo(prompt_tokens=7, completion_tokens=4, total_tokens=11)))

@@ -19,11 +19,12 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 import numpy as np
 
 from omni_serve.api import protocol as P
+from omni_serve.api.audio_protocol import SpeechRequest, TranscriptionRequest
 from omni_serve.api.errors import OpenAIError, bad_request
 from omni_serve.api.limits import check_request_size
 from omni_serve.api.media import decode_image_bytes, decode_input_audio, encode_audio, image_url_bytes, probe_image
@@ -31,6 +32,10 @@ from omni_serve.api.video import decode_video, video_url_bytes
 from omni_serve.api.sse import SSE_DONE, sse_error, sse_event
 from omni_serve.graphs.calls import StageCalls
 from omni_serve.graphs.frontend import EventStream, Frontend, RequestContext, Route
+from omni_serve.graphs.qwen2_5_omni.audio_endpoints import AudioEndpoints
+from omni_serve.graphs.qwen2_5_omni.vllm_omni_stream import FORMATS as STREAM_FORMATS
+from omni_serve.graphs.qwen2_5_omni.vllm_omni_stream import HEADER as STREAM_FORMAT_HEADER
+from omni_serve.graphs.qwen2_5_omni.vllm_omni_stream import vllm_omni_chunks
 from omni_serve.graphs.messages import Message
 from omni_serve.graphs.qwen2_5_omni.messages import (
     AudioDelta, CodecDelta, Code2WavCall, EncoderCall, MediaInputs, MediaLayout, RawMedia, SamplingSettings,
@@ -49,7 +54,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Prepared:
-    request: P.ChatCompletionRequest
+    request: Any  # the route's request model (a chat completion, a speech or transcription request)
     request_id: str
     prompt_len: int
     thinker: ThinkerCall
@@ -57,17 +62,22 @@ class Prepared:
     voice: str | None  # set when speech is requested
     audio_format: str | None
     seed: int
+    return_token_ids: bool = False  # the talker also returns its codec ids
     created: int = field(default_factory=lambda: int(time.time()))
     clock: RequestClock = field(default_factory=RequestClock)  # the ingress sets its own (from arrival)
     timeout_s: float | None = None  # the request's deadline (the ingress sets it; None: the spec's)
 
 
-class OmniFrontend(Frontend):
+class OmniFrontend(AudioEndpoints, Frontend):
     """Qwen2.5-Omni's frontend; Qwen3-Omni's subclasses it through ``_load_checkpoint``, ``_talker_prompt``,
-    ``_talker_call``, ``_codec_ids`` and ``default_system_prompt``."""
+    ``_talker_call``, ``_codec_ids`` and ``default_system_prompt``. The audio routes are ``AudioEndpoints``'."""
 
     routes = (Route("/v1/chat/completions", "chat", "chat_completions", P.ChatCompletionRequest,
-                    summary="Chat completion with text and speech output (OpenAI chat.completions)."),)
+                    summary="Chat completion with text and speech output (OpenAI chat.completions)."),
+              Route("/v1/audio/speech", "speech", "audio_speech", SpeechRequest,
+                    summary="Speak a text with one of the model's voices (OpenAI audio.speech)."),
+              Route("/v1/audio/transcriptions", "transcriptions", "audio_transcriptions", TranscriptionRequest,
+                    form=True, summary="Transcribe an audio file (OpenAI audio.transcriptions)."))
     default_system_prompt = SPEECH_SYSTEM_PROMPT
     sample_rate = SAMPLE_RATE
 
@@ -104,52 +114,85 @@ class OmniFrontend(Frontend):
 
     async def chat_completions(self, body: P.ChatCompletionRequest,
                                ctx: RequestContext) -> P.ChatCompletionResponse | EventStream:
+        shape = ctx.headers.get(STREAM_FORMAT_HEADER, self.spec.chat_stream_format)
+        if shape not in STREAM_FORMATS:
+            raise bad_request(f"{STREAM_FORMAT_HEADER}: {shape!r} is not a stream format; use one of "
+                              f"{', '.join(STREAM_FORMATS)}.", param=STREAM_FORMAT_HEADER)
+        if shape == "vllm_omni" and not body.transcript_in_content:  # vLLM-Omni's reply: text in content
+            body = body.model_copy(update={"transcript_in_content": True})
         p = await self.prepare(body)
         p.clock, p.timeout_s = ctx.clock, ctx.timeout_s
+        if body.stream and shape == "vllm_omni":
+            return EventStream(vllm_omni_chunks(p, self._events(p), self.spec.model_name, self.sample_rate))
         if body.stream:
             return EventStream(self.stream(p))
         return await self.complete(p)
 
     # -- validation and preprocessing ---------------------------------------------------------------------
     async def prepare(self, req: P.ChatCompletionRequest) -> Prepared:
-        if req.model != self.spec.model_name:
-            raise bad_request(f"The model {req.model!r} does not exist; this server serves {self.spec.model_name!r}.",
-                              param="model", code="model_not_found")
+        self._check_model(req.model)
         voice = None
-        if req.wants_audio():
-            voice = {v.lower(): v for v in self.voices}.get(req.audio.voice.lower())
-            if voice is None:
-                raise bad_request(f"Unknown voice {req.audio.voice!r}; available voices: "
-                                  f"{', '.join(sorted(self.voices))}.", param="audio.voice", code="invalid_value")
+        if req.wants_audio():  # without audio options: the graph's default voice, as a WAV
+            voice = self._voice(req.audio.voice, "audio.voice") if req.audio else self._voice(
+                self.spec.default_voice, "audio.voice")
         check_request_size(req.messages, self.spec.limits)
         rid = new_request_id("chatcmpl")
-        try:  # decoding, preprocessing and tokenizing are CPU work: off the event loop
-            inputs, audios, images = await asyncio.to_thread(self._preprocess, req)
+        inputs, audios, images = await self._preprocessed(rid, self._preprocess, req)
+        temperature = req.temperature if req.temperature is not None else \
+            self.spec.thinker_params().default_temperature
+        return self._prepared(
+            req, rid, inputs, audios, images, max_new=req.max_new_tokens(self.spec.thinker_params().default_max_tokens),
+            sampling=dict(temperature=temperature, top_p=req.top_p or 1.0, min_new_tokens=req.min_tokens),
+            seed=req.seed, stop=_stops(req.stop), voice=voice,
+            audio_format=(req.audio.format if req.audio else "wav") if voice else None,
+            return_token_ids=req.return_token_ids)
+
+    def _check_model(self, model: str) -> None:
+        if model != self.spec.model_name:
+            raise bad_request(f"The model {model!r} does not exist; this server serves {self.spec.model_name!r}.",
+                              param="model", code="model_not_found")
+
+    def _voice(self, asked: str, param: str) -> str:
+        """The checkpoint's spelling of voice ``asked`` (matched case-insensitively), or a 400 listing them."""
+        voice = {v.lower(): v for v in self.voices}.get(asked.lower())
+        if voice is None:
+            raise bad_request(f"Unknown voice {asked!r}; available voices: {', '.join(sorted(self.voices))}.",
+                              param=param, code="invalid_value")
+        return voice
+
+    async def _preprocessed(self, rid: str, preprocess, *args):
+        """``preprocess(*args)`` in a thread (decoding, preprocessing and tokenizing are CPU work); a processor
+        failure on media that passed our checks is a 400 pointing at the server log."""
+        try:
+            return await asyncio.to_thread(preprocess, *args)
         except OpenAIError:
             raise
         except Exception as exc:  # noqa: BLE001 - the processor failed on media we decoded and checked
             log.warning("request %s: preprocessing failed", rid, exc_info=exc)
             raise bad_request(f"Could not process the request's media (request {rid}); the details are in the "
                               "server log.", param="messages") from None
+
+    def _prepared(self, request, rid: str, inputs, audios, images, *, max_new: int, sampling: dict, seed: int | None,
+                  stop: list[str] = (), voice: str | None = None, audio_format: str | None = None,
+                  forced_reply: list[int] | None = None, return_token_ids: bool = False,
+                  param: str = "messages") -> Prepared:
+        """The thinker call (and what the other stages need) for preprocessed ``inputs``; a 400 when the prompt
+        and ``max_new`` tokens exceed the context."""
         prompt_len = int(inputs.input_ids.shape[1])
-        max_new = req.max_new_tokens(self.spec.thinker_params().default_max_tokens)
         if prompt_len + max_new > self.max_model_len:
             raise bad_request(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{prompt_len + max_new} tokens ({prompt_len} in the messages, {max_new} in the completion).",
-                param="messages", code="context_length_exceeded")
-        temperature = req.temperature if req.temperature is not None else \
-            self.spec.thinker_params().default_temperature
-        seed = req.seed if req.seed is not None else random.randrange(2**31)
+                f"{prompt_len + max_new} tokens ({prompt_len} in the prompt, {max_new} in the completion).",
+                param=param, code="context_length_exceeded")
+        seed = seed if seed is not None else random.randrange(2**31)
         media = raw_media(audios, images) if self.raw_media and (audios or images) else MediaInputs.of(inputs)
-        talker = None if voice is None else self._talker_prompt(voice)
         thinker = ThinkerCall(
             request_id=rid, input_ids=inputs.input_ids[0].tolist(), max_new_tokens=max_new,
-            sampling=SamplingSettings(temperature=temperature, top_p=req.top_p or 1.0, seed=seed,
-                                      min_new_tokens=req.min_tokens),
-            stop_token_ids=self.stop_token_ids, stop=_stops(req.stop), media_layout=MediaLayout.of(inputs),
-            expects_media=media is not None, talker=talker)
-        return Prepared(req, rid, prompt_len, thinker, media, voice, req.audio.format if voice else None, seed)
+            sampling=SamplingSettings(seed=seed, **sampling), stop_token_ids=self.stop_token_ids, stop=list(stop),
+            media_layout=MediaLayout.of(inputs), expects_media=media is not None,
+            talker=None if voice is None else self._talker_prompt(voice), forced_reply=forced_reply)
+        return Prepared(request, rid, prompt_len, thinker, media, voice, audio_format, seed,
+                        return_token_ids=return_token_ids)
 
     def _preprocess(self, req: P.ChatCompletionRequest):
         """(model inputs, decoded audio clips, decoded images). The inputs' expanded prompt ids are what either
@@ -271,8 +314,10 @@ class OmniFrontend(Frontend):
             audio = P.ChatCompletionAudio(id=f"audio_{p.request_id}", data=base64.b64encode(data).decode(),
                                           transcript=transcript, expires_at=int(time.time()) + AUDIO_TTL_S)
         want_ids = p.request.return_token_ids
+        # OpenAI's shape: with audio, the text is the audio's transcript and content is null
+        content = transcript if audio is None or p.request.transcript_in_content else None
         choice = P.ChatCompletionChoice(
-            message=P.ChatCompletionMessage(content=transcript, audio=audio), finish_reason=finish,
+            message=P.ChatCompletionMessage(content=content, audio=audio), finish_reason=finish,
             token_ids=tokens if want_ids else None, codec_ids=codes if want_ids and p.voice else None)
         usage = P.UsageInfo(prompt_tokens=p.prompt_len, completion_tokens=len(tokens),
                             total_tokens=p.prompt_len + len(tokens))
@@ -280,36 +325,41 @@ class OmniFrontend(Frontend):
                                         choices=[choice], usage=usage)
 
     async def stream(self, p: Prepared) -> AsyncIterator[str]:
-        def chunk(delta: P.ChatCompletionDelta, finish=None) -> str:
-            return sse_event(P.ChatCompletionChunk(
-                id=p.request_id, created=p.created, model=self.spec.model_name,
-                choices=[P.ChatCompletionChunkChoice(delta=delta, finish_reason=finish)]))
+        def chunk(delta: P.ChatCompletionDelta, finish=None) -> P.ChatCompletionChunk:
+            return P.ChatCompletionChunk(id=p.request_id, created=p.created, model=self.spec.model_name,
+                                         choices=[P.ChatCompletionChunkChoice(delta=delta, finish_reason=finish)])
 
-        yield chunk(P.ChatCompletionDelta(role="assistant", content=""))
-        tokens, transcript, finish = 0, [], None
+        # OpenAI's stream: with audio, each piece of text comes once, as delta.audio.transcript, and content is
+        # null; transcript_in_content moves the pieces to delta.content (never both).
+        transcript_deltas = p.voice is not None and not p.request.transcript_in_content
         audio_id = f"audio_{p.request_id}"
+        if transcript_deltas:
+            yield sse_event(_with_null_content(chunk(P.ChatCompletionDelta(role="assistant"))))
+        else:
+            yield sse_event(chunk(P.ChatCompletionDelta(role="assistant", content="")))
+        tokens, finish = 0, None
         try:
             async for stage, out in self._events(p):
                 if isinstance(out, TextDelta):
                     tokens += len(out.token_ids)
                     finish = out.finish_reason or finish
                     if out.text:
-                        transcript.append(out.text)
                         p.clock.text()
-                        yield chunk(P.ChatCompletionDelta(content=out.text))
+                        yield sse_event(chunk(
+                            P.ChatCompletionDelta(audio=P.DeltaAudio(id=audio_id, transcript=out.text))
+                            if transcript_deltas else P.ChatCompletionDelta(content=out.text)))
                 elif isinstance(out, AudioDelta) and out.samples:
                     pcm = _pcm16(out)
                     p.clock.audio(_pcm_seconds(pcm))
                     # Streamed audio is always raw pcm16 (24 kHz mono), as OpenAI streams it.
-                    yield chunk(P.ChatCompletionDelta(audio=P.DeltaAudio(
-                        id=audio_id, data=base64.b64encode(pcm).decode(),
-                        transcript="".join(transcript), expires_at=int(time.time()) + AUDIO_TTL_S)))
+                    yield sse_event(chunk(P.ChatCompletionDelta(audio=P.DeltaAudio(
+                        id=audio_id, data=base64.b64encode(pcm).decode(), expires_at=int(time.time()) + AUDIO_TTL_S))))
         except OpenAIError as err:
             p.clock.error = err.type
             yield sse_error(err)
             yield SSE_DONE
             return
-        yield chunk(P.ChatCompletionDelta(), finish=finish or "stop")
+        yield sse_event(chunk(P.ChatCompletionDelta(), finish=finish or "stop"))
         opts = p.request.stream_options
         if opts is not None and opts.include_usage:
             yield sse_event(P.ChatCompletionChunk(
@@ -331,6 +381,13 @@ def raw_media(audios: list[np.ndarray], images: list) -> RawMedia:
         media.images = torch.from_numpy(np.concatenate([p.reshape(-1) for p in pixels]))
         media.image_sizes = [[p.shape[0], p.shape[1]] for p in pixels]
     return media
+
+
+def _with_null_content(chunk: P.ChatCompletionChunk) -> dict:
+    """The chunk as JSON with its delta's ``content`` an explicit null (OpenAI's first chunk of an audio reply)."""
+    body = chunk.model_dump(exclude_none=True)
+    body["choices"][0]["delta"]["content"] = None
+    return body
 
 
 def _pcm16(delta: AudioDelta) -> bytes:

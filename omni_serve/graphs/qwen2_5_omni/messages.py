@@ -93,6 +93,9 @@ class ThinkerCall(Message):
     media_layout: MediaLayout | None = None  # the prompt's media (M-RoPE); None: a text prompt
     expects_media: bool = False  # media embeddings come on encoder_thinker
     talker: TalkerPrompt | None = None  # a talker consumes this request's states
+    # Text to speak (``/v1/audio/speech``): the reply's token ids, its end token last, forced instead of sampled.
+    # The thinker computes the prompt and every forced token it would have fed back in one prefill, then ends.
+    forced_reply: list[int] | None = Field(default=None, min_length=2)
 
 
 class TalkerCall(Message):

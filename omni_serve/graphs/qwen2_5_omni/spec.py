@@ -52,6 +52,38 @@ class OmniMediaSpec(BaseModel):
     video: OmniVideoSpec = Field(default_factory=OmniVideoSpec, description="Video input: sampling and limits.")
 
 
+class SpeechSpec(BaseModel):
+    """``POST /v1/audio/speech``: the given text is forced as the thinker's reply and spoken by talker and code2wav."""
+
+    system_prompt: str | None = Field(None, description=(
+        "System turn of the prompt the text is spoken after (default: the graph's system_prompt, else the model's "
+        "speech prompt)."))
+
+
+class TranscriptionSpec(BaseModel):
+    """``POST /v1/audio/transcriptions``: the thinker answers an audio prompt asking for its transcript."""
+
+    system_prompt: str = Field("You are a speech recognition model.", description=(
+        "System turn of the transcription prompt (Qwen-Omni's ASR prompt)."))
+    instruction: str = Field("Transcribe the audio into text.", description=(
+        "The user turn's text after the audio; the request's language and prompt are appended to it."))
+    max_file_bytes: int = Field(25 * 1024 * 1024, gt=0, description="Largest uploaded file accepted (OpenAI: 25 MB).")
+    max_tokens: int = Field(448, ge=1, description="Most transcript tokens generated per request.")
+
+
+class OmniAudioSpec(BaseModel):
+    """How the Qwen-Omni graphs speak to clients: the chat stream's shape and the audio endpoints."""
+
+    chat_stream_format: Literal["openai", "vllm_omni"] = Field("openai", description=(
+        "Shape of streamed chat replies: 'openai' (text of an audio reply as delta.audio.transcript pieces, "
+        "pcm16 audio in delta.audio.data) or 'vllm_omni' (vLLM-Omni's: a modality on every chunk, each audio "
+        "chunk a complete base64 WAV in delta.content). Requests choose per call with the X-Omni-Stream-Format "
+        "header."))
+    speech: SpeechSpec = Field(default_factory=SpeechSpec, description="POST /v1/audio/speech.")
+    transcription: TranscriptionSpec = Field(default_factory=TranscriptionSpec,
+                                             description="POST /v1/audio/transcriptions.")
+
+
 class ThinkerTalkerSpec:
     """What the Qwen-Omni frontends ask a thinker-talker spec (mixed into ``OmniGraphSpec`` and Qwen3-Omni's spec,
     each naming its ``graph``): the stages deployed for the spec's ``layout()`` and which of them thinks."""
@@ -76,7 +108,7 @@ class ThinkerTalkerSpec:
         return self.stage_spec(self.text_stage()).params
 
 
-class OmniGraphSpec(ThinkerTalkerSpec, OmniMediaSpec, GraphSpecBase):
+class OmniGraphSpec(ThinkerTalkerSpec, OmniAudioSpec, OmniMediaSpec, GraphSpecBase):
     checkpoint: str = Field(..., description="Local Qwen2.5-Omni checkpoint directory (Hugging Face layout).")
     model_name: str = Field("qwen2.5-omni", description="Model id served at /v1/models and accepted in requests.")
     default_voice: str = Field("Chelsie", description="Voice used when a request asks for audio without one.")

@@ -13,7 +13,7 @@ from pydantic import Field
 
 from omni_serve.graphs.graph import GraphDef
 from omni_serve.graphs.qwen3_omni.graph import AGGREGATED, DISAGGREGATED, GRAPH
-from omni_serve.graphs.qwen2_5_omni.spec import OmniMediaSpec, ThinkerTalkerSpec
+from omni_serve.graphs.qwen2_5_omni.spec import OmniAudioSpec, OmniMediaSpec, ThinkerTalkerSpec
 from omni_serve.graphs.spec import GraphSpecBase
 
 # The system prompt Qwen3-Omni's model card uses for spoken answers.
@@ -26,7 +26,7 @@ Qwen3OmniStages = GRAPH.stages_model("Qwen3OmniStages")
 Qwen3OmniEdges = GRAPH.edges_model("Qwen3OmniEdges")
 
 
-class Qwen3OmniGraphSpec(ThinkerTalkerSpec, OmniMediaSpec, GraphSpecBase):
+class Qwen3OmniGraphSpec(ThinkerTalkerSpec, OmniAudioSpec, OmniMediaSpec, GraphSpecBase):
     graph: ClassVar[GraphDef] = GRAPH
 
     checkpoint: str = Field(..., description="Local Qwen3-Omni (MoE) checkpoint directory (Hugging Face layout).")

@@ -33,7 +33,7 @@ from pydantic import Field, ValidationError
 
 from omni_serve.api.errors import bad_request
 from omni_serve.api.images import CacheOptions, ImageGenerationRequest, ImageGenerationResponse
-from omni_serve.api.media import decode_image_bytes
+from omni_serve.api.media import decode_image_bytes, read_upload
 from omni_serve.graphs.calls import StageCalls
 from omni_serve.graphs.frontend import Frontend, RequestContext, Route
 from omni_serve.graphs.qwen_image.frontend import ImageRequestChecks, collect_images, image_response
@@ -93,16 +93,6 @@ class ImageEditRequest(ImageGenerationRequest):
 
     def images(self) -> list[UploadFile]:
         return [*self.image, *self.image_list]
-
-
-async def read_upload(upload: UploadFile, max_bytes: int, param: str) -> bytes:
-    """The uploaded file's bytes, at most ``max_bytes`` (a 400 beyond)."""
-    data = await upload.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise bad_request(f"{param} is too large (more than {max_bytes} bytes).", param=param)
-    if not data:
-        raise bad_request(f"{param} is empty.", param=param)
-    return data
 
 
 class QwenImageEditFrontend(Frontend):

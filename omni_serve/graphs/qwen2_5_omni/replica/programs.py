@@ -79,6 +79,7 @@ class ThinkerRequest:
     first_chunk_size: int = 1
     media_token_ids: tuple[int, ...] = ()
     block_size: int = 16  # KV block size of the engine (for prefix-sharing hashes)
+    forced_reply: tuple[int, ...] = ()  # the reply to speak instead of sampling one (its end token last)
 
 
 def rope_kwargs(layout: MediaLayout | None) -> dict:
@@ -158,6 +159,14 @@ class ThinkerSequence(ARSequence):
     def poll(self) -> None:
         if self.num_rows == 0 and self.media is not None:
             self._build_prompt()
+            if self.role is not ThinkerRole.PREFILL:
+                self._force_reply()
+
+    def _force_reply(self) -> None:
+        """A forced reply: every reply token but the last is fed back as generation would, so one prefill
+        computes the prompt and the reply together; ``on_computed`` then ends the request without sampling."""
+        for token in self.req.forced_reply[:-1]:
+            self._feed_back(token)
 
     def _build_prompt(self) -> None:
         m, req = self.model, self.req
@@ -212,6 +221,7 @@ class ThinkerSequence(ARSequence):
             self.prompt_states = handoff.prompt_states.to(self.model.device, copy=True)
             self.hidden_done = self.prompt_len  # prompt hidden states came with the hand-off
             self._talker_extras()
+        self._force_reply()
 
     def _collect_hidden(self, start: int, end: int, hidden: torch.Tensor) -> None:
         lo, prompt_end = max(start, self.hidden_done), min(end, self.prompt_len)
@@ -230,6 +240,8 @@ class ThinkerSequence(ARSequence):
         if self.role is ThinkerRole.PREFILL:  # decode samples (once, with the request's seeded sampler)
             self.last_logits = logits.clone()  # a row of the batch's logits: do not ship the whole batch
             return []
+        if self.req.forced_reply:
+            return self._forced_done(end)
         token = self.sampler.select(logits, self.generated)
         self.generated.append(token)
         if token in self.req.stop_token_ids:
@@ -242,6 +254,16 @@ class ThinkerSequence(ARSequence):
             delta.finish_reason = self.finish_reason
         else:
             self._feed_back(token)
+        downstream = self._talker_chunk()
+        return [delta] if downstream is None else [downstream, delta]
+
+    def _forced_done(self, end: int) -> list[ThinkerStates | TextDelta]:
+        """The forced reply's rows are computed (``end`` is the last row): the reply is the forced tokens."""
+        if end < self.num_rows:  # imported prompt logits (decode role): the forced rows are still to compute
+            return []
+        self.generated = list(self.req.forced_reply)
+        self.finish_reason, self.done = "stop", True
+        delta = TextDelta(token_ids=self.generated, text=self._text_delta(), finish_reason="stop")
         downstream = self._talker_chunk()
         return [delta] if downstream is None else [downstream, delta]
 

@@ -59,6 +59,7 @@ class ThinkerRunner(StageRunner):
             talker_tokens=(0, 0) if talker is None else (talker.tts_end_token, talker.tts_pad_token),
             chunk_size=edge.chunk_size, first_chunk_size=edge.first_chunk_size,
             media_token_ids=self.media_token_ids, block_size=self.engine_spec.ar.block_size,
+            forced_reply=tuple(call.forced_reply or ()),
         )
 
     async def run(self, engine, call: ThinkerCall) -> AsyncIterator:

@@ -143,6 +143,9 @@ class VllmThinkerRunner(StageRunner):
         from omni_serve.engines.vllm_engine.tap import TAP_KEY
 
         s = call.sampling
+        if call.forced_reply:  # the reply is computed with the prompt: one token is drawn, and dropped
+            return SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, output_kind=RequestOutputKind.DELTA,
+                                  extra_args={TAP_KEY: True} if call.talker is not None else None)
         return SamplingParams(
             temperature=s.temperature, top_p=s.top_p, seed=s.seed, max_tokens=call.max_new_tokens,
             min_tokens=s.min_new_tokens, stop_token_ids=list(call.stop_token_ids), stop=list(call.stop) or None,
@@ -151,7 +154,11 @@ class VllmThinkerRunner(StageRunner):
 
     async def run(self, engine, call: ThinkerCall) -> AsyncIterator:
         rid = call.request_id
-        prompt: dict = {"prompt_token_ids": collapse_placeholders(call.input_ids, self.model.media_token_ids)}
+        # A forced reply (speech) is fed as part of the prompt: its rows' states are tapped like generated ones.
+        forced = list(call.forced_reply or [])
+        expected = list(call.input_ids) + forced[:-1]
+        prompt: dict = {"prompt_token_ids": collapse_placeholders(call.input_ids, self.model.media_token_ids)
+                        + forced[:-1]}
         if call.expects_media:
             prompt["multi_modal_data"] = vllm_media(await self.io.read_one("ingress_thinker", rid))
         await engine.start()
@@ -165,10 +172,16 @@ class VllmThinkerRunner(StageRunner):
         checked = False
         async for out in engine.generate(rid, prompt, self.sampling_params(call)):
             if not checked:
-                if list(out.prompt_token_ids or []) != list(call.input_ids):
+                if list(out.prompt_token_ids or []) != expected:
                     raise ValueError(f"vLLM expanded the prompt to {len(out.prompt_token_ids or [])} tokens, the "
-                                     f"ingress to {len(call.input_ids)}: their media preprocessing differs")
+                                     f"ingress to {len(expected)}: their media preprocessing differs")
                 checked = True
+            if forced:  # the one drawn token is dropped; the forced rows were computed with the prompt
+                if out.finished:
+                    if talker is not None:
+                        await writer.write(await talker.update(forced, True))
+                    yield TextDelta(token_ids=forced, finish_reason="stop")  # the caller's own text: not decoded
+                continue
             completion = out.outputs[0]
             finish = completion.finish_reason if out.finished else None
             if finish not in (None, "stop", "length"):
