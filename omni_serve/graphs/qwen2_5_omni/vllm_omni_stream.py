@@ -11,7 +11,7 @@ vLLM-Omni's OpenAI server writes (``vllm_omni/entrypoints/openai/serving_chat.py
   modality), the usage chunk when ``stream_options.include_usage`` is set, and ``data: [DONE]``.
 Errors after the first line are one OpenAI error event, then ``[DONE]``, as in the OpenAI shape.
 Chosen per graph (``chat_stream_format: vllm_omni``) or per request (header ``X-Omni-Stream-Format: vllm_omni``);
-documented beside the OpenAI shape in docs/api.md.
+documented beside the OpenAI shape in the README ("vLLM-Omni's stream shape").
 """
 
 from __future__ import annotations
