@@ -200,3 +200,31 @@ def test_qwen3_speech_equals_transformers_on_forced_states(qwen3_app, qwen3_omni
     np.testing.assert_allclose(samples, np.clip(wav, -1, 1), rtol=0, atol=1e-4 * np.abs(wav).max() + 2 / 32767)
     upload = ("clip.wav", wav_file(audio_clip()), "audio/wav")
     assert isinstance(client.audio.transcriptions.create(model="qwen3-omni", file=upload).text, str)
+
+
+# -- vLLM-Omni's chat stream shape ---------------------------------------------------------------------------
+def test_vllm_omni_stream_shape_carries_the_same_text_and_audio(client, omni_app, http):
+    import httpx
+
+    body = {"model": "qwen2.5-omni", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8,
+            "temperature": 0, "seed": 3, "modalities": ["text", "audio"], "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    with httpx.stream("POST", f"{omni_app}/v1/chat/completions", json=body, timeout=300,
+                      headers={"X-Omni-Stream-Format": "vllm_omni"}) as r:
+        assert r.status_code == 200
+        lines = [line[5:].strip() for line in r.iter_lines() if line.startswith("data:")]
+    assert lines[-1] == "[DONE]"
+    chunks = [json.loads(line) for line in lines[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("modality") == "text")
+    wavs = [sf.read(io.BytesIO(base64.b64decode(c["choices"][0]["delta"]["content"])), dtype="int16")
+            for c in chunks if c.get("modality") == "audio"]
+    assert wavs and all(sr == 24000 for _, sr in wavs)
+    whole = http.post("/v1/chat/completions", json={**body, "stream": False, "audio": {"voice": "Chelsie",
+                                                                                       "format": "wav"}}).json()
+    message = whole["choices"][0]["message"]
+    assert text == message["audio"]["transcript"] and message.get("content") is None  # OpenAI shape by default
+    pcm, _ = sf.read(io.BytesIO(base64.b64decode(message["audio"]["data"])), dtype="int16")
+    np.testing.assert_allclose(np.concatenate([w for w, _ in wavs]), pcm, atol=2)  # int16 rounding
+    assert chunks[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
+    bad = http.post("/v1/chat/completions", json=body, headers={"X-Omni-Stream-Format": "grpc"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "x-omni-stream-format"
