@@ -209,13 +209,24 @@ class DiTWindow:
 
 
 class OmniCode2Wav:
-    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
+    """``dit_dtype``: the dtype the DiT's transformer blocks run in inside ``dit_windows`` (float32, as transformers
+    runs token2wav; bfloat16 runs them on a bfloat16 copy, while the ODE state, its solver, the input projection
+    and the output head stay float32: on CPUs with AMX its matrix products are several times faster)."""
+
+    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu",
+                 dit_dtype: torch.dtype = torch.float32):
         cfg = load_config(checkpoint_dir).token2wav_config
         self.device = device
         # transformers runs token2wav in float32 whatever the rest of the model uses.
         self.model = load_component(checkpoint_dir, hf.Qwen2_5OmniToken2WavModel, cfg, {"token2wav.": ""},
                                     torch.float32, device)
         self.dit, self.vocoder = self.model.code2wav_dit_model, self.model.code2wav_bigvgan_model
+        self.dit_dtype = dit_dtype
+        self.blocks = self.dit.transformer_blocks
+        if dit_dtype != torch.float32:  # a copy: synthesize() (transformers' own path) keeps float32
+            import copy
+
+            self.blocks = copy.deepcopy(self.dit.transformer_blocks).to(dit_dtype)
         self.modules = {"token2wav": self.model}
         self.speakers = load_speakers(checkpoint_dir)
         bigvgan = cfg.bigvgan_config
@@ -278,12 +289,16 @@ class OmniCode2Wav:
         block = torch.arange(frames, device=self.device) // dit.block_size
         block_diff = (block.view(1, -1) - block.view(-1, 1)).view(1, 1, frames, frames)
 
+        low = self.dit_dtype
+        rope_low = tuple(r.to(low) for r in rope)
+
         def velocity(t, x):
             t_emb = dit.time_embed(t.repeat(2 * b))
-            h = torch.nn.functional.linear(torch.cat([x, x]), w_x) + const
-            for layer in dit.transformer_blocks:
-                h = layer(h, t_emb, position_embeddings=rope, block_diff=block_diff)
-            out = dit.proj_out(dit.norm_out(h, t_emb))
+            h = (torch.nn.functional.linear(torch.cat([x, x]), w_x) + const).to(low)
+            t_low = t_emb.to(low)
+            for layer in self.blocks:
+                h = layer(h, t_low, position_embeddings=rope_low, block_diff=block_diff)
+            out = dit.proj_out(dit.norm_out(h.float(), t_emb))
             guided, null = torch.chunk(out, 2, dim=0)
             if guidance_scale < 1e-5:
                 return guided

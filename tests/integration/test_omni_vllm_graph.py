@@ -153,3 +153,20 @@ def test_seeded_sampling_repeats_and_stop_strings_end_the_text(vhttp):
                                                    "stop": [stop]}).json()["choices"][0]
     assert cut["message"]["content"] == text[:text.index(stop)]
     assert cut["finish_reason"] == "stop"
+
+
+def test_speech_on_the_vllm_thinker_equals_the_native_thinker(vhttp, http):
+    """/v1/audio/speech with the thinker on vLLM: the forced reply goes in as prompt rows whose states are tapped;
+    the speech equals the native thinker's (greedy codec tokens, the same seed)."""
+    import io
+
+    import soundfile as sf
+
+    body = {"model": "qwen2.5-omni", "voice": "Chelsie", "input": "hello world cat dog", "response_format": "wav",
+            "temperature": 0, "seed": ORACLE["seed"]}
+    r_vllm, r_native = vhttp.post("/v1/audio/speech", json=body), http.post("/v1/audio/speech", json=body)
+    assert r_vllm.status_code == 200 and r_native.status_code == 200, (r_vllm.text[:300], r_native.text[:300])
+    got, sr = sf.read(io.BytesIO(r_vllm.content), dtype="float32")
+    want, _ = sf.read(io.BytesIO(r_native.content), dtype="float32")
+    assert sr == 24000 and got.size > 0 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=2.0 / 32767)

@@ -87,3 +87,20 @@ def test_empty_speech_yields_one_empty_chunk(c2w):
 def test_chunking_must_follow_dit_blocks(c2w):
     with pytest.raises(ValueError, match="multiple of the DiT block"):
         check_chunking(c2w, Code2WavRequest("Chelsie", 0, chunk_codes=10))
+
+
+def test_bfloat16_dit_blocks_stay_close_to_float32(c2w, omni_tiny_dir):
+    """``dit_dtype=bfloat16`` runs the DiT's blocks on a bfloat16 copy: the mel stays within 1% of float32's, and
+    is not float32's (the option is really on); transformers' own path (``synthesize``) keeps float32 weights."""
+    from omni_serve.models.qwen2_5_omni import DiTWindow
+
+    low = OmniCode2Wav(omni_tiny_dir, dit_dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    n = 4 * c2w.block_codes
+    windows = [DiTWindow(codes=codes(n, s), noise=torch.randn(c2w.repeats * n, c2w.mel_dim, generator=g),
+                         voice="Chelsie") for s in range(2)]
+    want, got = c2w.dit_windows(windows, num_steps=3), low.dit_windows(windows, num_steps=3)
+    err = float((got - want).abs().max() / want.abs().max())
+    assert 0 < err < 1e-2, err
+    assert all(p.dtype == torch.float32 for p in low.dit.parameters())
+    assert all(p.dtype == torch.bfloat16 for p in low.blocks.parameters())

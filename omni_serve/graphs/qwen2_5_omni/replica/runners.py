@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import AsyncIterator
 
 import numpy as np
+import torch
 
 from omni_serve.engines.sampling import SamplingParams, is_greedy
 from omni_serve.graphs.qwen2_5_omni.messages import (
@@ -111,6 +112,9 @@ class Code2WavRunner(StageRunner):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         check_chunking(self.model, self._request("", 0))
+
+    def adapter_options(self):
+        return {"dit_dtype": getattr(torch, self.stage_spec.params.dit_dtype)}
 
     def _request(self, voice: str, seed: int) -> Code2WavRequest:
         p = self.stage_spec.params
