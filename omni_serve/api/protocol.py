@@ -168,7 +168,9 @@ class ChatMessage(_Lenient):
 
 
 class AudioOutputOptions(_Lenient):
-    voice: str = Field(description="Speaker/voice name for generated audio (e.g. 'Chelsie').")
+    voice: str | None = Field(default=None, description=(
+        "Speaker/voice name for generated audio (e.g. 'Chelsie'); none: the graph's default_voice (vLLM-Omni's "
+        "clients send only a format)."))
     format: Literal["wav", "pcm16"] = Field(
         default="wav", description="Encoding of returned audio: a WAV file or raw int16 PCM."
     )

@@ -4,8 +4,8 @@ Contract:
 
 * ``send_one(client, chat_url, request, model)`` posts one ``stream: true`` request and returns a
   ``RequestRecord``; it never raises for request failures. Timing (``time.perf_counter``): TTFT is the first
-  non-empty ``delta.content`` or ``delta.audio.transcript``, TTFP the first non-empty ``delta.audio.data``, ITL the gaps between
-  consecutive non-empty text deltas, E2E the end of the stream. Audio seconds are decoded pcm16 bytes
+  non-empty ``delta.content`` or ``delta.audio.transcript``, TTFP the first non-empty ``delta.audio.data``, ITL
+  the gaps between consecutive non-empty text deltas, E2E the end of the stream. Audio seconds are decoded pcm16 bytes
   ``/ 2 / 24000`` (streamed audio is raw pcm16, 24 kHz mono). Output tokens, best source first:
   ``choices[].token_ids`` if the server streams them (``token_ids``), the final usage chunk's
   ``completion_tokens`` (``usage``), else the number of non-empty text deltas (``deltas``: approximate).

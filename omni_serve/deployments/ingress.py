@@ -90,7 +90,8 @@ class OpenAIIngress:
         streaming = False
         try:
             try:
-                reply = await getattr(self.frontend, route.handler)(body, RequestContext(timeout_s, clock, request.headers))
+                ctx = RequestContext(timeout_s, clock, request.headers)
+                reply = await getattr(self.frontend, route.handler)(body, ctx)
             except Exception as err:
                 self._failed(route.name, err)
                 raise
@@ -113,7 +114,8 @@ class OpenAIIngress:
 
     async def _timed_stream(self, route: str, lines: AsyncIterator[str | bytes], clock: RequestClock,
                             ticket: Ticket) -> AsyncIterator[str | bytes]:
-        """The streamed reply (SSE lines or a file's bytes), recording its outcome and timings once it ends (or the client leaves)."""
+        """The streamed reply (SSE lines or a file's bytes), recording its outcome and timings once it ends (or the
+        client leaves)."""
         try:
             async for line in lines:
                 yield line

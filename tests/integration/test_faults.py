@@ -87,7 +87,9 @@ def _carries_output_of(stage: str, line: str) -> bool:
         return False
     choices = json.loads(line[6:]).get("choices") or [{}]
     delta = choices[0].get("delta", {})
-    return bool(delta.get("content")) if stage == "thinker" else delta.get("audio") is not None
+    audio = delta.get("audio") or {}
+    # OpenAI's shape: an audio reply's text is delta.audio.transcript; its audio delta.audio.data
+    return bool(delta.get("content") or audio.get("transcript")) if stage == "thinker" else bool(audio.get("data"))
 
 
 def _stage_stats(app: str, stage: str) -> dict:

@@ -1,15 +1,15 @@
 """Hostile input: requests generated from the served OpenAPI schema (schemathesis) against both graphs.
 
-Every operation of the ingress's ``/openapi.json`` (the Omni graphs': chat, speech, transcriptions) is fuzzed with schema-valid (positive) and
-schema-violating (negative) requests, a few thousand in all. Half of the bodies that name a model are
-pointed at the served one, so generation runs deep into the stages (media decoding, the thinker, talker and
-code2wav, the DiT and VAE) instead of stopping at ``model_not_found``. The graphs run with small limits
-(short outputs, small images, few steps) so a valid request is cheap; the limits themselves are fuzzed too.
+Every operation of the ingress's ``/openapi.json`` (the Omni graphs': chat, speech, transcriptions) is fuzzed
+with schema-valid (positive) and schema-violating (negative) requests, a few thousand in all. Half of the bodies
+that name a model are pointed at the served one, so generation runs deep into the stages (media decoding, the
+thinker, talker and code2wav, the DiT and VAE) instead of stopping at ``model_not_found``. The graphs run with
+small limits (short outputs, small images, few steps) so a valid request is cheap; the limits themselves are
+fuzzed too.
 
 Passes when: no answer is a 5xx; every 4xx carries an OpenAI error body; every stream ends in ``[DONE]`` (chat)
-or a ``*.done`` event (speech, transcriptions)
-and carries no server error event; no replica of either graph crashed or was replaced; and afterwards both
-graphs still serve a normal request and hold no request state.
+or a ``*.done`` event (speech, transcriptions) and carries no server error event; no replica of either graph
+crashed or was replaced; and afterwards both graphs still serve a normal request and hold no request state.
 
 ``OMNI_SERVE_FUZZ_EXAMPLES`` (per graph and generation mode, default 800) and ``OMNI_SERVE_FUZZ_SEED``
 (default 0; runs are reproducible) tune a run; failures print a curl command that reproduces each.

@@ -259,7 +259,6 @@ def test_message_variants_parse() -> None:
         ({"max_completion_tokens": -1}, ("max_completion_tokens",)),
         ({"stop": ["a", "b", "c", "d", "e"]}, ("stop", "stop[list]")),
         ({"stop": 5}, ("stop",)),
-        ({"audio": {"format": "wav"}}, ("audio", "voice")),
         ({"audio": {"voice": "Chelsie", "format": "mp3"}}, ("audio", "format")),
         ({"messages": []}, ("messages",)),
         ({"messages": [{"role": "tool", "content": "x"}]}, ("messages", 0, "role")),

@@ -106,8 +106,9 @@ class AudioEndpoints:
                                                           total_tokens=input_tokens + out)))
 
     # -- /v1/audio/transcriptions -------------------------------------------------------------------------
-    async def audio_transcriptions(self, req: TranscriptionRequest,
-                                   ctx: RequestContext) -> Transcription | TranscriptionVerbose | RawReply | EventStream:
+    async def audio_transcriptions(
+            self, req: TranscriptionRequest, ctx: RequestContext,
+    ) -> Transcription | TranscriptionVerbose | RawReply | EventStream:
         self._check_model(req.model)
         if req.response_format in ("srt", "vtt"):
             raise bad_request(f"response_format {req.response_format!r} needs timestamps, which this model does not "

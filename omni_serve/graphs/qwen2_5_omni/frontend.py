@@ -133,8 +133,8 @@ class OmniFrontend(AudioEndpoints, Frontend):
         self._check_model(req.model)
         voice = None
         if req.wants_audio():  # without audio options: the graph's default voice, as a WAV
-            voice = self._voice(req.audio.voice, "audio.voice") if req.audio else self._voice(
-                self.spec.default_voice, "audio.voice")
+            asked = req.audio.voice if req.audio else None
+            voice = self._voice(asked or self.spec.default_voice, "audio.voice")
         check_request_size(req.messages, self.spec.limits)
         rid = new_request_id("chatcmpl")
         inputs, audios, images = await self._preprocessed(rid, self._preprocess, req)
