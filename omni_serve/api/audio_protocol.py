@@ -66,7 +66,8 @@ class SpeechAudioDone(BaseModel):
 class TranscriptionRequest(_Lenient):
     """The multipart form of ``audio.transcriptions.create``."""
 
-    file: UploadFile = Field(description="The audio file: wav, mp3, flac or ogg.")
+    file: UploadFile = Field(description="The audio file: wav, mp3, flac, ogg, or any container FFmpeg reads (m4a, "
+                                         "mp4, webm, ...).")
     model: str = Field(description="Served model name.")
     language: str | None = Field(default=None, max_length=64, description=(
         "The audio's language (a name or an ISO-639-1 code), told to the model."))

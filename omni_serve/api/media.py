@@ -126,6 +126,13 @@ def _too_long(param: str, seconds: float | None, max_seconds: float) -> OpenAIEr
     return bad_request(f"{param}: audio is too long ({got}; limit {max_seconds:g} s)", param=param)
 
 
+class _Unreadable(OpenAIError):
+    """A 400: soundfile cannot read the bytes (another reader may)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message, status_code=400, type="invalid_request_error", param=param)
+
+
 def _read_container(raw: bytes, fmt: str, max_seconds: float, param: str, max_sample_rate: int,
                     max_channels: int) -> tuple[np.ndarray, int]:
     try:
@@ -149,9 +156,7 @@ def _read_container(raw: bytes, fmt: str, max_seconds: float, param: str, max_sa
         raise
     except (sf.SoundFileError, RuntimeError, ValueError, TypeError, EOFError) as exc:
         detail = str(exc).strip() or type(exc).__name__
-        raise bad_request(
-            f"{param}: could not decode audio as {fmt}: {detail}", param=param
-        ) from None
+        raise _Unreadable(f"{param}: could not decode audio as {fmt}: {detail}", param=param) from None
     return data.mean(axis=1, dtype=np.float32) if data.shape[1] > 1 else data[:, 0], sample_rate
 
 
@@ -185,15 +190,22 @@ def audio_max_bytes(max_seconds: float) -> int:
 
 def decode_audio_bytes(
     raw: bytes, fmt: str, *, target_sr: int, max_seconds: float, param: str,
-    max_sample_rate: int = 48_000, max_channels: int = 2,
+    max_sample_rate: int = 48_000, max_channels: int = 2, other_reader=None,
 ) -> np.ndarray:
     """``decode_input_audio`` of bytes already decoded from base64 (or uploaded): ``fmt`` ``pcm16`` is raw int16,
-    anything else a container soundfile recognises from the bytes (wav, mp3, flac, ogg)."""
+    anything else a container soundfile recognises from the bytes (wav, mp3, flac, ogg). ``other_reader(raw)``, if
+    given, reads what soundfile cannot (-> (mono samples, sample rate), with its own header checks); the checks
+    below apply to what it returns too."""
 
     if fmt == "pcm16":
         samples, sample_rate = _read_pcm16(raw, param)
     else:
-        samples, sample_rate = _read_container(raw, fmt, max_seconds, param, max_sample_rate, max_channels)
+        try:
+            samples, sample_rate = _read_container(raw, fmt, max_seconds, param, max_sample_rate, max_channels)
+        except _Unreadable:
+            if other_reader is None:
+                raise
+            samples, sample_rate = other_reader(raw)
 
     if samples.size == 0:
         raise bad_request(f"{param}: audio contains no samples", param=param)

@@ -179,3 +179,35 @@ def _audio_track(container, rate: int, max_seconds: float, param: str) -> np.nda
     if not np.all(np.isfinite(samples)):
         raise bad_request(f"{param}: the video's audio track contains non-finite samples", param=param)
     return samples
+
+
+def read_audio_container(raw: bytes, *, rate: int, max_seconds: float, param: str, max_sample_rate: int,
+                         max_channels: int) -> tuple[np.ndarray, int]:
+    """(mono float32 samples at ``rate``, ``rate``) of the first audio track of any container FFmpeg reads (m4a,
+    mp4, webm, ...: what soundfile cannot), its sample rate, channels and duration checked from the header first."""
+    import av
+
+    try:
+        with av.open(io.BytesIO(raw)) as container:
+            if not container.streams.audio:
+                raise bad_request(f"{param}: the file has no audio track", param=param)
+            stream = container.streams.audio[0]
+            if (stream.sample_rate or 0) > max_sample_rate:
+                raise bad_request(f"{param}: audio sample rate {stream.sample_rate} Hz is above the limit of "
+                                  f"{max_sample_rate} Hz", param=param)
+            if (stream.channels or 0) > max_channels:
+                raise bad_request(f"{param}: audio has {stream.channels} channels; at most {max_channels} are "
+                                  "accepted", param=param)
+            if container.duration is not None and container.duration / 1e6 > max_seconds:
+                raise bad_request(f"{param}: audio is too long ({container.duration / 1e6:.1f} s; limit "
+                                  f"{max_seconds:g} s)", param=param)
+            # one sample past the limit: a longer file is caught as too long by the caller
+            samples = _audio_track(container, rate, max_seconds + 1 / rate, param)
+    except OpenAIError:
+        raise
+    except (av.FFmpegError, ValueError, OSError, RuntimeError) as exc:
+        raise bad_request(f"{param}: could not decode audio (wav, mp3, flac, ogg, m4a, mp4, webm, ...): "
+                          f"{str(exc).strip() or type(exc).__name__}", param=param) from None
+    if samples is None:
+        raise bad_request(f"{param}: audio contains no samples", param=param)
+    return samples, rate

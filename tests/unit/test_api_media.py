@@ -288,3 +288,36 @@ def test_compressed_formats_decode(fmt: str, container: str, subtype: str) -> No
     assert out.dtype == np.float32
     assert abs(out.size - 16_000) <= 16_000 * 0.1  # codec padding/priming may shift the length a bit
     assert 0.2 < float(np.max(np.abs(out))) < 0.45
+
+
+def _m4a(seconds: float, sr: int = 16000) -> bytes:
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as c:
+        stream = c.add_stream("aac", rate=sr, layout="mono")
+        x = (0.3 * np.sin(2 * np.pi * 440 * np.arange(int(seconds * sr)) / sr)).astype(np.float32)
+        frame = av.AudioFrame.from_ndarray(x.reshape(1, -1), format="flt", layout="mono")
+        frame.sample_rate = sr
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            c.mux(packet)
+    return buf.getvalue()
+
+
+def test_uploaded_audio_soundfile_cannot_read_goes_to_ffmpeg_with_the_same_limits():
+    """Transcription uploads: m4a (AAC in MP4) is read by the FFmpeg reader; its header is checked first, and
+    bytes neither reader takes are a 400 naming the file."""
+    from omni_serve.api.media import decode_audio_bytes
+    from omni_serve.api.video import read_audio_container
+
+    def decode(raw, max_seconds=5.0):
+        checks = dict(max_seconds=max_seconds, param="file", max_sample_rate=48000, max_channels=2)
+        return decode_audio_bytes(raw, "wav", target_sr=16000, **checks,
+                                  other_reader=lambda d: read_audio_container(d, rate=16000, **checks))
+
+    samples = decode(_m4a(1.0))
+    assert samples.dtype == np.float32 and 16000 <= samples.size < 16000 * 1.2 and np.abs(samples).max() > 0.2
+    for raw, words in ((_m4a(1.0), "too long"), (b"not audio at all", "could not decode")):
+        with pytest.raises(OpenAIError) as info:
+            decode(raw, max_seconds=0.5)
+        assert info.value.status_code == 400 and info.value.param == "file" and words in info.value.message

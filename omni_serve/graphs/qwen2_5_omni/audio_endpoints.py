@@ -27,6 +27,7 @@ from omni_serve.api.audio_protocol import (
 from omni_serve.api.errors import OpenAIError, bad_request
 from omni_serve.api.media import decode_audio_bytes, read_upload
 from omni_serve.api.speech_audio import MEDIA_TYPES, SpeechEncoder, writable_formats
+from omni_serve.api.video import read_audio_container
 from omni_serve.api.sse import sse_error, sse_event
 from omni_serve.graphs.frontend import ByteStream, EventStream, RawReply, RequestContext
 from omni_serve.graphs.qwen2_5_omni.messages import AudioDelta, TextDelta
@@ -147,9 +148,11 @@ class AudioEndpoints:
     def _transcription_prompt(self, req: TranscriptionRequest, raw: bytes):
         """(the prompt's inputs, the decoded audio) for an uploaded file."""
         limits = self.spec.limits
-        audio = decode_audio_bytes(raw, "wav, mp3, flac or ogg", target_sr=self.inputs.sampling_rate,
-                                   max_seconds=self.spec.max_audio_seconds, param="file",
-                                   max_sample_rate=limits.max_audio_sample_rate, max_channels=limits.max_audio_channels)
+        checks = dict(max_seconds=self.spec.max_audio_seconds, param="file",
+                      max_sample_rate=limits.max_audio_sample_rate, max_channels=limits.max_audio_channels)
+        audio = decode_audio_bytes(  # soundfile (wav, mp3, flac, ogg), else FFmpeg (m4a, mp4, webm, ...)
+            raw, "wav, mp3, flac or ogg", target_sr=self.inputs.sampling_rate, **checks,
+            other_reader=lambda data: read_audio_container(data, rate=self.inputs.sampling_rate, **checks))
         t = self.spec.transcription
         ask = t.instruction
         if req.language:
