@@ -31,6 +31,7 @@ from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
 
 from omni_serve.engines.ar.attention import ATTN_IMPLEMENTATION
 from omni_serve.models.loading import load_component, read_state_dict
+from omni_serve.models.qwen2_5_omni_dit import check_dit_block, dit_block
 from omni_serve.models.qwen2_5_omni_layout import load_config, load_speakers
 
 
@@ -227,6 +228,8 @@ class OmniCode2Wav:
             import copy
 
             self.blocks = copy.deepcopy(self.dit.transformer_blocks).to(dit_dtype)
+        for layer in self.blocks:
+            check_dit_block(layer)
         self.modules = {"token2wav": self.model}
         self.speakers = load_speakers(checkpoint_dir)
         bigvgan = cfg.bigvgan_config
@@ -286,8 +289,6 @@ class OmniCode2Wav:
         w_x = proj.weight[:, :self.mel_dim]
         position_ids = torch.arange(frames, device=self.device).view(1, -1)
         rope = dit.rotary_embed(const, position_ids)
-        block = torch.arange(frames, device=self.device) // dit.block_size
-        block_diff = (block.view(1, -1) - block.view(-1, 1)).view(1, 1, frames, frames)
 
         low = self.dit_dtype
         rope_low = tuple(r.to(low) for r in rope)
@@ -297,7 +298,7 @@ class OmniCode2Wav:
             h = (torch.nn.functional.linear(torch.cat([x, x]), w_x) + const).to(low)
             t_low = t_emb.to(low)
             for layer in self.blocks:
-                h = layer(h, t_low, position_embeddings=rope_low, block_diff=block_diff)
+                h = dit_block(layer, h, t_low, rope_low, dit.block_size)
             out = dit.proj_out(dit.norm_out(h.float(), t_emb))
             guided, null = torch.chunk(out, 2, dim=0)
             if guidance_scale < 1e-5:

@@ -6,7 +6,8 @@ Contract: a model whose config has ``_attn_implementation = "omni_paged"`` is ca
 attention call, and ``attention_mask={"full_attention": None}`` so the model builds no mask of its own.
 Per layer, ``paged_attention`` writes the new keys/values into their cache slots, then attends each
 request's queries to that request's cached keys (causal within the new tokens):
-- decode requests (one new token each) in one padded SDPA call over their gathered KV;
+- decode requests (one new token each) in one padded SDPA call over their KV: a contiguous copy kept from
+  step to step (``omni_serve.engines.ar.decode_kv``) when the engine gives one, else gathered per layer;
 - each prefill chunk in its own SDPA call (``is_causal`` when the chunk starts the sequence, else an
   explicit mask that lets query ``i`` see cache slots ``<= past + i``).
 Gather indices and masks are built once per step in ``PagedBatch`` and reused by every layer.
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from omni_serve.engines.ar.decode_kv import DecodeKV, DecodeKVStep
 from omni_serve.engines.ar.kv_cache import PagedKVCache
 
 ATTN_IMPLEMENTATION = "omni_paged"
@@ -44,18 +46,22 @@ class PagedBatch:
     decode_rows: torch.Tensor | None = None  # [B] packed rows of single-token requests
     decode_slots: torch.Tensor | None = None  # [B, L] cache rows (padded)
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, L] bool, None if no padding
+    decode_kv: DecodeKVStep | None = None  # the decode rows' contiguous KV copy (None: gather per layer)
     prefills: list[PrefillSegment] = field(default_factory=list)
 
     @classmethod
-    def build(cls, cache: PagedKVCache, segments: list[tuple[int, torch.Tensor, torch.Tensor]]) -> "PagedBatch":
-        """``segments``: per request, in packed order, (new tokens n, write slots [n], read slots [past+n])."""
-        writes, prefills, d_rows, d_slots = [], [], [], []
+    def build(cls, cache: PagedKVCache, segments: list[tuple[str, int, torch.Tensor, torch.Tensor]],
+              decode_kv: DecodeKV | None = None) -> "PagedBatch":
+        """``segments``: per request, in packed order, (request id, new tokens n, write slots [n], read slots
+        [past+n]). With ``decode_kv``, decode rows attend over its contiguous copy when it fits its budget."""
+        writes, prefills, d_rows, d_slots, d_ids = [], [], [], [], []
         row = 0
-        for n, write, read in segments:
+        for rid, n, write, read in segments:
             writes.append(write)
             if n == 1:
                 d_rows.append(row)
                 d_slots.append(read)
+                d_ids.append(rid)
             else:
                 past = read.numel() - n
                 mask = None
@@ -75,6 +81,10 @@ class PagedBatch:
             if min(lengths) != longest:
                 batch.decode_mask = (torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]).view(
                     len(d_slots), 1, 1, longest)
+            if decode_kv is not None:
+                batch.decode_kv = decode_kv.plan(d_ids, lengths, slots)
+        elif decode_kv is not None:
+            decode_kv.invalidate()
         return batch
 
 
@@ -91,8 +101,13 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
     gqa = q.shape[0] != k_cache.shape[1]
     if batch.decode_rows is not None:
         qd = q[:, batch.decode_rows].transpose(0, 1).unsqueeze(2)  # [B, heads, 1, d]
-        kd = k_cache[batch.decode_slots].transpose(1, 2)  # [B, kv_heads, L, d]
-        vd = v_cache[batch.decode_slots].transpose(1, 2)
+        if batch.decode_kv is not None:
+            kd, vd = batch.decode_kv.keys_values(  # [B, kv_heads, L, d] views of the contiguous copy
+                module.layer_idx, k_cache, v_cache, key[0][:, batch.decode_rows].transpose(0, 1),
+                value[0][:, batch.decode_rows].transpose(0, 1))
+        else:
+            kd = k_cache[batch.decode_slots].transpose(1, 2)  # [B, kv_heads, L, d]
+            vd = v_cache[batch.decode_slots].transpose(1, 2)
         o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=batch.decode_mask, scale=scaling, enable_gqa=gqa)
         out[batch.decode_rows] = o[:, :, 0]
     for seg in batch.prefills:

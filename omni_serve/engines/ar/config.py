@@ -16,5 +16,10 @@ class ARConfig(BaseModel):
         "Tokens one batched forward may compute; longer prompts are prefilled in chunks of the remaining "
         "budget so decoding requests keep stepping (chunked prefill)."))
     max_num_seqs: int = Field(64, ge=1, description="Requests decoding together at most; more wait in a FIFO queue.")
+    decode_kv_copy_mib: int = Field(256, ge=0, description=(
+        "Memory for a contiguous copy of the decoding requests' keys/values, kept from step to step so each "
+        "layer appends one token instead of gathering every request's KV from the paged cache; used when the "
+        "batch's copy fits (bytes = requests x tokens rounded up to 128 x layers x 2 x kv_heads x head_dim x "
+        "dtype size), else decode gathers as before. 0 disables it. Results are identical either way."))
     enable_prefix_caching: bool = Field(True, description=(
         "Reuse KV blocks of identical prompt prefixes (full blocks, matched by content hash)."))

@@ -34,6 +34,7 @@ import torch
 
 from omni_serve.engines.ar.attention import PagedBatch
 from omni_serve.engines.ar.config import ARConfig
+from omni_serve.engines.ar.decode_kv import DecodeKV
 from omni_serve.engines.ar.kv_cache import BlockAllocator, PagedKVCache
 from omni_serve.engines.ar.sequence import ARSequence, KVTransfer
 from omni_serve.engines.load import DecayingMean
@@ -77,6 +78,10 @@ class AREngine(LoopEngine):
         self.cache = PagedKVCache(model.num_layers, model.num_kv_heads, model.head_dim, c.num_kv_blocks,
                                   c.block_size, model.dtype, model.device)
         self.blocks = BlockAllocator(c.num_kv_blocks, c.block_size)
+        self.decode_kv = None
+        if c.decode_kv_copy_mib:
+            self.decode_kv = DecodeKV(model.num_layers, model.num_kv_heads, model.head_dim, model.dtype,
+                                      model.device, c.decode_kv_copy_mib * 2**20)
         self.watermark = max(1, c.num_kv_blocks // 100)
         self.running: list[Slot] = []
         self.waiting: deque[Slot] = deque()
@@ -93,7 +98,9 @@ class AREngine(LoopEngine):
         return {"active": self.num_active, "running": len(self.running), "waiting": len(self.waiting),
                 "kv_blocks_total": self.blocks.num_blocks, "kv_blocks_used": self.blocks.num_used_blocks,
                 "kv_blocks_free": self.blocks.num_free_blocks, **self.counters,
-                "prefix_hit_tokens": self.blocks.prefix_hits}
+                "prefix_hit_tokens": self.blocks.prefix_hits,
+                "decode_kv_rebuilds": self.decode_kv.rebuilds if self.decode_kv else 0,
+                "decode_kv_appends": self.decode_kv.appends if self.decode_kv else 0}
 
     # -- LoopEngine hooks ---------------------------------------------------------------------------------
     def on_abort(self, slot: Slot) -> None:
@@ -306,17 +313,19 @@ class AREngine(LoopEngine):
             positions.append(p)
             rid = w.slot.request_id
             read = self.blocks.slots(rid, 0, w.end)  # the new tokens' write slots are its tail
-            segments.append((w.end - w.start, read[w.start:], read))
+            segments.append((rid, w.end - w.start, read[w.start:], read))
             row += w.end - w.start
             if w.logits:
                 logit_rows.append(row - 1)
             want_hidden |= seq.wants_hidden
-        batch = PagedBatch.build(self.cache, segments)
+        batch = PagedBatch.build(self.cache, segments, self.decode_kv)
         try:
             hidden, logits = self.model.forward_packed(
                 torch.cat(embeds), torch.cat(positions, dim=1), batch, torch.tensor(logit_rows, dtype=torch.long),
                 want_hidden)
         except Exception as exc:  # noqa: BLE001 - a failed forward fails its requests, not the replica
+            if self.decode_kv is not None:
+                self.decode_kv.invalidate()  # some layers may have appended this step's token, others not
             log_failure(log, exc, "%s: batched forward failed", self.name)
             for w in plan:
                 self._fail(w.slot, exc)
