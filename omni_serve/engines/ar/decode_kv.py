@@ -33,7 +33,7 @@ _CAPACITY_STEP = 128  # the copy's length grows in steps of this many tokens (on
 class DecodeKVStep:
     """What one forward's layers need: where the copy lives and what to write into it."""
 
-    k: torch.Tensor  # [layers, B, capacity, kv_heads, head_dim]
+    k: torch.Tensor  # [layers, B, kv_heads, capacity, head_dim] (each head's keys contiguous for attention)
     v: torch.Tensor
     length: int  # longest decode row this step (the attention's key length)
     append_at: torch.Tensor | None  # [B] position of each row's new token when reusing the copy
@@ -45,13 +45,13 @@ class DecodeKVStep:
         paged cache) and return keys/values ``[B, kv_heads, length, d]`` as views of it."""
         k, v = self.k[layer], self.v[layer]
         if self.rebuild_slots is not None:
-            k[:, :self.length] = k_cache[self.rebuild_slots]
-            v[:, :self.length] = v_cache[self.rebuild_slots]
+            k[:, :, :self.length] = k_cache[self.rebuild_slots].transpose(1, 2)
+            v[:, :, :self.length] = v_cache[self.rebuild_slots].transpose(1, 2)
         else:
             rows = torch.arange(k.shape[0], device=k.device)
-            k[rows, self.append_at] = new_k.to(k.dtype)
-            v[rows, self.append_at] = new_v.to(v.dtype)
-        return k[:, :self.length].transpose(1, 2), v[:, :self.length].transpose(1, 2)
+            k[rows, :, self.append_at] = new_k.to(k.dtype)
+            v[rows, :, self.append_at] = new_v.to(v.dtype)
+        return k[:, :, :self.length], v[:, :, :self.length]
 
 
 class DecodeKV:
@@ -80,15 +80,15 @@ class DecodeKV:
 
     def plan(self, ids: list[str], lengths: list[int], slots: torch.Tensor) -> DecodeKVStep | None:
         rows, longest = len(ids), max(lengths)
-        reuse = (tuple(ids) == self._ids and self._k is not None and longest <= self._k.shape[2]
+        reuse = (tuple(ids) == self._ids and self._k is not None and longest <= self._k.shape[3]
                  and all(n == old + 1 for n, old in zip(lengths, self._lengths)))
         if not reuse:
             capacity = -(-longest // _CAPACITY_STEP) * _CAPACITY_STEP
             if self.bytes_for(rows, capacity) > self.budget_bytes:
                 self.release()
                 return None
-            if self._k is None or self._k.shape[1] != rows or self._k.shape[2] < longest:
-                shape = (self.num_layers, rows, capacity, self.num_kv_heads, self.head_dim)
+            if self._k is None or self._k.shape[1] != rows or self._k.shape[3] < longest:
+                shape = (self.num_layers, rows, self.num_kv_heads, capacity, self.head_dim)
                 self._k = self._v = None  # free the old copy before allocating the new one
                 self._k = torch.zeros(shape, dtype=self.dtype, device=self.device)
                 self._v = torch.zeros(shape, dtype=self.dtype, device=self.device)
