@@ -200,7 +200,8 @@ class _TransferMetrics(_Guarded):
     def __call__(self, backend: str, op: str, nbytes: int, seconds: float) -> None:
         def record():
             tags = {"backend": backend, "op": op}
-            self.bytes.inc(nbytes, tags=tags)
+            if nbytes > 0:  # Ray's Counter refuses 0 (payloads of only metadata move no tensor bytes)
+                self.bytes.inc(nbytes, tags=tags)
             self.seconds.observe(seconds, tags=tags)
         self.run(record)
 

@@ -141,3 +141,12 @@ def test_the_committed_grafana_dashboard_is_current():
         assert f.read() == module.render(), "run scripts/make_dashboard.py"
     exprs = [t["expr"] for p in module.dashboard()["panels"] for t in p["targets"]]
     assert all("ray_omni_serve_" in e for e in exprs)
+
+
+def test_transfer_metrics_accept_payloads_without_tensor_bytes(caplog):
+    from omni_serve.metrics import _TransferMetrics
+
+    record = _TransferMetrics()  # the real ray.serve.metrics Counter, which refuses inc(0)
+    record("ray", "put", 0, 0.001)
+    record("ray", "put", 64, 0.001)
+    assert not any("recording failed" in r.message for r in caplog.records)
