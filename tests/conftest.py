@@ -61,3 +61,9 @@ def qwen_image_tiny_dir() -> str:
 def qwen3_omni_tiny_dir() -> str:
     """Path of the tiny Qwen3-Omni checkpoint (made here if missing)."""
     return tiny_checkpoint("qwen3_omni")
+
+
+@pytest.fixture(scope="session")
+def glm_image_tiny_dir() -> str:
+    """Path of the tiny GLM-Image checkpoint (made here if missing)."""
+    return tiny_checkpoint("glm_image")

@@ -20,7 +20,8 @@ path, printable table, runs); the report is ``omni_serve.bench.image_report``'s.
   in memory only) and the server's per-image computed / cached step counts. ``warmup`` unmeasured requests
   run first, for the uncached engine and for each cache mode.
 * Baseline ``diffusers`` (``DiffusersImageBaseline``): ``QwenImagePipeline.from_pretrained(checkpoint)`` (for
-  edits ``QwenImageEditPipeline``, with the served graph's prompt processor, as the oracle tests) in
+  edits ``QwenImageEditPipeline``, with the served graph's prompt processor, as the oracle tests; for a GLM-Image
+  checkpoint ``GlmImagePipeline``, CFG scale ``true_cfg_scale`` as ``guidance_scale``, default 1.5 on both sides) in
   this process (float32, local files only, progress bar off, ``torch.set_num_threads(threads)`` first),
   the same requests one at a time after ``warmup`` unmeasured ones, with ``generator =
   torch.Generator().manual_seed(seed_i)`` (the server draws its noise the same way) and the server's
@@ -148,12 +149,16 @@ class ImageRequest:
         fields.update({f"cache[{k}]": str(v) for k, v in (cache or {}).items()})
         return fields, {"image": ("input.png", self.input_image, "image/png")}
 
-    def pipeline_kwargs(self) -> dict[str, Any]:
-        """``QwenImagePipeline.__call__`` (or ``QwenImageEditPipeline.__call__``) arguments, the generator aside,
-        matching ``body``/``form``."""
+    def pipeline_kwargs(self, glm: bool = False) -> dict[str, Any]:
+        """``QwenImagePipeline.__call__`` (or ``QwenImageEditPipeline.__call__``; ``glm``: ``GlmImagePipeline.__call__``)
+        arguments, the generator aside, matching ``body``/``form``."""
         kw: dict[str, Any] = {"prompt": self.prompt, "width": self.width, "height": self.height,
                               "num_inference_steps": self.steps, "num_images_per_prompt": self.n,
                               "output_type": "np"}
+        if glm:  # no negative prompt (the server refuses one); the CFG scale is guidance_scale, 1.5 by default
+            if self.true_cfg_scale is not None:
+                kw["guidance_scale"] = self.true_cfg_scale
+            return kw
         if self.input_image is not None:
             from PIL import Image
 
@@ -313,8 +318,16 @@ async def run_image_load(url: str, requests: list[ImageRequest], model: str | No
 # --------------------------------------------------------------------------- diffusers baseline
 
 
+def _pipeline_class_name(checkpoint: str) -> str:
+    import json
+
+    with open(os.path.join(checkpoint, "model_index.json")) as f:
+        return json.load(f)["_class_name"]
+
+
 class DiffusersImageBaseline:
-    """``QwenImagePipeline`` (``edits``: ``QwenImageEditPipeline``) in this process; requests run one at a time."""
+    """The checkpoint's pipeline in this process, requests one at a time: ``QwenImagePipeline`` (``edits``:
+    ``QwenImageEditPipeline``) or ``GlmImagePipeline`` (its model_index.json says which)."""
 
     def __init__(self, checkpoint: str, threads: int | None = None, edits: bool = False):
         import torch
@@ -322,7 +335,12 @@ class DiffusersImageBaseline:
 
         self.threads = threads or os.cpu_count() or 1
         torch.set_num_threads(self.threads)
-        if edits:
+        self.glm = _pipeline_class_name(checkpoint) == "GlmImagePipeline"
+        if self.glm:
+            from diffusers import GlmImagePipeline
+
+            self.pipe = GlmImagePipeline.from_pretrained(checkpoint, local_files_only=True, dtype=torch.float32)
+        elif edits:
             from omni_serve.models.qwen_image_edit import EditPromptProcessor
 
             # Qwen2VLProcessor needs torchvision (no CPU build here): the served graph's processor, as the oracle
@@ -341,7 +359,7 @@ class DiffusersImageBaseline:
         t0 = time.perf_counter()
         try:
             with torch.inference_mode():
-                out = self.pipe(generator=torch.Generator().manual_seed(req.seed), **req.pipeline_kwargs())
+                out = self.pipe(generator=torch.Generator().manual_seed(req.seed), **req.pipeline_kwargs(self.glm))
             rec.images = list((np.asarray(out.images) * 255).round().astype(np.uint8))
             rec.num_images = len(rec.images)
             rec.computed_steps, rec.cached_steps = [req.steps] * rec.num_images, [0] * rec.num_images

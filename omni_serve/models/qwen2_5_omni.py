@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch
 from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
 
-from omni_serve.engines.ar.attention import ATTN_IMPLEMENTATION
 from omni_serve.models.loading import load_component, read_state_dict
+from omni_serve.models.paged_decoder import PagedDecoder
 from omni_serve.models.qwen2_5_omni_dit import check_dit_block, dit_block
 from omni_serve.models.qwen2_5_omni_layout import load_config, load_speakers
 
@@ -90,24 +90,7 @@ class OmniEncoder:
         return out.pooler_output
 
 
-class _PagedDecoder:
-    """What the AR engine needs from a decoder: KV layout and a packed forward over its paged cache."""
-
-    def _use_paged_attention(self, text_config, dtype, device) -> None:
-        text_config._attn_implementation = ATTN_IMPLEMENTATION
-        self.num_layers = text_config.num_hidden_layers
-        self.num_kv_heads = text_config.num_key_value_heads
-        self.head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
-        self.dtype, self.device = dtype, device
-
-    @staticmethod
-    def _run(decoder, embeds, positions, batch):
-        out = decoder(inputs_embeds=embeds.unsqueeze(0), position_ids=positions.unsqueeze(1).to(embeds.device),
-                      attention_mask={"full_attention": None}, use_cache=False, omni_batch=batch)
-        return out.last_hidden_state[0]
-
-
-class ThinkerDecoder(_PagedDecoder):
+class ThinkerDecoder(PagedDecoder):
     """A thinker's text model + lm_head with its M-RoPE prompt positions (both Omni families: each names its
     transformers text model class and position index)."""
 
@@ -119,7 +102,7 @@ class ThinkerDecoder(_PagedDecoder):
         text_cfg = thinker_config.text_config
         self.model = load_component(checkpoint_dir, self.text_model_class, text_cfg, {"thinker.model.": ""},
                                     dtype, device)
-        self._use_paged_attention(self.model.config, dtype, device)
+        self.use_paged_attention(self.model.config, dtype, device)
         self.lm_head = torch.nn.Linear(text_cfg.hidden_size, text_cfg.vocab_size, bias=False)
         self.lm_head.load_state_dict(read_state_dict(checkpoint_dir, {"thinker.lm_head.": ""}))
         self.lm_head.to(device=device, dtype=dtype).eval()
@@ -155,17 +138,17 @@ class OmniThinker(ThinkerDecoder):
 
     @torch.inference_mode()
     def forward_packed(self, embeds, positions, batch, logit_rows, want_hidden):
-        hidden = self._run(self.model, embeds, positions, batch)
+        hidden = self.run(self.model, embeds, positions, batch)
         logits = self.lm_head(hidden[logit_rows.to(hidden.device)]).float()
         return (hidden if want_hidden else None), logits
 
 
-class OmniTalker(_PagedDecoder):
+class OmniTalker(PagedDecoder):
     def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
         self.config = load_config(checkpoint_dir).talker_config
         self.model = load_component(checkpoint_dir, hf.Qwen2_5OmniTalkerForConditionalGeneration, self.config,
                                     {"talker.": ""}, dtype, device)
-        self._use_paged_attention(self.model.model.config, dtype, device)
+        self.use_paged_attention(self.model.model.config, dtype, device)
         self.modules = {"talker": self.model}
         c = self.config
         self.codec_bos, self.codec_eos = c.tts_codec_start_token_id, c.tts_codec_end_token_id
@@ -191,7 +174,7 @@ class OmniTalker(_PagedDecoder):
     @torch.inference_mode()
     def forward_packed(self, embeds, positions, batch, logit_rows, want_hidden):
         """``embeds``: talker inputs before ``thinker_to_talker_proj`` (thinker-sized, as ``generate`` builds)."""
-        hidden = self._run(self.model.model, self.model.thinker_to_talker_proj(embeds.to(self.device)), positions, batch)
+        hidden = self.run(self.model.model, self.model.thinker_to_talker_proj(embeds.to(self.device)), positions, batch)
         logits = self.model.codec_head(hidden[logit_rows.to(hidden.device)]).float()
         return (hidden if want_hidden else None), logits
 

@@ -33,7 +33,8 @@ from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
 
 from omni_serve.engines.sampling import Sampler, select_rows
 from omni_serve.models.loading import load_component
-from omni_serve.models.qwen2_5_omni import MropeIndex, OmniEncoder, ThinkerDecoder, _PagedDecoder
+from omni_serve.models.paged_decoder import PagedDecoder
+from omni_serve.models.qwen2_5_omni import MropeIndex, OmniEncoder, ThinkerDecoder
 from omni_serve.models.qwen3_omni_layout import load_config
 from omni_serve.models.qwen3_omni_vocoder import StreamingCode2Wav, VocoderStream
 
@@ -135,13 +136,13 @@ class FrameCodes:
     embedding: torch.Tensor  # [Ht]: sum of the frame's G code embeddings (the next talker input, text not added)
 
 
-class Qwen3OmniTalker(_PagedDecoder):
+class Qwen3OmniTalker(PagedDecoder):
     def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
         full = load_config(checkpoint_dir)
         self.config = c = full.talker_config
         self.model = load_component(checkpoint_dir, hf.Qwen3OmniMoeTalkerForConditionalGeneration, c,
                                     {"talker.": ""}, dtype, device)
-        self._use_paged_attention(self.model.model.config, dtype, device)
+        self.use_paged_attention(self.model.model.config, dtype, device)
         self.predictor = self.model.code_predictor
         self.modules = {"talker": self.model}
         self.embedding_size = c.text_config.hidden_size
@@ -209,7 +210,7 @@ class Qwen3OmniTalker(_PagedDecoder):
 
     @torch.inference_mode()
     def forward_packed(self, embeds, positions, batch, logit_rows, want_hidden):
-        hidden = self._run(self.model.model, embeds.to(self.device, self.dtype), positions, batch)
+        hidden = self.run(self.model.model, embeds.to(self.device, self.dtype), positions, batch)
         logits = self.model.codec_head(hidden[logit_rows.to(hidden.device)]).float()
         return (hidden if want_hidden else None), logits
 

@@ -101,3 +101,19 @@ def qwen3_app(ray_serve, qwen3_omni_tiny_dir):
         "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"], **TRANSCRIPTION,
     }), name="qwen3_omni", route_prefix="/qwen3")
     return ray_serve + "/qwen3"
+
+
+# The GLM-Image graph at /glm (tiny checkpoint), reserving no CPUs so it fits beside the others.
+GLM_STAGES = ("ar", "text_encoder", "dit", "vae")
+
+
+@pytest.fixture(scope="session")
+def glm_app(ray_serve, glm_image_tiny_dir):
+    from ray import serve
+
+    from omni_serve.graphs.glm_image import build_app
+
+    serve.run(build_app({"checkpoint": glm_image_tiny_dir, "default_size": "64x64", "default_steps": 3,
+                         "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in GLM_STAGES}}),
+              name="glm_image", route_prefix="/glm")
+    return ray_serve + "/glm"

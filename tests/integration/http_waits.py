@@ -41,3 +41,13 @@ def busy_stages(base_url: str, timeout: float = 60) -> dict:
         if not busy or time.monotonic() > deadline:
             return busy
         time.sleep(0.5)
+
+
+def ray_directory_size() -> int:
+    """Payloads the ``ray`` connector's directory still holds (every graph of the session shares it)."""
+    import ray
+
+    from omni_serve import settings
+    from omni_serve.transport.ray_store import DIRECTORY_NAME
+
+    return ray.get(ray.get_actor(DIRECTORY_NAME, namespace=settings.RAY_NAMESPACE).size.remote())

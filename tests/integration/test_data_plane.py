@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.integration.conftest import ORACLE
-from tests.integration.http_waits import wait_until
+from tests.integration.http_waits import ray_directory_size, wait_until
 from tests.integration import test_omni_graph as aggregated
 from tests.integration.test_omni_graph import check_against_reference, oracle_request
 
@@ -82,15 +82,6 @@ def _store_keys(port: int) -> int:
     return int(float(next(line.split()[1] for line in text.splitlines() if line.startswith("master_key_count "))))
 
 
-def _directory_size() -> int:
-    import ray
-
-    from omni_serve import settings
-    from omni_serve.transport.ray_store import DIRECTORY_NAME
-
-    return ray.get(ray.get_actor(DIRECTORY_NAME, namespace=settings.RAY_NAMESPACE).size.remote())
-
-
 def _one(url: str, i: int) -> str:
     """Request ``i`` of the leak run: completed, cancelled mid-stream, or failed in a stage."""
     kind = ("ok_audio", "ok_text", "cancelled", "failed", "ok_audio_input")[i % 5]
@@ -148,9 +139,9 @@ def test_no_payload_leaks_after_1000_requests_including_cancelled_and_failed(dp_
         held = {s: v for s, v in held.items() if v}
         busy, unread = _shm_leftovers()
         store_keys = _store_keys(MOONCAKE["data_plane.mooncake.master_port"])
-        if not held and not busy and not unread and store_keys == 0 and _directory_size() == 0:
+        if not held and not busy and not unread and store_keys == 0 and ray_directory_size() == 0:
             break
-        assert time.monotonic() < deadline, (held, busy[:3], unread[:3], store_keys, _directory_size())
+        assert time.monotonic() < deadline, (held, busy[:3], unread[:3], store_keys, ray_directory_size())
         time.sleep(2)
     # and the graph still serves
     assert _one(dp_app, 0) == "ok_audio"

@@ -32,13 +32,14 @@ EXAMPLES = int(os.environ.get("OMNI_SERVE_FUZZ_EXAMPLES", "800"))
 SEED = int(os.environ.get("OMNI_SERVE_FUZZ_SEED", "0"))
 OMNI_STAGES = ("encoder", "thinker", "talker", "code2wav")
 IMAGE_STAGES = ("text_encoder", "dit", "vae")
+GLM_STAGES = ("ar", "text_encoder", "dit", "vae")
 
 
 @pytest.fixture(scope="module")
-def fuzz_apps(ray_serve, omni_tiny_dir, qwen_image_tiny_dir, qwen3_omni_tiny_dir):
+def fuzz_apps(ray_serve, omni_tiny_dir, qwen_image_tiny_dir, qwen3_omni_tiny_dir, glm_image_tiny_dir):
     from ray import serve
 
-    from omni_serve.graphs import qwen2_5_omni, qwen3_omni, qwen_image
+    from omni_serve.graphs import glm_image, qwen2_5_omni, qwen3_omni, qwen_image
 
     omni_args = {
         "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in OMNI_STAGES},
@@ -50,18 +51,25 @@ def fuzz_apps(ray_serve, omni_tiny_dir, qwen_image_tiny_dir, qwen3_omni_tiny_dir
                                       "stages.code2wav.params.num_steps": 1}), name="fuzz_omni", route_prefix="/fuzz_omni")
     serve.run(qwen3_omni.build_app({"checkpoint": qwen3_omni_tiny_dir, **omni_args}), name="fuzz_qwen3",
               route_prefix="/fuzz_qwen3")
-    serve.run(qwen_image.build_app({
-        "checkpoint": qwen_image_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in IMAGE_STAGES},
-        "stages.dit.engine.torch_threads": 1, "default_size": "32x32", "default_steps": 2, "max_steps": 3,
-        "max_side": 64, "max_pixels": 64 * 64, "max_images": 2, "ingress.request_timeout_s": 60,
+    image_args = {  # both image graphs: small sizes and few steps
+        "ingress.num_cpus": 0, "stages.dit.engine.torch_threads": 1, "default_size": "32x32", "default_steps": 2,
+        "max_steps": 3, "max_side": 64, "max_pixels": 64 * 64, "max_images": 2, "ingress.request_timeout_s": 60,
         "ingress.enable_docs": True,
+    }
+    serve.run(qwen_image.build_app({
+        "checkpoint": qwen_image_tiny_dir, **{f"stages.{s}.num_cpus": 0 for s in IMAGE_STAGES}, **image_args,
     }), name="fuzz_image", route_prefix="/fuzz_image")
+    serve.run(glm_image.build_app({
+        "checkpoint": glm_image_tiny_dir, **{f"stages.{s}.num_cpus": 0 for s in GLM_STAGES}, **image_args,
+    }), name="fuzz_glm", route_prefix="/fuzz_glm")
     yield {"fuzz_omni": (ray_serve + "/fuzz_omni", "qwen2.5-omni", "/v1/chat/completions", OMNI_STAGES),
            "fuzz_qwen3": (ray_serve + "/fuzz_qwen3", "qwen3-omni", "/v1/chat/completions", OMNI_STAGES),
-           "fuzz_image": (ray_serve + "/fuzz_image", "qwen-image", "/v1/images/generations", IMAGE_STAGES)}
+           "fuzz_image": (ray_serve + "/fuzz_image", "qwen-image", "/v1/images/generations", IMAGE_STAGES),
+           "fuzz_glm": (ray_serve + "/fuzz_glm", "glm-image", "/v1/images/generations", GLM_STAGES)}
     serve.delete("fuzz_omni")
     serve.delete("fuzz_qwen3")
     serve.delete("fuzz_image")
+    serve.delete("fuzz_glm")
 
 
 def _replicas(app: str) -> set[str]:
@@ -167,7 +175,7 @@ def _fuzz(schema, base_url: str, model: str, route: str, examples: int) -> tuple
     return statuses, problems
 
 
-@pytest.mark.parametrize("app", ["fuzz_omni", "fuzz_qwen3", "fuzz_image"])
+@pytest.mark.parametrize("app", ["fuzz_omni", "fuzz_qwen3", "fuzz_image", "fuzz_glm"])
 def test_fuzzed_requests_get_no_5xx_and_crash_no_replica(fuzz_apps, app):
     import schemathesis
 

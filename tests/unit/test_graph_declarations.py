@@ -288,6 +288,24 @@ def test_image_traffic_carries_only_messages(qwen_image_tiny_dir):
     assert kinds["payloads"] == {"PromptEmbeds", "FinalLatents"}
 
 
+def test_glm_image_traffic_carries_only_messages(glm_image_tiny_dir):
+    from omni_serve.api.images import ImageGenerationRequest
+    from omni_serve.graphs.frontend import RequestContext
+    from omni_serve.graphs.glm_image import FAMILY
+
+    async def main():
+        graph = RecordedGraph(FAMILY, {"checkpoint": glm_image_tiny_dir, "default_size": "64x64"})
+        try:
+            req = ImageGenerationRequest(prompt='a sign saying "hi"', guidance_scale=2.0, num_inference_steps=2, seed=1)
+            return graph, await graph.frontend.images_generations(req, RequestContext(timeout_s=120))
+        finally:
+            await graph.aclose()
+    graph, response = asyncio.run(main())
+    assert len(response.data) == 1 and response.metrics.true_cfg
+    kinds = _check_recorded(graph)
+    assert kinds["payloads"] == {"PriorTokens", "PromptEmbeds", "FinalLatents"}
+
+
 def test_edit_traffic_carries_only_messages():
     from omni_serve.graphs.frontend import RequestContext
     from omni_serve.graphs.qwen_image_edit import FAMILY

@@ -336,7 +336,7 @@ def test_checkpoint_from_a_pvc_or_a_host_path(renders):
 
 
 @pytest.mark.parametrize("values, message", [
-    ({"graph": {"name": "glm_image"}}, "graph/name"),
+    ({"graph": {"name": "no_such_graph"}}, "graph/name"),
     ({"workerGroups": [{"name": "cpu", "minReplicas": -1, "maxReplicas": 2}]}, "minReplicas"),
     ({"workerGroups": [{"name": "cpu", "minReplicas": 1, "maxReplicas": 2, "replicas": -3}]}, "replicas"),
     ({"workerGroups": [{"name": "CPU_group", "minReplicas": 1, "maxReplicas": 2}]}, "name"),

@@ -56,6 +56,14 @@ class ImageRequestChecks:
             raise bad_request(f"size {width}x{height} is too large: at most {s.max_side} pixels a side and "
                               f"{s.max_pixels} pixels in all.", param=param, code="invalid_size")
 
+    def size_and_steps(self, req, default_dimensions: tuple[int, int] | None) -> tuple[int, int, int]:
+        """(width, height, steps) of a request, after the model, count, size and steps checks."""
+        self.check_model(req.model)
+        self.check_count(req.n)
+        width, height = req.dimensions(default_dimensions)
+        self.check_size(width, height)
+        return width, height, self.steps(req.num_inference_steps)
+
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.spec.model_name:
             raise bad_request(f"The model {model!r} does not exist; this server serves {self.spec.model_name!r}.",
@@ -147,9 +155,11 @@ def image_data(encoded: ImagesEncoded) -> list[ImageData]:
 
 
 async def collect_images(stages: StageCalls, request_id: str, calls: dict[str, Any], timeout_s: float,
-                         inputs: dict[str, Any] | None = None) -> tuple[list[ImageData], DenoiseDone]:
+                         inputs: dict[str, Any] | None = None,
+                         others: list | None = None) -> tuple[list[ImageData], DenoiseDone]:
     """Run a request's stage calls (after putting ``inputs`` on the ingress' edges); (the response's data items:
-    the encoded images, with their latents if the VAE call asked for them; the DiT's step counts)."""
+    the encoded images, with their latents if the VAE call asked for them; the DiT's step counts). The stages'
+    other outputs are appended to ``others`` when given."""
     images: list[ImageData] = []
     done: DenoiseDone | None = None
     async for _, out in stages.stream(request_id, calls, timeout_s, inputs=inputs):
@@ -157,6 +167,8 @@ async def collect_images(stages: StageCalls, request_id: str, calls: dict[str, A
             images.extend(image_data(out))
         elif isinstance(out, DenoiseDone):
             done = out
+        elif others is not None:
+            others.append(out)
     return images, done
 
 
@@ -171,11 +183,7 @@ class QwenImageFrontend(Frontend):
 
     def _calls(self, req: ImageGenerationRequest) -> tuple[str, dict[str, Any]]:
         c = self.checks
-        c.check_model(req.model)
-        c.check_count(req.n)
-        width, height = req.dimensions(self.spec.default_dimensions())
-        c.check_size(width, height)
-        steps = c.steps(req.num_inference_steps)
+        width, height, steps = c.size_and_steps(req, self.spec.default_dimensions())
         cfg_scale, guidance = c.guidance(req)
         rid = new_request_id("img")
         # CFG needs the negative prompt's embeddings; without CFG it is not encoded at all.

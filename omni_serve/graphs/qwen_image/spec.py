@@ -45,7 +45,12 @@ class QwenImageGraphSpec(GraphSpecBase):
 
     def default_dimensions(self) -> tuple[int, int] | None:
         """(width, height) of ``default_size``; None when it is one of ``size_words``."""
-        parts = self.default_size.split("x")
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
-            return None
-        return int(parts[0]), int(parts[1])
+        return size_dimensions(self.default_size)
+
+
+def size_dimensions(size: str) -> tuple[int, int] | None:
+    """(width, height) of a 'WIDTHxHEIGHT' size, None if it is not one."""
+    parts = size.split("x")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1])

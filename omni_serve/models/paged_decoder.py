@@ -1,0 +1,30 @@
+"""The part of an AR stage adapter that any transformers decoder shares: its KV layout for the engine's paged cache
+and one packed forward over it.
+
+Contract: an adapter calls ``use_paged_attention(text_config, dtype, device)`` once it has loaded its decoder (the
+config switches the decoder's attention to ``omni_paged`` and gives the engine ``num_layers``, ``num_kv_heads``,
+``head_dim``, ``dtype``, ``device``), then ``run(decoder, embeds [T, E], positions [R, T], batch)`` returns the
+decoder's last hidden states ``[T, H]`` for one packed batch (``omni_serve.engines.ar.attention``). The decoder
+builds no mask of its own: ``attention_mask={"full_attention": None}``, and transformers' mask builder has no
+mask function for ``omni_paged``, so every layer gets None and attention follows the batch's block tables.
+"""
+
+from __future__ import annotations
+
+from omni_serve.engines.ar.attention import ATTN_IMPLEMENTATION
+
+
+class PagedDecoder:
+    def use_paged_attention(self, text_config, dtype, device) -> None:
+        text_config._attn_implementation = ATTN_IMPLEMENTATION
+        self.num_layers = text_config.num_hidden_layers
+        self.num_kv_heads = text_config.num_key_value_heads
+        self.head_dim = (getattr(text_config, "head_dim", None)
+                         or text_config.hidden_size // text_config.num_attention_heads)
+        self.dtype, self.device = dtype, device
+
+    @staticmethod
+    def run(decoder, embeds, positions, batch):
+        out = decoder(inputs_embeds=embeds.unsqueeze(0), position_ids=positions.unsqueeze(1).to(embeds.device),
+                      attention_mask={"full_attention": None}, use_cache=False, omni_batch=batch)
+        return out.last_hidden_state[0]
