@@ -10,7 +10,7 @@ OUT=${1:-bench_glm_image}
 BIN=${VENV:-.venv}/bin
 CKPT=checkpoints/glm_image-small
 PORT=${PORT:-8125}
-N=${N:-16}
+N=${N:-32}
 SIZE=${SIZE:-128x128}
 STEPS=${STEPS:-20}
 source loadtests/serve_lib.sh
@@ -19,6 +19,6 @@ source loadtests/serve_lib.sh
 mkdir -p "$OUT"
 start_server "$OUT/serve.log" --graph glm_image --config loadtests/glm_image_small.yaml
 "$BIN/omni-serve" bench --mode image --url "http://127.0.0.1:$PORT" --checkpoint "$CKPT" --num-requests "$N" \
-  --concurrency 1,8 --size "$SIZE" --steps "$STEPS" --true-cfg-scale 1.5 --threads 2 --stop-server-pid $SERVER \
+  --concurrency 1,8 --size "$SIZE" --steps "$STEPS" --true-cfg-scale 1.5 --threads 2 --cache-modes none --stop-server-pid $SERVER \
   --out "$OUT"
 wait $SERVER 2>/dev/null || true
