@@ -8,7 +8,7 @@ CHECKPOINT ?= checkpoints/qwen2_5_omni-tiny
 IMAGE_CHECKPOINT ?= checkpoints/qwen_image-tiny
 PORT ?= 8000
 
-.PHONY: setup vllm-env checkpoint run run-image test unit integration bench bench-image bench-edit bench-transport soak k8s clean
+.PHONY: setup vllm-env checkpoint run run-image test unit integration bench bench-image bench-edit bench-speech bench-glm bench-transport soak k8s clean
 
 $(VENV)/.installed: pyproject.toml
 	scripts/install_system_deps.sh
@@ -84,6 +84,14 @@ bench-image: setup
 # The image-edit benchmark (Qwen-Image-Edit, small checkpoint, ~10 min): see docs/qwen_image.md.
 bench-edit: setup
 	loadtests/run_edit_bench.sh bench_edit
+
+# The speech benchmark (POST /v1/audio/speech, Qwen2.5-Omni small, ~12 min): see docs/benchmarks.md (Speech).
+bench-speech: setup
+	loadtests/run_bench_speech.sh bench_out
+
+# The GLM-Image benchmark with its ceiling report (small checkpoint, ~3 min): see docs/benchmarks.md#glm-image.
+bench-glm: setup
+	loadtests/run_glm_image_bench.sh bench_out/glm_image
 
 # Data-plane backends (shm, ray, mooncake, mooncake_store) vs memcpy, 4 KiB to 512 MiB: docs/data_plane.md.
 bench-transport: setup

@@ -2,7 +2,8 @@
 # The GLM-Image benchmark (issue 19), end to end, on the `small` checkpoint (docs/glm_image.md has the numbers):
 # serve the graph with loadtests/glm_image_small.yaml on a local Ray; SIZE (default 128x128), STEPS (default 20)
 # denoising steps with the pipeline's CFG (1.5), at concurrency 1 and 8; then stop the server and run diffusers'
-# GlmImagePipeline one request at a time on the same requests (same command, quiet machine) for the ratios.
+# GlmImagePipeline one request at a time on the same requests (same command, quiet machine) for the ratios; then
+# (still quiet) time each stage alone for the compute ceiling and set the run against it (OUT/ceiling.json).
 # Usage: loadtests/run_glm_image_bench.sh [OUT_DIR] (default bench_glm_image/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,3 +23,5 @@ start_server "$OUT/serve.log" --graph glm_image --config loadtests/glm_image_sma
   --concurrency 1,8 --size "$SIZE" --steps "$STEPS" --true-cfg-scale 1.5 --threads 2 --cache-modes none --stop-server-pid $SERVER \
   --out "$OUT"
 wait $SERVER 2>/dev/null || true
+"$BIN/python" loadtests/glm_image_ceiling.py "$CKPT" --size "${SIZE%x*}" --steps "$STEPS" --guidance 1.5 --batch 8 \
+  --baseline-requests 0 --bench-report "$OUT/image_bench_report.json" --out "$OUT/ceiling.json"

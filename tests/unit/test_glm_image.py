@@ -132,3 +132,30 @@ def test_served_images_equal_the_pipeline_with_six_in_flight(glm_image_tiny_dir,
             swapped = {"prompt": _reference(pipe, PROMPTS[1], *case[1:], pixels=False),
                        "seed": _reference(pipe, PROMPTS[i], *case[1:5], seed + 1, n, pixels=False)}
             assert_swaps_fail(got, swapped, distance, what)
+
+
+def test_ceiling_report_runs_and_sets_a_bench_run_against_it(glm_image_tiny_dir, tmp_path):
+    """loadtests/glm_image_ceiling.py (the docs' ceiling numbers) on the tiny checkpoint: every stage timed at both
+    batches, the ceiling is the smaller of the two bounds, and a bench report's runs are set against it."""
+    import json
+    import subprocess
+    import sys
+
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"runs": [{"label": "engine c=2", "throughput": {"images_per_s": 1.0}},
+                                          {"label": "diffusers", "throughput": {"images_per_s": 0.5}}]}))
+    out = tmp_path / "ceiling.json"
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "loadtests", "glm_image_ceiling.py")
+    subprocess.run([sys.executable, script, glm_image_tiny_dir, "--size", "64", "--steps", "2",
+                    "--batch", "2", "--baseline-requests", "1", "--bench-report", str(bench), "--out", str(out)],
+                   check=True, capture_output=True, timeout=300)
+    report = json.loads(out.read_text())
+    costs = report["costs_s_per_image"]
+    assert set(costs) == {"ar", "text_encoder", "dit", "vae"}
+    assert all(set(by_batch) == {"1", "2"} and min(by_batch.values()) > 0 for by_batch in costs.values())
+    best = report["best_s_per_image"]
+    ceiling = min(2 / sum(best.values()), 1 / max(best.values()))
+    assert report["ceiling_images_per_s"] == pytest.approx(ceiling)
+    assert report["bench"]["engine c=2"]["measured_over_ceiling"] == pytest.approx(1.0 / ceiling)
+    assert report["bench"]["ceiling_over_diffusers"] == pytest.approx(ceiling / 0.5)
+    assert report["diffusers_images_per_s"] > 0

@@ -1,0 +1,173 @@
+"""The GLM-Image graph's compute ceiling on this machine (quoted in docs/benchmarks.md#glm-image).
+
+Each stage's cost per image, alone, in process, on one torch thread (every stage of the served graph runs one),
+at batch 1 and at the batch the benchmark reaches (concurrency 8):
+
+- ``ar``: visual tokens of one request on the AR engine (prefill + one decode step per token), B requests at once;
+- ``text_encoder``: the glyph embeddings of the prompt and the CFG branch's empty prompt;
+- ``dit``: one denoising step over B images' rows (2 rows each under CFG), times the steps;
+- ``vae``: one decode of B latents.
+
+With every stage single-threaded, the best the graph can do with two cores is ``cores / sum(per-image cost at
+the best batch)`` images/s, and no faster than its slowest stage on one core (one AR replica: ``1 / ar``). The
+diffusers pipeline one request at a time on two threads (``--baseline``, the benchmark's baseline) gives the
+ratio the same ceiling allows. ``--bench-report`` reads a benchmark report (loadtests/run_glm_image_bench.sh
+runs this script after its own) and prints each engine run's images/s as a fraction of the ceiling, and the
+ceiling's ratio to that run's diffusers baseline.
+
+    python loadtests/glm_image_ceiling.py [checkpoints/glm_image-small] [--size 128] [--steps 20] [--batch 8]
+        [--baseline-requests 0] [--bench-report bench_glm_image/image_bench_report.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+import torch
+
+from omni_serve.engines.ar import AREngine, ARConfig
+from omni_serve.graphs.glm_image.replica.programs import PriorSequence
+from omni_serve.models.glm_image import GlmDenoiseRow, GlmImageAR, GlmImageDecoder, GlmImageDenoiser, \
+    GlmImageGlyphEncoder
+
+PROMPTS = [f"a red house by the river, number {i}" for i in range(64)]
+
+
+def ar_seconds_per_image(checkpoint: str, size: int, batch: int) -> float:
+    model = GlmImageAR(checkpoint)
+
+    async def main() -> float:
+        engine = AREngine("ar", model, ARConfig(), torch_threads=1)
+        await engine.start()
+
+        async def one(i: int) -> None:
+            program = PriorSequence(model, model.prompt(PROMPTS[i], size, size), model.sampling(i), 16)
+            async for _ in engine.generate(f"r{i}", program):
+                pass
+        try:
+            await asyncio.gather(*(one(32 + i) for i in range(batch)))  # warm-up, other prompts (no prefix hits)
+            start = time.perf_counter()
+            await asyncio.gather(*(one(i) for i in range(batch)))
+            return (time.perf_counter() - start) / batch
+        finally:
+            await engine.cleanup()
+    return asyncio.run(main())
+
+
+def timed(fn, repeats: int = 3) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - start) / repeats
+
+
+def dit_seconds_per_image(checkpoint: str, size: int, batch: int, steps: int, cfg: bool) -> float:
+    model = GlmImageDenoiser(checkpoint)
+    glyphs = GlmImageGlyphEncoder(checkpoint).encode([PROMPTS[0]])[0]
+    h, w = model.latent_size(size, size)
+    prior = torch.zeros(h * w // 4, dtype=torch.long)
+    latents = model.initial_latents(batch, size, size, seed=0)
+    rows = [GlmDenoiseRow(x, torch.tensor(500.0), glyphs, prior, drop) for x in latents
+            for drop in ((False, True) if cfg else (False,))]
+    return timed(lambda: model.predict(rows, size, size)) * steps / batch
+
+
+def encoder_seconds_per_image(checkpoint: str, batch: int, cfg: bool) -> float:
+    model = GlmImageGlyphEncoder(checkpoint)
+    prompts = [p for p in PROMPTS[:batch] for p in ((p, "") if cfg else (p,))]
+    return timed(lambda: model.encode(prompts)) / batch
+
+
+def vae_seconds_per_image(checkpoint: str, size: int, batch: int) -> float:
+    model = GlmImageDecoder(checkpoint)
+    latents = GlmImageDenoiser(checkpoint).initial_latents(batch, size, size, seed=0)
+    return timed(lambda: model.decode(latents, size, size)) / batch
+
+
+def baseline_seconds_per_image(checkpoint: str, size: int, steps: int, guidance: float, requests: int) -> float:
+    from diffusers import GlmImagePipeline
+
+    torch.set_num_threads(2)
+    pipe = GlmImagePipeline.from_pretrained(checkpoint)
+    pipe.set_progress_bar_config(disable=True)
+
+    def run(i: int) -> None:
+        pipe(prompt=PROMPTS[i], height=size, width=size, num_inference_steps=steps, guidance_scale=guidance,
+             generator=torch.Generator().manual_seed(i))
+    run(63)
+    start = time.perf_counter()
+    for i in range(requests):
+        run(i)
+    return (time.perf_counter() - start) / requests
+
+
+def against_bench(path: str, ceiling: float) -> dict:
+    with open(path) as f:
+        bench = json.load(f)
+    runs = {run["label"]: run["throughput"]["images_per_s"] for run in bench["runs"]}
+    baseline = runs.get("diffusers")
+    out = {}
+    if baseline:
+        out["ceiling_over_diffusers"] = ceiling / baseline
+        print(f"bench: diffusers {baseline:.3f} images/s -> ceiling ratio {ceiling / baseline:.2f}x")
+    for label, images_per_s in runs.items():
+        if label.startswith("engine"):
+            out[label] = {"images_per_s": images_per_s, "measured_over_ceiling": images_per_s / ceiling}
+            print(f"bench: {label} {images_per_s:.3f} images/s = {images_per_s / ceiling:.2f} of the ceiling")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", nargs="?", default="checkpoints/glm_image-small")
+    parser.add_argument("--size", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--guidance", type=float, default=1.5)
+    parser.add_argument("--batch", type=int, default=8, help="the best batch (the benchmark's concurrency)")
+    parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--baseline-requests", type=int, default=4,
+                        help="diffusers requests to time for the ratio (0: skip)")
+    parser.add_argument("--bench-report", help="an `omni-serve bench --mode image` report to set against the ceiling")
+    parser.add_argument("--out", help="write the table as JSON here too")
+    args = parser.parse_args()
+    cfg = args.guidance > 1
+    torch.set_num_threads(1)
+    costs: dict[str, dict[int, float]] = {}
+    for batch in sorted({1, args.batch}):
+        torch.set_num_threads(1)
+        costs.setdefault("ar", {})[batch] = ar_seconds_per_image(args.checkpoint, args.size, batch)
+        costs.setdefault("text_encoder", {})[batch] = encoder_seconds_per_image(args.checkpoint, batch, cfg)
+        costs.setdefault("dit", {})[batch] = dit_seconds_per_image(args.checkpoint, args.size, batch, args.steps,
+                                                                   cfg)
+        costs.setdefault("vae", {})[batch] = vae_seconds_per_image(args.checkpoint, args.size, batch)
+    best = {stage: min(by_batch.values()) for stage, by_batch in costs.items()}
+    total = sum(best.values())
+    ceiling = min(args.cores / total, 1 / max(best.values()))
+    print(f"per-image seconds on one thread ({args.size}x{args.size}, {args.steps} steps, CFG {args.guidance})")
+    print(f"{'stage':<13}{'batch 1':>10}{f'batch {args.batch}':>10}")
+    for stage, by_batch in costs.items():
+        print(f"{stage:<13}{by_batch[1]:>10.3f}{by_batch[args.batch]:>10.3f}")
+    print(f"{'sum':<13}{sum(c[1] for c in costs.values()):>10.3f}{total:>10.3f}")
+    print(f"ceiling: min({args.cores} cores / {total:.3f} s, 1 / {max(best.values()):.3f} s (slowest stage, one "
+          f"replica)) = {ceiling:.3f} images/s")
+    report = {"costs_s_per_image": costs, "best_s_per_image": best, "ceiling_images_per_s": ceiling}
+    if args.baseline_requests:
+        torch.set_num_threads(2)
+        base = baseline_seconds_per_image(args.checkpoint, args.size, args.steps, args.guidance,
+                                          args.baseline_requests)
+        report["diffusers_images_per_s"] = 1 / base
+        report["ceiling_ratio"] = ceiling * base
+        print(f"diffusers one at a time, 2 threads: {1 / base:.3f} images/s -> ceiling ratio {ceiling * base:.2f}x")
+    if args.bench_report:
+        report["bench"] = against_bench(args.bench_report, ceiling)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
