@@ -163,3 +163,24 @@ def test_image_stage_overrides_keep_the_stage_defaults():
 
     spec = QwenImageGraphSpec.model_validate(apply_overrides({"checkpoint": "/x", "stages.dit.num_cpus": 0}))
     assert spec.stages.dit.num_cpus == 0 and spec.stages.dit.engine.torch_threads == 2
+
+
+GLM_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "omni_serve", "configs", "glm_image.yaml")
+
+
+def test_shipped_glm_image_config_is_the_defaults_fits_two_cores_and_scales_on_engine_load(glm_image_tiny_dir):
+    from omni_serve.graphs.glm_image.spec import GlmImageGraphSpec
+
+    app = shipped_app(GLM_CONFIG, "omni_serve.graphs.glm_image:build_app")
+    spec = GlmImageGraphSpec.model_validate({**app["args"], "checkpoint": glm_image_tiny_dir})
+    assert spec == GlmImageGraphSpec(checkpoint=glm_image_tiny_dir)  # "the explicit values ARE the defaults"
+    total = spec.ingress.num_cpus + sum(getattr(spec.stages, s).num_cpus for s in type(spec.stages).model_fields)
+    assert total <= 2
+    auto = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 8}
+    for stage in ("ar", "dit"):
+        scaled = GlmImageGraphSpec.model_validate({**app["args"], "checkpoint": glm_image_tiny_dir, "stages": {
+            **app["args"]["stages"], stage: {**app["args"]["stages"][stage], "num_replicas": None,
+                                             "autoscaling_config": auto}}})
+        opts = getattr(scaled.stages, stage).deployment_options(stage)
+        assert "num_replicas" not in opts
+        assert opts["autoscaling_config"] == {**auto, "policy": {"policy_function": ENGINE_LOAD_POLICY}}
