@@ -6,7 +6,7 @@ Commands (GRAPH: a model family of the registry, ``omni-serve graph`` lists them
   omni-serve build GRAPH [key=value ...] [--config FILE.yaml] [-o serve_config.yaml]
   omni-serve graph [GRAPH] [--layout L] [--markdown]   (the families, or one graph's stages and edges)
   omni-serve bench --url URL --checkpoint DIR [--concurrency 1,16] [--mode omni|text|image] ... (see bench --help)
-  omni-serve bench transport [--backends shm,ray,mooncake,mooncake_store] [--sizes 4KiB,1MiB,64MiB,512MiB]
+  omni-serve bench transport [--backends auto,shm,ray,mooncake,mooncake_store] [--sizes 4KiB,1MiB,64MiB,512MiB]
 """
 
 from __future__ import annotations
@@ -496,8 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     im.add_argument("--cache-concurrency", type=int, default=None,
                     help="concurrency of the cached runs (default: the largest --concurrency)")
     tr = bn.add_argument_group("transport")
-    tr.add_argument("--backends", type=_str_list, default=["shm", "ray", "mooncake", "mooncake_store"],
-                    metavar="B[,B...]", help="connectors to measure (default shm,ray,mooncake,mooncake_store)")
+    tr.add_argument("--backends", type=_str_list, default=["auto", "shm", "ray", "mooncake", "mooncake_store"],
+                    metavar="B[,B...]", help="connectors to measure (default auto,shm,ray,mooncake,mooncake_store)")
     tr.add_argument("--sizes", type=_str_list, default=["4KiB", "1MiB", "64MiB", "512MiB"], metavar="S[,S...]",
                     help="payload sizes (default 4KiB,1MiB,64MiB,512MiB)")
     tr.add_argument("--reps", type=int, default=0,

@@ -33,8 +33,9 @@ PAGE_FLOATS = 1024  # floats per 4 KiB page
 
 
 class TransportBenchConfig(BaseModel):
-    backends: list[str] = Field(default_factory=lambda: ["shm", "ray", "mooncake", "mooncake_store"],
-                                description="Connectors to measure (names of the connector registry).")
+    backends: list[str] = Field(default_factory=lambda: ["auto", "shm", "ray", "mooncake", "mooncake_store"],
+                                description=("Connectors to measure (names of the connector registry; 'auto', the "
+                                             "edges' default, is reported with the backend it chose)."))
     sizes: list[str] = Field(default_factory=lambda: list(SIZES), description="Payload sizes (keys of SIZES).")
     reps: int = Field(0, ge=0, description="Measured payloads per size (0: 50 for <=1 MiB, 10 for 64 MiB, 4 above).")
     warmup: int = Field(2, ge=0, description="Unmeasured payloads first (pools, mappings, connections).")
@@ -100,6 +101,11 @@ class _Endpoint:
             times.append(time.perf_counter() - t0)
         return statistics.median(times[1:])
 
+    def resolved(self, backend: str) -> str:
+        from omni_serve.transport.auto import resolve
+
+        return resolve(backend, self.spec)
+
     def stats(self, backend: str) -> dict:
         conn = self._connector(backend)
         return conn.stats() if hasattr(conn, "stats") else {}
@@ -157,7 +163,8 @@ def run_transport_bench(cfg: TransportBenchConfig) -> dict[str, Any]:
                 print(f"  {backend:15s} {size:>7s}: " + (
                     f"{row['gb_per_s']:.2f} GB/s ({row['vs_memcpy']:.0%} of memcpy)" if "error" not in row
                     else f"error: {row['error']}"), flush=True)
-            report["backends"][backend] = rows
+            chosen = ray.get(producer.resolved.remote(backend))
+            report["backends"][backend if chosen == backend else f"{backend} ({chosen})"] = rows
         os.makedirs(cfg.out, exist_ok=True)
         path = os.path.join(cfg.out, "transport_bench_report.json")
         with open(path, "w") as f:

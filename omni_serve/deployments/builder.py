@@ -3,7 +3,8 @@
 Contract: ``build_app(family, args)`` validates ``args`` against the family's spec (``Family.validate``: dotted
 keys allowed, checkpoint checked and made absolute), then binds one ``StageDeployment`` per stage the spec's
 layout deploys (``GraphDef.deployed``), each with the options of its ``StageSpec`` (replicas or autoscaling,
-CPUs/GPUs, resources, environment), and the ``OpenAIIngress`` with every stage's handle. An edge on an
+CPUs/GPUs, resources, environment), and the ``OpenAIIngress`` with every stage's handle. Edges on the ``auto``
+connector are resolved here, once, to a concrete backend that every replica then uses. An edge on an
 in-process connector (``memory``) is refused: a served graph's stages are separate processes. A family's
 ``build_app(args)`` (its Serve import path) is this function bound to the family. Nothing here is specific to a
 family: what to deploy is the graph declaration, how is the spec.
@@ -23,7 +24,7 @@ def build_app(family: Family, args: dict[str, Any] | None = None) -> serve.Appli
     from omni_serve.deployments.ingress import OpenAIIngress
     from omni_serve.deployments.stage import StageDeployment
 
-    spec = family.validate(args)
+    spec = family.resolve_connectors(family.validate(args))  # one backend per edge for every replica
     spec_dict = spec.model_dump(mode="json")
     logging_config = spec.logging.model_dump()
     handles = {}

@@ -60,6 +60,23 @@ class Family:
                              f"{self.checkpoint_marker}); {self.checkpoint_hint()}")
         return spec.model_copy(update={"checkpoint": checkpoint})
 
+    def resolve_connectors(self, spec: GraphSpecBase) -> GraphSpecBase:
+        """``spec`` with every ``auto`` edge naming the backend this process chose for it
+        (``omni_serve.transport.auto``): the Serve builder hands all replicas the same concrete backends. Unchanged
+        when this process cannot see the cluster."""
+        from omni_serve.transport.auto import AUTO, can_choose_for_cluster, resolve
+
+        if not can_choose_for_cluster():  # no Ray here: each replica chooses, seeing the cluster
+            return spec
+        updates = {}
+        for name in type(spec.edges).model_fields:
+            edge = getattr(spec.edges, name)
+            if edge.connector == AUTO:
+                updates[name] = edge.model_copy(update={"connector": resolve(AUTO, spec.data_plane)})
+        if not updates:
+            return spec
+        return spec.model_copy(update={"edges": spec.edges.model_copy(update=updates)})
+
     def parse(self, args: dict[str, Any] | None, served: bool = True) -> GraphSpecBase:
         """The spec of ``args`` (the checkpoint unchecked: it may exist only where the graph is deployed)."""
         spec = self.spec.model_validate(apply_overrides(dict(args or {})))
@@ -71,10 +88,11 @@ class Family:
 
     def _check_connectors(self, spec: GraphSpecBase) -> None:
         """A served graph's stages are separate processes: an in-process connector cannot carry an edge."""
+        from omni_serve.transport.auto import AUTO
         from omni_serve.transport.base import connector_class
 
         for link in self.graph.links(spec.layout()):
             name = spec.edge_spec(link.edge).connector
-            if connector_class(name).scope == "process":
+            if name != AUTO and connector_class(name).scope == "process":  # auto is never in-process
                 raise ValueError(f"edges.{link.edge}.connector={name!r} works inside one process only; a served "
                                  f"graph's stages are separate processes (use ray, shm, mooncake or mooncake_store)")

@@ -125,8 +125,10 @@ class StageSpec(SpecModel):
 class EdgeSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    connector: str = Field("ray", description=(
-        "Data-plane backend carrying this edge's tensors, a name in the connector registry: 'ray' (Ray object "
+    connector: str = Field("auto", description=(
+        "Data-plane backend carrying this edge's tensors, a name in the connector registry: 'auto' (the "
+        "default: 'shm' when the Ray cluster is one node, else 'mooncake', else 'ray'; chosen when the graph is "
+        "built, see OMNI_SERVE_AUTO_CONNECTOR), 'ray' (Ray object "
         "store, any node), 'shm' (shared memory: producer and consumer on one node, zero-copy), 'mooncake' "
         "(Mooncake Transfer Engine, P2P over tcp/rdma), 'mooncake_store' (Mooncake Store behind a master), or "
         "one registered under the omni_serve.connectors entry-point group. See docs/data_plane.md."))

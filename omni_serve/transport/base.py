@@ -9,6 +9,8 @@ Contract:
   an ordered stream that ends with a payload whose ``end`` attribute is true (``omni_serve.graphs.messages.
   StreamChunk``), reporting each put/get (backend, bytes, seconds) to the process' transfer observer when one
   is set (metrics).
+- ``auto`` (every edge's default) names no backend of its own: it resolves to the fastest one that reaches every
+  replica (``omni_serve.transport.auto``: shared memory on one node, Mooncake across nodes, else Ray).
 - Backends register lazily by name so optional dependencies (Mooncake, shared memory) load only where a graph
   edge asks for them: the built-in ones, those of the ``omni_serve.connectors`` entry-point group (``name =
   "package.module:Class"``: every process of a deployed graph sees them) and ``register_connector`` (this
@@ -228,11 +230,17 @@ def connector_stats() -> dict[str, dict]:
 
 
 def known_connectors() -> list[str]:
-    return sorted(_registry())
+    """Every name an edge's ``connector`` may take: the registered backends and ``auto``."""
+    from omni_serve.transport.auto import AUTO
+
+    return sorted([*_registry(), AUTO])
 
 
-def connector_class(name: str) -> type[Connector]:
-    """The class registered under ``name`` (imports its module)."""
+def connector_class(name: str, data_plane=None) -> type[Connector]:
+    """The class registered under ``name`` (``auto``: the backend it resolves to; imports its module)."""
+    from omni_serve.transport.auto import resolve
+
+    name = resolve(name, data_plane)
     registry = _registry()
     if name not in registry:
         raise ValueError(f"unknown connector {name!r}; known: {sorted(registry)}")
@@ -241,7 +249,11 @@ def connector_class(name: str) -> type[Connector]:
 
 
 def get_connector(name: str, data_plane=None) -> Connector:
-    """The process-wide connector of a backend, built on first use from ``data_plane`` (a ``DataPlaneSpec``)."""
+    """The process-wide connector of a backend, built on first use from ``data_plane`` (a ``DataPlaneSpec``);
+    ``auto`` is the backend this process chose for it (``omni_serve.transport.auto``)."""
+    from omni_serve.transport.auto import resolve
+
+    name = resolve(name, data_plane)
     if name not in _INSTANCES:
         spec = data_plane.section(name) if data_plane is not None else None
         _INSTANCES[name] = connector_class(name).from_spec(spec)

@@ -174,8 +174,18 @@ class _Pool:
         fd = os.open(path, CREATE | os.O_RDWR, 0o600)
         try:
             os.ftruncate(fd, size)
+            # Reserve the pages now: a full tmpfs then fails this call (ENOSPC) instead of killing the process
+            # with SIGBUS when the copy touches a page that cannot be allocated (a container's /dev/shm is often
+            # only 64 MiB).
+            os.posix_fallocate(fd, 0, size)
             mm = mmap.mmap(fd, size)
-        finally:
+        except OSError as exc:
+            os.close(fd)
+            os.unlink(path)
+            raise DataPlaneError(f"shared memory: cannot reserve a {size}-byte segment in {self.dir} ({exc}); "
+                                 f"give the node a larger tmpfs (data_plane.shm.dir / OMNI_SERVE_SHM_DIR) or use "
+                                 f"another connector for this edge") from exc
+        else:
             os.close(fd)
         seg = _Segment(path, self.counter, size, mm)
         self.segments.append(seg)

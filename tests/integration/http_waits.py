@@ -51,3 +51,24 @@ def ray_directory_size() -> int:
     from omni_serve.transport.ray_store import DIRECTORY_NAME
 
     return ray.get(ray.get_actor(DIRECTORY_NAME, namespace=settings.RAY_NAMESPACE).size.remote())
+
+
+def shm_leftovers() -> tuple[list[str], list[str]]:
+    """(segments holding a payload, unread index files) in this node's shared-memory area (the ``shm`` connector,
+    and ``auto`` on one node)."""
+    from omni_serve.transport.shm import tree_path
+
+    root = tree_path()
+    busy = []
+    for seg in root.glob("pools/*/seg.*"):
+        with open(seg, "rb") as f:
+            if f.read(1) != b"\x00":
+                busy.append(str(seg))
+    unread = [str(p) for p in root.glob("keys/**/*") if p.is_file() and p.name.isdigit()]
+    return busy, unread
+
+
+def held_payloads() -> int:
+    """Payloads the session's graphs hold on the node's connectors (ray directory, shared memory)."""
+    busy, unread = shm_leftovers()
+    return ray_directory_size() + len(busy) + len(unread)

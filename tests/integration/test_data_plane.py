@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.integration.conftest import ORACLE
-from tests.integration.http_waits import ray_directory_size, wait_until
+from tests.integration.http_waits import ray_directory_size, shm_leftovers, wait_until
 from tests.integration import test_omni_graph as aggregated
 from tests.integration.test_omni_graph import check_against_reference, oracle_request
 
@@ -63,20 +63,6 @@ def _stage_data_plane(url: str) -> dict[str, dict]:
     return {stage: info.get("data_plane", {}) for stage, info in health["stages"].items()}
 
 
-def _shm_leftovers() -> tuple[list[str], list[str]]:
-    """(segments holding a payload, unread index files) in this node's shared-memory area."""
-    from omni_serve.transport.shm import tree_path
-
-    root = tree_path()
-    busy = []
-    for seg in root.glob("pools/*/seg.*"):
-        with open(seg, "rb") as f:
-            if f.read(1) != b"\x00":
-                busy.append(str(seg))
-    unread = [str(p) for p in root.glob("keys/**/*") if p.is_file() and p.name.isdigit()]
-    return busy, unread
-
-
 def _store_keys(port: int) -> int:
     text = httpx.get(f"http://127.0.0.1:{port + 1}/metrics", timeout=10).text
     return int(float(next(line.split()[1] for line in text.splitlines() if line.startswith("master_key_count "))))
@@ -120,7 +106,8 @@ def _outcome(url: str, i: int) -> str:
 
 @pytest.mark.slow
 def test_no_payload_leaks_after_1000_requests_including_cancelled_and_failed(dp_app, omni_app):
-    """1000 requests, half on the mooncake/mooncake_store/shm graph and half on the default (ray) graph: 400
+    """1000 requests, half on the mooncake/mooncake_store/shm graph and half on the default graph (its
+    thinker->talker edge on ray, the others on auto: shm): 400
     complete, 200 are cancelled mid-stream, 100 fail in the dp graph's talker and 100 long ones complete."""
     urls = (dp_app, omni_app)
     with ThreadPoolExecutor(16) as pool:
@@ -137,7 +124,7 @@ def test_no_payload_leaks_after_1000_requests_including_cancelled_and_failed(dp_
         held = {s: {c: v for c, v in per.items() if v.get("regions") or v.get("busy_segments") or v.get("unread")}
                 for s, per in stats.items()}
         held = {s: v for s, v in held.items() if v}
-        busy, unread = _shm_leftovers()
+        busy, unread = shm_leftovers()
         store_keys = _store_keys(MOONCAKE["data_plane.mooncake.master_port"])
         if not held and not busy and not unread and store_keys == 0 and ray_directory_size() == 0:
             break

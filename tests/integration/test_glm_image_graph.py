@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.image_oracle import assert_matches, assert_swaps_fail, pipeline_result, response_result
-from tests.integration.http_waits import busy_stages, ray_directory_size, wait_until
+from tests.integration.http_waits import busy_stages, held_payloads, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "glm-image"
@@ -111,7 +111,7 @@ def test_cancelling_mid_request_frees_kv_blocks_rows_and_payloads(glm_app, clien
     import asyncio
 
     assert generate(client, prompt="warm-up", seed=0).status_code == 200
-    idle_payloads = ray_directory_size()
+    idle_payloads = held_payloads()
 
     async def leave_while(stage: str, body: dict) -> dict:
         async with httpx.AsyncClient(timeout=300) as c:
@@ -136,5 +136,5 @@ def test_cancelling_mid_request_frees_kv_blocks_rows_and_payloads(glm_app, clien
         stats = _stage_stats()
         assert stats["ar"]["kv_blocks_free"] == stats["ar"]["kv_blocks_total"], stats["ar"]
         assert all(s["active"] == 0 for s in stats.values()), stats
-        wait_until(lambda: ray_directory_size() <= idle_payloads, 30, "the request's payloads are freed")
+        wait_until(lambda: held_payloads() <= idle_payloads, 30, "the request's payloads are freed")
     assert generate(client, prompt="after", seed=1).status_code == 200

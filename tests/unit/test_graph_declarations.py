@@ -103,7 +103,7 @@ def test_bad_declarations_are_refused(stages, edges, error):
 
 
 def test_edge_connectors_are_names_in_the_connector_registry():
-    with pytest.raises(ValidationError, match="unknown connector 'nvlink'.*registered connectors: memory"):
+    with pytest.raises(ValidationError, match="unknown connector 'nvlink'.*registered connectors: auto, memory"):
         EdgeSpec(connector="nvlink")
     base.register_connector("custom_test", "omni_serve.transport.memory:MemoryConnector")
     try:

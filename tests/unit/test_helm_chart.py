@@ -186,6 +186,8 @@ def test_every_ray_container_has_a_sized_dev_shm_and_the_omni_serve_env(renders,
         assert env["OMNI_SERVE_SHM_DIR"] == "/dev/shm"
         assert 0 < pool < size and 0 < store < size and pool + store <= size, (group["groupName"], pool, store)
         assert float(env["OMNI_SERVE_DATA_TTL_S"]) > 0 and env["OMNI_SERVE_RAY_NAMESPACE"]
+        # pods are separate Ray nodes: the chart names the backend of `auto` edges rather than guess
+        assert env["OMNI_SERVE_AUTO_CONNECTOR"] == "ray"
         memory_limit = container["resources"]["limits"]["memory"]
         assert _quantity_mib(memory_limit) * MiB > size, "tmpfs pages count against the memory limit"
         # Ray auth is the operator's: KubeRay sets RAY_AUTH_MODE / RAY_AUTH_TOKEN from ray.authOptions.

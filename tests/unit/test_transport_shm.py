@@ -154,6 +154,28 @@ def test_full_pool_reports_a_clear_error(shm_root):
     run(main())
 
 
+def test_full_tmpfs_fails_the_put_clearly_instead_of_a_sigbus(shm_root, monkeypatch):
+    """A segment's pages are reserved when it is made: a tmpfs without room (ENOSPC) fails that put with a clear
+    error and leaves no file behind, and the connector keeps working once there is room."""
+    import errno
+
+    real = os.posix_fallocate
+
+    def no_space(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def main():
+        c = connector(shm_root)
+        monkeypatch.setattr(os, "posix_fallocate", no_space)
+        with pytest.raises(DataPlaneError, match="cannot reserve a .*No space left"):
+            await c.put("r/e/0", {"x": torch.zeros(1000)})
+        assert segments_on_disk(shm_root) == [] and index_files(shm_root) == []
+        monkeypatch.setattr(os, "posix_fallocate", real)
+        await c.put("r/e/0", {"x": torch.ones(1000)})
+        assert torch.equal((await c.get("r/e/0", 5))["x"], torch.ones(1000))
+    run(main())
+
+
 def test_cross_node_consumer_gets_a_clear_error(shm_root):
     class FakeDirectory:
         def announce(self, rid, edge, node):

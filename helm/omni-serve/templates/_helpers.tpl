@@ -366,6 +366,10 @@ spec:
           value: {{ $v.dataPlane.dataTtlSeconds | toString | quote }}
         - name: OMNI_SERVE_RAY_NAMESPACE
           value: {{ $v.dataPlane.rayNamespace | quote }}
+        {{- with $v.dataPlane.autoConnector }}
+        - name: OMNI_SERVE_AUTO_CONNECTOR
+          value: {{ . | quote }}
+        {{- end }}
         {{- with $v.apiKey.existingSecret }}
         - name: OMNI_SERVE_API_KEY
           valueFrom:
