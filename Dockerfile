@@ -37,6 +37,7 @@ RUN set -eux; \
 WORKDIR /tmp/omni_serve
 COPY pyproject.toml README.md ./
 COPY omni_serve ./omni_serve
+COPY kernels ./kernels
 RUN set -eux; \
     pip install . ; \
     python -m omni_serve.torchvision_compat; \

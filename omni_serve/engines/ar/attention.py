@@ -6,8 +6,10 @@ Contract: a model whose config has ``_attn_implementation = "omni_paged"`` is ca
 attention call, and ``attention_mask={"full_attention": None}`` so the model builds no mask of its own.
 Per layer, ``paged_attention`` writes the new keys/values into their cache slots, then attends each
 request's queries to that request's cached keys (causal within the new tokens):
-- decode requests (one new token each) in one padded SDPA call over their KV: a contiguous copy kept from
-  step to step (``omni_serve.engines.ar.decode_kv``) when the engine gives one, else gathered per layer;
+- decode requests (one new token each) in one padded ``omni_kernels.decode_attention`` call over their KV (a
+  sequence's result does not depend on its batch partners or their order, to the bit): a contiguous copy kept
+  from step to step, one row per request in the copy's own row order (``omni_serve.engines.ar.decode_kv``),
+  when the engine gives one, else gathered per layer;
 - each prefill chunk in its own SDPA call (``is_causal`` when the chunk starts the sequence, else an
   explicit mask that lets query ``i`` see cache slots ``<= past + i``).
 Gather indices and masks are built once per step in ``PagedBatch`` and reused by every layer.
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from omni_kernels import decode_attention, decode_bias
 from transformers import AttentionInterface
 
 from omni_serve.engines.ar.decode_kv import DecodeKV, DecodeKVStep
@@ -45,8 +48,10 @@ class PagedBatch:
     write_slots: torch.Tensor  # [T] cache rows of the new tokens
     decode_rows: torch.Tensor | None = None  # [B] packed rows of single-token requests
     decode_slots: torch.Tensor | None = None  # [B, L] cache rows (padded)
-    decode_mask: torch.Tensor | None = None  # [B, 1, 1, L] bool, None if no padding
+    decode_mask: torch.Tensor | None = None  # [B, 1, 1, L] additive (0 / -inf), None if no padding
     decode_kv: DecodeKVStep | None = None  # the decode rows' contiguous KV copy (None: gather per layer)
+    decode_kv_rows: torch.Tensor | None = None  # [B] packed rows in the copy's row order
+    decode_kv_mask: torch.Tensor | None = None  # [B, 1, 1, L] decode_mask in the copy's row order
     prefills: list[PrefillSegment] = field(default_factory=list)
 
     @classmethod
@@ -79,10 +84,15 @@ class PagedBatch:
             batch.decode_rows = torch.tensor(d_rows)
             batch.decode_slots = slots
             if min(lengths) != longest:
-                batch.decode_mask = (torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]).view(
-                    len(d_slots), 1, 1, longest)
+                batch.decode_mask = decode_bias(torch.tensor(lengths), longest)
             if decode_kv is not None:
                 batch.decode_kv = decode_kv.plan(d_ids, lengths, slots)
+                batch.decode_kv_rows, batch.decode_kv_mask = batch.decode_rows, batch.decode_mask
+                order = batch.decode_kv.order if batch.decode_kv is not None else None
+                if order is not None:  # the copy's rows are in its own order: queries and mask follow it
+                    batch.decode_kv_rows = batch.decode_rows[order]
+                    if batch.decode_mask is not None:
+                        batch.decode_kv_mask = batch.decode_mask[order]
         elif decode_kv is not None:
             decode_kv.invalidate()
         return batch
@@ -100,16 +110,16 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
     out = query.new_empty(q.shape[1], q.shape[0], q.shape[2])  # [T, heads, d]
     gqa = q.shape[0] != k_cache.shape[1]
     if batch.decode_rows is not None:
-        qd = q[:, batch.decode_rows].transpose(0, 1).unsqueeze(2)  # [B, heads, 1, d]
+        rows, mask = batch.decode_rows, batch.decode_mask
         if batch.decode_kv is not None:
             kd, vd = batch.decode_kv.keys_values(  # [B, kv_heads, L, d] views of the contiguous copy
-                module.layer_idx, k_cache, v_cache, key[0][:, batch.decode_rows].transpose(0, 1),
-                value[0][:, batch.decode_rows].transpose(0, 1))
+                module.layer_idx, k_cache, v_cache, key[0][:, rows].transpose(0, 1),
+                value[0][:, rows].transpose(0, 1))
+            rows, mask = batch.decode_kv_rows, batch.decode_kv_mask  # the copy's row order
         else:
-            kd = k_cache[batch.decode_slots].transpose(1, 2)  # [B, kv_heads, L, d]
-            vd = v_cache[batch.decode_slots].transpose(1, 2)
-        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=batch.decode_mask, scale=scaling, enable_gqa=gqa)
-        out[batch.decode_rows] = o[:, :, 0]
+            kd = k_cache[batch.decode_slots].transpose(1, 2).contiguous()  # [B, kv_heads, L, d]
+            vd = v_cache[batch.decode_slots].transpose(1, 2).contiguous()
+        out[rows] = decode_attention(q[:, rows].transpose(0, 1), kd, vd, mask, scaling)  # [B, heads, d]
     for seg in batch.prefills:
         qp = q[:, seg.start:seg.start + seg.length].unsqueeze(0)
         kp = k_cache[seg.read_slots].transpose(0, 1).unsqueeze(0)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from omni_kernels import pack_linears
 
 from omni_serve.engines.ar.attention import PagedBatch
 from omni_serve.engines.ar.config import ARConfig
@@ -51,6 +52,7 @@ class ARModel(Protocol):
     head_dim: int
     dtype: torch.dtype
     device: str
+    modules: dict[str, torch.nn.Module]  # the model's torch modules (their linear layers get prepacked)
 
     def forward_packed(self, embeds: torch.Tensor, positions: torch.Tensor, batch: PagedBatch,
                        logit_rows: torch.Tensor, want_hidden: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -75,6 +77,9 @@ class AREngine(LoopEngine):
         self.model = model
         self.config = config or ARConfig()
         c = self.config
+        if c.packed_linear:
+            packed = sum(pack_linears(m, batch_hint=min(c.max_num_seqs, 32)) for m in model.modules.values())
+            log.info("%s: %d linear layers prepacked for oneDNN", name, packed)
         self.cache = PagedKVCache(model.num_layers, model.num_kv_heads, model.head_dim, c.num_kv_blocks,
                                   c.block_size, model.dtype, model.device)
         self.blocks = BlockAllocator(c.num_kv_blocks, c.block_size)
