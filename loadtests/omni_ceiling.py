@@ -24,13 +24,12 @@ two threads (the benchmark's baseline) gives the ratio that ceiling allows. ``--
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import time
 
 import torch
+from ceiling_report import against_bench, ar_seconds_per_request, print_costs, write_report
 
-from omni_serve.engines.ar import ARConfig, AREngine, ARSequence
+from omni_serve.engines.ar import ARConfig, ARSequence
 from omni_serve.graphs.qwen2_5_omni.messages import CodecChunk
 from omni_serve.graphs.qwen2_5_omni.replica.code2wav import Code2WavCompute, Code2WavRequest, Code2WavStream
 from omni_serve.models.qwen2_5_omni import OmniCode2Wav, OmniTalker, OmniThinker
@@ -63,23 +62,10 @@ class Rows(ARSequence):
         return []
 
 
-def ar_seconds_per_request(model, prompt: int, steps: int, batch: int) -> float:
-    async def main() -> float:
-        config = ARConfig(max_num_seqs=max(batch, 1), num_kv_blocks=max(512, batch * ((prompt + steps) // 16 + 2)))
-        engine = AREngine("stage", model, config, torch_threads=1)
-        await engine.start()
-
-        async def one(i: int) -> None:
-            async for _ in engine.generate(f"r{i}", Rows(model, prompt, steps, i, config.block_size)):
-                pass
-        try:
-            await asyncio.gather(*(one(1000 + i) for i in range(min(batch, 4))))  # warm-up
-            start = time.perf_counter()
-            await asyncio.gather(*(one(i) for i in range(batch)))
-            return (time.perf_counter() - start) / batch
-        finally:
-            await engine.cleanup()
-    return asyncio.run(main())
+def ar_stage_seconds(model, prompt: int, steps: int, batch: int) -> float:
+    config = ARConfig(max_num_seqs=max(batch, 1), num_kv_blocks=max(512, batch * ((prompt + steps) // 16 + 2)))
+    return ar_seconds_per_request(model, config, lambda i: Rows(model, prompt, steps, i, config.block_size), batch,
+                                  range(1000, 1000 + min(batch, 4)))
 
 
 def code2wav_seconds_per_request(model: OmniCode2Wav, codes: int, batch: int, steps: int) -> float:
@@ -108,24 +94,6 @@ def code2wav_seconds_per_request(model: OmniCode2Wav, codes: int, batch: int, st
     return (time.perf_counter() - start) / batch
 
 
-def against_bench(path: str, ceiling: float) -> dict:
-    with open(path) as f:
-        bench = json.load(f)
-    runs = {run["label"]: run for run in bench["runs"]}
-    out = {}
-    baseline = next((r for label, r in runs.items() if label.startswith("hf")), None)
-    if baseline is not None:
-        base = baseline["throughput"]["requests_per_s"]
-        out["ceiling_over_hf"] = ceiling / base
-        print(f"bench: transformers {base:.3f} req/s -> the ceiling is {ceiling / base:.2f}x it")
-    for label, run in runs.items():
-        if label.startswith("engine"):
-            rate = run["throughput"]["requests_per_s"]
-            out[label] = {"req_per_s": rate, "measured_over_ceiling": rate / ceiling}
-            print(f"bench: {label} {rate:.3f} req/s = {rate / ceiling:.2f} of the ceiling")
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", nargs="?", default="checkpoints/qwen2_5_omni-small")
@@ -145,9 +113,9 @@ def main() -> None:
     code2wav = OmniCode2Wav(args.checkpoint, dit_dtype=getattr(torch, args.dit_dtype))
     costs: dict[str, dict[int, float]] = {}
     for batch in sorted({1, args.batch}):
-        costs.setdefault("thinker", {})[batch] = ar_seconds_per_request(thinker, args.prompt_tokens,
+        costs.setdefault("thinker", {})[batch] = ar_stage_seconds(thinker, args.prompt_tokens,
                                                                         args.text_tokens, batch)
-        costs.setdefault("talker", {})[batch] = ar_seconds_per_request(talker, args.prompt_tokens + 2,
+        costs.setdefault("talker", {})[batch] = ar_stage_seconds(talker, args.prompt_tokens + 2,
                                                                        args.codec_tokens, batch)
         costs.setdefault("code2wav", {})[batch] = code2wav_seconds_per_request(code2wav, args.codec_tokens, batch,
                                                                                args.steps)
@@ -158,19 +126,14 @@ def main() -> None:
     ceiling = min(bounds.values())
     print(f"per-request seconds on one thread ({args.text_tokens} text tokens, {args.codec_tokens} codec tokens, "
           f"{args.steps} DiT steps, DiT {args.dit_dtype})")
-    print(f"{'stage':<10}{'batch 1':>10}{f'batch {args.batch}':>10}")
-    for stage, by_batch in costs.items():
-        print(f"{stage:<10}{by_batch[1]:>10.3f}{by_batch[args.batch]:>10.3f}")
-    print(f"{'sum':<10}{sum(c[1] for c in costs.values()):>10.3f}{total:>10.3f}")
+    print_costs(costs, args.batch, total)
     print("bounds (req/s): " + ", ".join(f"{k} {v:.3f}" for k, v in bounds.items()))
     print(f"ceiling: {ceiling:.3f} req/s ({min(bounds, key=bounds.get)} bound)")
     report = {"costs_s_per_request": costs, "best_s_per_request": best, "bounds_req_per_s": bounds,
               "ceiling_req_per_s": ceiling, "settings": vars(args)}
     if args.bench_report:
-        report["bench"] = against_bench(args.bench_report, ceiling)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+        report["bench"] = against_bench(args.bench_report, ceiling, "requests_per_s", "hf")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":
