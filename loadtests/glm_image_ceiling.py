@@ -22,13 +22,12 @@ ceiling's ratio to that run's diffusers baseline.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import time
 
 import torch
+from ceiling_report import against_bench, ar_seconds_per_request, print_costs, write_report
 
-from omni_serve.engines.ar import AREngine, ARConfig
+from omni_serve.engines.ar import ARConfig
 from omni_serve.graphs.glm_image.replica.programs import PriorSequence
 from omni_serve.models.glm_image import GlmDenoiseRow, GlmImageAR, GlmImageDecoder, GlmImageDenoiser, \
     GlmImageGlyphEncoder
@@ -38,23 +37,9 @@ PROMPTS = [f"a red house by the river, number {i}" for i in range(64)]
 
 def ar_seconds_per_image(checkpoint: str, size: int, batch: int) -> float:
     model = GlmImageAR(checkpoint)
-
-    async def main() -> float:
-        engine = AREngine("ar", model, ARConfig(), torch_threads=1)
-        await engine.start()
-
-        async def one(i: int) -> None:
-            program = PriorSequence(model, model.prompt(PROMPTS[i], size, size), model.sampling(i), 16)
-            async for _ in engine.generate(f"r{i}", program):
-                pass
-        try:
-            await asyncio.gather(*(one(32 + i) for i in range(batch)))  # warm-up, other prompts (no prefix hits)
-            start = time.perf_counter()
-            await asyncio.gather(*(one(i) for i in range(batch)))
-            return (time.perf_counter() - start) / batch
-        finally:
-            await engine.cleanup()
-    return asyncio.run(main())
+    return ar_seconds_per_request(  # warm-up on other prompts (no prefix hits)
+        model, ARConfig(), lambda i: PriorSequence(model, model.prompt(PROMPTS[i], size, size), model.sampling(i), 16),
+        batch, range(32, 32 + batch))
 
 
 def timed(fn, repeats: int = 3) -> float:
@@ -105,22 +90,6 @@ def baseline_seconds_per_image(checkpoint: str, size: int, steps: int, guidance:
     return (time.perf_counter() - start) / requests
 
 
-def against_bench(path: str, ceiling: float) -> dict:
-    with open(path) as f:
-        bench = json.load(f)
-    runs = {run["label"]: run["throughput"]["images_per_s"] for run in bench["runs"]}
-    baseline = runs.get("diffusers")
-    out = {}
-    if baseline:
-        out["ceiling_over_diffusers"] = ceiling / baseline
-        print(f"bench: diffusers {baseline:.3f} images/s -> ceiling ratio {ceiling / baseline:.2f}x")
-    for label, images_per_s in runs.items():
-        if label.startswith("engine"):
-            out[label] = {"images_per_s": images_per_s, "measured_over_ceiling": images_per_s / ceiling}
-            print(f"bench: {label} {images_per_s:.3f} images/s = {images_per_s / ceiling:.2f} of the ceiling")
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", nargs="?", default="checkpoints/glm_image-small")
@@ -148,10 +117,7 @@ def main() -> None:
     total = sum(best.values())
     ceiling = min(args.cores / total, 1 / max(best.values()))
     print(f"per-image seconds on one thread ({args.size}x{args.size}, {args.steps} steps, CFG {args.guidance})")
-    print(f"{'stage':<13}{'batch 1':>10}{f'batch {args.batch}':>10}")
-    for stage, by_batch in costs.items():
-        print(f"{stage:<13}{by_batch[1]:>10.3f}{by_batch[args.batch]:>10.3f}")
-    print(f"{'sum':<13}{sum(c[1] for c in costs.values()):>10.3f}{total:>10.3f}")
+    print_costs(costs, args.batch, total)
     print(f"ceiling: min({args.cores} cores / {total:.3f} s, 1 / {max(best.values()):.3f} s (slowest stage, one "
           f"replica)) = {ceiling:.3f} images/s")
     report = {"costs_s_per_image": costs, "best_s_per_image": best, "ceiling_images_per_s": ceiling}
@@ -163,10 +129,8 @@ def main() -> None:
         report["ceiling_ratio"] = ceiling * base
         print(f"diffusers one at a time, 2 threads: {1 / base:.3f} images/s -> ceiling ratio {ceiling * base:.2f}x")
     if args.bench_report:
-        report["bench"] = against_bench(args.bench_report, ceiling)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+        report["bench"] = against_bench(args.bench_report, ceiling, "images_per_s", "diffusers")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

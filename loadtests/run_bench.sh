@@ -6,6 +6,7 @@
 #      bench stops the server and runs transformers' sequential generate on the same requests (once, quiet
 #      machine) for the ratios                                                             -> OUT/omni_vllm
 #      both reports merged: both thinker backends vs the hf baseline, and vLLM vs native   -> OUT/omni
+#      then the graph's compute ceiling (loadtests/omni_ceiling.py) and each run against it -> OUT/omni/ceiling.json
 #   3. text only (no server) at concurrency 1 and 32: the thinker on the native engine and on vLLM vs transformers'
 #      continuous batching                                                                 -> OUT/text
 # Usage: loadtests/run_bench.sh [OUT_DIR] (default bench_out/). Needs the vLLM environment (`make vllm-env`;
@@ -36,6 +37,9 @@ start_server "$OUT/serve_vllm.log" --config loadtests/qwen2_5_omni_small_vllm.ya
   --stop-server-pid $SERVER --out "$OUT/omni_vllm"
 wait $SERVER 2>/dev/null || true
 "$BIN/python" -m omni_serve.bench.report merge "$OUT/omni" "$OUT/omni_native" "$OUT/omni_vllm"
+# still on the quiet machine: each stage alone, the ceiling it sets, and the runs above as a fraction of it
+"$BIN/python" loadtests/omni_ceiling.py "$CKPT" --batch 16 --bench-report "$OUT/omni/bench_report.json" \
+  --out "$OUT/omni/ceiling.json"
 
 "$BIN/omni-serve" bench --mode text --checkpoint "$CKPT" --num-requests 64 --concurrency 1,32 \
   --max-tokens 64 --min-tokens 64 --thinker-backend native,vllm --vllm-python "$OMNI_SERVE_VLLM_PYTHON" \
