@@ -9,8 +9,8 @@ other devices or dtypes, and builds of torch without oneDNN, are left as they ar
 
 Why: ``F.linear`` on CPU multiplies by a row-major weight that MKL repacks on every call; a decode step calls
 each projection with a handful of rows, where that repacking is a large share of the call. Measured on this CPU,
-one thread (``python loadtests/kernels_bench.py``): 1.3x faster at 32 rows of a 512x1536 projection, 1.4-1.8x
-at 2-8 rows, the same at 256 rows (prefill).
+one thread (``python loadtests/kernels_bench.py``): 1.3x faster at 32 rows of a 512x1536 projection, 1.4-1.6x
+at 2-8 rows, 1.14x at 256 rows (a prefill chunk).
 
 Why module replacement and not a subclass or a patched ``nn.Linear.forward``: the decoder's own code calls
 ``self.q_proj(x)``; swapping the child module is the narrowest change that reaches it (as quantization tools

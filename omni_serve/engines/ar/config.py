@@ -23,7 +23,7 @@ class ARConfig(BaseModel):
         "dtype size), else decode gathers as before. 0 disables it. Results are identical either way."))
     packed_linear: bool = Field(True, description=(
         "Run the model's linear layers on weights prepacked once for oneDNN (CPU, float32/bfloat16; "
-        "omni_kernels.pack_linears): 1.3-1.8x faster matrix products at decode batch sizes, outputs equal to "
+        "omni_kernels.pack_linears): 1.1-2.2x faster matrix products at decode batch sizes, outputs equal to "
         "float rounding. Other devices and dtypes are left as they are."))
     enable_prefix_caching: bool = Field(True, description=(
         "Reuse KV blocks of identical prompt prefixes (full blocks, matched by content hash)."))
