@@ -35,10 +35,10 @@ from omni_serve.models.glm_image import GlmDenoiseRow, GlmImageAR, GlmImageDecod
 PROMPTS = [f"a red house by the river, number {i}" for i in range(64)]
 
 
-def ar_seconds_per_image(checkpoint: str, size: int, batch: int) -> float:
+def ar_seconds_per_image(checkpoint: str, size: int, batch: int, packed_linear: bool = False) -> float:
     model = GlmImageAR(checkpoint)
     return ar_seconds_per_request(  # warm-up on other prompts (no prefix hits)
-        model, ARConfig(), lambda i: PriorSequence(model, model.prompt(PROMPTS[i], size, size), model.sampling(i), 16),
+        model, ARConfig(packed_linear=packed_linear), lambda i: PriorSequence(model, model.prompt(PROMPTS[i], size, size), model.sampling(i), 16),
         batch, range(32, 32 + batch))
 
 
@@ -97,6 +97,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--guidance", type=float, default=1.5)
     parser.add_argument("--batch", type=int, default=8, help="the best batch (the benchmark's concurrency)")
+    parser.add_argument("--packed-linear", action="store_true",
+                        help="the AR's linear layers prepacked (stages.ar.engine.ar.packed_linear; off by default)")
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--baseline-requests", type=int, default=4,
                         help="diffusers requests to time for the ratio (0: skip)")
@@ -108,7 +110,8 @@ def main() -> None:
     costs: dict[str, dict[int, float]] = {}
     for batch in sorted({1, args.batch}):
         torch.set_num_threads(1)
-        costs.setdefault("ar", {})[batch] = ar_seconds_per_image(args.checkpoint, args.size, batch)
+        costs.setdefault("ar", {})[batch] = ar_seconds_per_image(args.checkpoint, args.size, batch,
+                                                             args.packed_linear)
         costs.setdefault("text_encoder", {})[batch] = encoder_seconds_per_image(args.checkpoint, batch, cfg)
         costs.setdefault("dit", {})[batch] = dit_seconds_per_image(args.checkpoint, args.size, batch, args.steps,
                                                                    cfg)
