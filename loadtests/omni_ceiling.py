@@ -38,7 +38,7 @@ from omni_serve.models.qwen2_5_omni import OmniCode2Wav, OmniTalker, OmniThinker
 class Rows(ARSequence):
     """A request of ``prompt`` random input rows that then decodes ``steps`` tokens, each next row random."""
 
-    def __init__(self, model, prompt: int, steps: int, seed: int, block_size: int):
+    def __init__(self, model, prompt: int, steps: int, seed: int):
         width = model.row_size if hasattr(model, "row_size") else model.embedding_size
         super().__init__(width, model.position_rows)
         self.gen = torch.Generator().manual_seed(seed)
@@ -64,7 +64,7 @@ class Rows(ARSequence):
 
 def ar_stage_seconds(model, prompt: int, steps: int, batch: int) -> float:
     config = ARConfig(max_num_seqs=max(batch, 1), num_kv_blocks=max(512, batch * ((prompt + steps) // 16 + 2)))
-    return ar_seconds_per_request(model, config, lambda i: Rows(model, prompt, steps, i, config.block_size), batch,
+    return ar_seconds_per_request(model, config, lambda i: Rows(model, prompt, steps, i), batch,
                                   range(1000, 1000 + min(batch, 4)))
 
 
