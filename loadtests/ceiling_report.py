@@ -1,6 +1,6 @@
-"""Shared by the per-graph ceiling scripts (loadtests/glm_image_ceiling.py, loadtests/omni_ceiling.py): an AR stage's
-cost per request on the AR engine, the table of per-item stage costs, and a benchmark report's runs set against the
-ceiling."""
+"""Shared by the per-graph ceiling scripts (loadtests/glm_image_ceiling.py, loadtests/omni_ceiling.py,
+loadtests/qwen_image_ceiling.py): an AR stage's cost per request on the AR engine, a timed call, the table of
+per-item stage costs, and a benchmark report's runs set against the ceiling."""
 
 from __future__ import annotations
 
@@ -29,6 +29,15 @@ def ar_seconds_per_request(model, config, program, batch: int, warmup: range) ->
         finally:
             await engine.cleanup()
     return asyncio.run(main())
+
+
+def timed(fn, repeats: int = 3) -> float:
+    """Seconds per call of ``fn`` (after one unmeasured call)."""
+    fn()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - start) / repeats
 
 
 def print_costs(costs: dict[str, dict[int, float]], batch: int, total: float) -> None:

@@ -25,7 +25,7 @@ import argparse
 import time
 
 import torch
-from ceiling_report import against_bench, ar_seconds_per_request, print_costs, write_report
+from ceiling_report import against_bench, ar_seconds_per_request, print_costs, timed, write_report
 
 from omni_serve.engines.ar import ARConfig
 from omni_serve.graphs.glm_image.replica.programs import PriorSequence
@@ -40,14 +40,6 @@ def ar_seconds_per_image(checkpoint: str, size: int, batch: int, packed_linear: 
     return ar_seconds_per_request(  # warm-up on other prompts (no prefix hits)
         model, ARConfig(packed_linear=packed_linear), lambda i: PriorSequence(model, model.prompt(PROMPTS[i], size, size), model.sampling(i), 16),
         batch, range(32, 32 + batch))
-
-
-def timed(fn, repeats: int = 3) -> float:
-    fn()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - start) / repeats
 
 
 def dit_seconds_per_image(checkpoint: str, size: int, batch: int, steps: int, cfg: bool) -> float:

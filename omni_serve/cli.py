@@ -283,8 +283,9 @@ def _image_bench_config(args):
         endpoint=args.endpoint, input_size=args.input_size,
         concurrency=args.concurrency or [1, 8], size=args.size, steps=args.steps, n=args.n,
         true_cfg_scale=args.true_cfg_scale, negative_prompt=args.negative_prompt, seed=args.seed, warmup=args.warmup,
-        baseline=baseline, threads=args.threads, cache_modes=args.cache_modes, cache_threshold=args.cache_threshold,
-        cache_concurrency=args.cache_concurrency, stop_server_pid=args.stop_server_pid, out=args.out,
+        baseline=baseline, threads=args.threads, baseline_dtype=args.baseline_dtype, cache_modes=args.cache_modes,
+        cache_threshold=args.cache_threshold, cache_concurrency=args.cache_concurrency,
+        stop_server_pid=args.stop_server_pid, out=args.out,
         timeout_s=args.timeout, progress_every=args.progress_every)
 
 
@@ -464,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     bn.add_argument("--threads", type=int, default=None,
                     help="torch threads for baselines; text mode: for every system, vLLM included (default: all "
                          "cores)")
+    bn.add_argument("--baseline-dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="image mode: dtype of the diffusers baseline pipeline; set it to the served stages' "
+                         "engine.dtype (default float32)")
     bn.add_argument("--thinker-backend", type=_thinker_backends, default=None, metavar="native[,vllm]",
                     help="text mode: thinker engines to run, comma-separated: native (omni_serve's engine), vllm "
                          "(vLLM, in --vllm-python); omni mode: the running server's one thinker backend, recorded "

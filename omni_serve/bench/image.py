@@ -80,6 +80,9 @@ class ImageBenchConfig(BaseModel):
     warmup: int = Field(1, ge=0, description="Unmeasured requests per system (and cache mode) first.")
     baseline: Literal["diffusers", "none"] = Field("diffusers", description="In-process baseline, or none.")
     threads: int | None = Field(None, ge=1, description="torch threads of the in-process baseline (default: all).")
+    baseline_dtype: Literal["float32", "bfloat16"] = Field("float32", description=(
+        "dtype of the in-process baseline pipeline (every component: diffusers' pipelines run one dtype). Set it "
+        "to the served stages' engine.dtype, so both sides do the same arithmetic."))
     cache_modes: list[Literal["dbcache", "taylorseer"]] = Field(
         default_factory=lambda: ["dbcache"], description="One cached engine run per mode; [] skips them.")
     cache_threshold: float = Field(0.2, gt=0, description="cache.residual_diff_threshold of the cached runs.")
@@ -329,26 +332,27 @@ class DiffusersImageBaseline:
     """The checkpoint's pipeline in this process, requests one at a time: ``QwenImagePipeline`` (``edits``:
     ``QwenImageEditPipeline``) or ``GlmImagePipeline`` (its model_index.json says which)."""
 
-    def __init__(self, checkpoint: str, threads: int | None = None, edits: bool = False):
+    def __init__(self, checkpoint: str, threads: int | None = None, edits: bool = False, dtype: str = "float32"):
         import torch
         from diffusers import QwenImageEditPipeline, QwenImagePipeline
 
         self.threads = threads or os.cpu_count() or 1
+        self.dtype = dtype
         torch.set_num_threads(self.threads)
         self.glm = _pipeline_class_name(checkpoint) == "GlmImagePipeline"
         if self.glm:
             from diffusers import GlmImagePipeline
 
-            self.pipe = GlmImagePipeline.from_pretrained(checkpoint, local_files_only=True, dtype=torch.float32)
+            self.pipe = GlmImagePipeline.from_pretrained(checkpoint, local_files_only=True, dtype=getattr(torch, dtype))
         elif edits:
             from omni_serve.models.qwen_image_edit import EditPromptProcessor
 
             # Qwen2VLProcessor needs torchvision (no CPU build here): the served graph's processor, as the oracle
             self.pipe = QwenImageEditPipeline.from_pretrained(checkpoint, processor=None, local_files_only=True,
-                                                              dtype=torch.float32)
+                                                              dtype=getattr(torch, dtype))
             self.pipe.register_modules(processor=EditPromptProcessor.from_pretrained(checkpoint))
         else:
-            self.pipe = QwenImagePipeline.from_pretrained(checkpoint, local_files_only=True, dtype=torch.float32)
+            self.pipe = QwenImagePipeline.from_pretrained(checkpoint, local_files_only=True, dtype=getattr(torch, dtype))
         self.pipe.set_progress_bar_config(disable=True)
 
     def run_one(self, req: ImageRequest) -> ImageRecord:
@@ -382,7 +386,8 @@ class DiffusersImageBaseline:
             records[-1].start_s = start
             on_done(records[-1])
         wall = time.perf_counter() - t_run
-        note = f"diffusers {type(self.pipe).__name__} in process, one request at a time, {self.threads} torch threads"
+        note = (f"diffusers {type(self.pipe).__name__} in process, one request at a time, {self.threads} torch threads, "
+                f"{self.dtype}")
         return ImageRunResult(label=label, system="diffusers", mode="image", concurrency=1, wall_s=wall,
                               streaming=False, records=records, notes=[note])
 
@@ -434,7 +439,8 @@ def run_image_bench(cfg: ImageBenchConfig) -> BenchOutcome:
         notes.append("the server was stopped before the baseline ran")
     if cfg.baseline == "diffusers":
         log.info("loading the diffusers baseline from %s ...", cfg.checkpoint)
-        runs.append(DiffusersImageBaseline(cfg.checkpoint, cfg.threads, edits=cfg.endpoint == "edits").run(
+        runs.append(DiffusersImageBaseline(cfg.checkpoint, cfg.threads, edits=cfg.endpoint == "edits",
+                                           dtype=cfg.baseline_dtype).run(
             requests, warmup=cfg.warmup, progress_every=cfg.progress_every))
     report = build_image_report(runs, config=cfg.model_dump(mode="json"), notes=notes)
     json_path, png_path = write_image_report(report, runs, cfg.out)

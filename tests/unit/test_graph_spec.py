@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from omni_serve.autoscaling import ENGINE_LOAD_POLICY, STAGE_RATIO_POLICY
 from omni_serve.graphs.qwen2_5_omni import build_spec
-from omni_serve.graphs.spec import apply_overrides
+from omni_serve.graphs.spec import STAGE_ENV, apply_overrides
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "omni_serve", "configs", "qwen2_5_omni.yaml")
 DISAGG_CONFIG = os.path.join(os.path.dirname(CONFIG), "qwen2_5_omni_disagg.yaml")
@@ -133,7 +133,7 @@ def test_shipped_qwen_image_config_validates_and_fits_two_cores(qwen_image_tiny_
     total = spec.ingress.num_cpus + sum(getattr(spec.stages, s).num_cpus for s in spec.stages.model_fields)
     assert total <= 2
     opts = spec.stages.dit.deployment_options("dit")
-    assert opts["ray_actor_options"]["runtime_env"] == {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}
+    assert opts["ray_actor_options"]["runtime_env"] == {"env_vars": STAGE_ENV}
 
 
 @pytest.mark.parametrize("args, match", [
@@ -153,7 +153,7 @@ def test_overriding_some_keys_of_a_stage_keeps_its_other_defaults(omni_tiny_dir)
     spec = build_spec({"checkpoint": omni_tiny_dir, "stages.code2wav.params.num_steps": 3,
                        "stages.encoder.env_vars.EXTRA": "1", "edges.talker_code2wav.connector": "shm"})
     assert spec.stages.code2wav.num_cpus == 0.25 and spec.stages.code2wav.params.num_steps == 3
-    assert spec.stages.encoder.env_vars == {"OMP_WAIT_POLICY": "PASSIVE", "EXTRA": "1"}
+    assert spec.stages.encoder.env_vars == {**STAGE_ENV, "EXTRA": "1"}
     edge = spec.edges.talker_code2wav
     assert (edge.connector, edge.chunk_size, edge.first_chunk_size) == ("shm", 12, 24)
 

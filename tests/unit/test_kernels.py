@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from omni_kernels import (PackedLinear, decode_attention, decode_bias, pack_linears, packing_available,
-                          reference_decode_attention, reference_linear)
+                          reference_decode_attention, reference_linear, reference_tanh_gelu, tanh_gelu)
 
 SHAPES = [  # batch, query heads, key/value heads, keys, head dim
     (1, 8, 4, 60, 64), (2, 4, 2, 120, 8), (8, 8, 4, 250, 48), (32, 8, 4, 130, 64), (5, 6, 6, 33, 32), (3, 8, 1, 17, 16),
@@ -150,6 +151,21 @@ def test_pack_linears_swaps_only_cpu_float_linear_layers_and_keeps_the_output():
                        if not name.startswith("3."))  # the unpacked weights are gone
         torch.testing.assert_close(run(model), want, rtol=1e-5, atol=1e-6)
         assert pack_linears(model) == 0  # packing twice is a no-op
+
+
+# -- tanh_gelu ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(7,), (3, 5, 96), (300, 1536)], ids=["vector", "3d", "many-chunks"])
+def test_tanh_gelu_equals_f_gelu(shape):
+    x = torch.randn(*shape) * 3
+    torch.testing.assert_close(tanh_gelu(x), reference_tanh_gelu(x), rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(tanh_gelu(x), F.gelu(x), atol=1e-4)  # negative control: the exact (erf) GELU differs
+
+
+def test_tanh_gelu_in_bfloat16_keeps_the_dtype_and_the_values():
+    x = torch.randn(64, 384, dtype=torch.bfloat16) * 3
+    got = tanh_gelu(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, reference_tanh_gelu(x), rtol=0.01, atol=0.01)
 
 
 def test_the_kernels_package_stands_alone():

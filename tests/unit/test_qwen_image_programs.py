@@ -242,6 +242,61 @@ def test_cached_request_equals_the_pipeline_with_cache_dit(qwen_image_tiny_dir, 
     assert_matches(got, ref, "cached")
 
 
+def _pipeline_with_cache_dit(checkpoint, settings, true_cfg: bool):
+    import cache_dit
+    from cache_dit import DBCacheConfig
+    from diffusers import QwenImagePipeline
+
+    pipe = QwenImagePipeline.from_pretrained(checkpoint)
+    pipe.set_progress_bar_config(disable=True)
+    cache_dit.enable_cache(pipe, cache_config=DBCacheConfig(
+        Fn_compute_blocks=settings.fn_compute_blocks, Bn_compute_blocks=settings.bn_compute_blocks,
+        residual_diff_threshold=settings.residual_diff_threshold, max_warmup_steps=settings.max_warmup_steps,
+        enable_separate_cfg=true_cfg))  # under true CFG the pipeline's uncond forward has state of its own
+    return pipe
+
+
+def test_cached_requests_share_the_batched_forward_and_each_equals_the_pipeline_with_cache_dit(
+        qwen_image_tiny_dir, parts, cached_parts):
+    """Row-batched DBCache: two cached requests (different prompts, seeds, thresholds, one with true CFG) and an
+    uncached one step in the same transformer forwards; each cached request's latents equal diffusers' pipeline
+    with cache-dit run alone on it, the uncached one the plain pipeline; swapped references fail."""
+    pipe, te, _, de = parts
+    dn, cache = cached_parts
+    loose, tight = _cache_settings("dbcache", threshold=0.5), _cache_settings("dbcache", threshold=0.45, warmup=2)
+    jobs = {"c1": ("a red cat under a blue sky", "blurry", 7, 10, 4.0, loose),
+            "c2": ("green tree by a lake", None, 3, 10, 1.0, tight)}
+    refs = {rid: reference(_pipeline_with_cache_dit(qwen_image_tiny_dir, settings, job[4] > 1), *job)
+            for rid, (*job, settings) in jobs.items()}
+    plain_ref = reference(pipe, *CASES[1][:5])
+    mixed = []  # per forward: (cached works, uncached works)
+
+    async def go():
+        eng = InProcessImage(te, dn, de)
+        eng.cache_factory = lambda s: cache.session(s, 1)
+        compute = eng.dit.compute
+
+        def recording(works):
+            if not works[0].alone:
+                cached = sum(w.cache_session is not None for w in works)
+                mixed.append((cached, len(works) - cached))
+            return compute(works)
+        eng.dit.compute = recording
+        try:
+            return await asyncio.gather(*(eng.run(rid, *job[:5], cache=job[5]) for rid, job in jobs.items()),
+                                        eng.run("plain", *CASES[1]))
+        finally:
+            await eng.close()
+    (c1, m1), (c2, m2), (plain, m3) = asyncio.run(go())
+    assert max(c for c, u in mixed if u) == 2, f"cached and uncached requests never shared a forward: {mixed}"
+    assert m1["cached_steps"] > 0 and m2["cached_steps"] > 0 and m3["cached_steps"] == 0
+    d1 = assert_matches(c1, refs["c1"], "cached, batched")
+    assert_matches(c2, refs["c2"], "cached (other settings), batched")
+    assert_matches(plain, plain_ref, "uncached, batched with cached ones")
+    assert_swaps_fail(c1, {"the other cached request": refs["c2"], "no cache": reference(
+        pipe, *jobs["c1"][:5])}, d1, "row-batched DBCache")
+
+
 def test_large_images_decode_in_tiles(qwen_image_tiny_dir, parts):
     """Above ``tile_min_pixels`` the VAE decodes in overlapping tiles (bounded memory): same image size,
     close to the whole-image decode (tiles are blended, so not bit-equal)."""

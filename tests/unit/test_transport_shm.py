@@ -15,7 +15,7 @@ import torch
 
 from omni_serve.transport import codec
 from omni_serve.transport.base import DataPlaneError, DataPlaneTimeout, chunk_key, split_key
-from omni_serve.transport.shm import SharedMemoryConnector, tree_path
+from omni_serve.transport.shm import POLL_FAST_S, POLL_FIRST_S, POLL_MAX_S, SharedMemoryConnector, poll_delay, tree_path
 
 
 def run(coro):
@@ -129,6 +129,18 @@ def test_unread_payload_is_freed_after_ttl(shm_root):
         with pytest.raises(DataPlaneTimeout):
             await c.get("r/e/0", 0.05)
     run(main())
+
+
+def test_a_waiting_get_looks_often_at_first_and_seldom_after_a_long_wait():
+    delay, waited, looks = POLL_FIRST_S, 0.0, []
+    while waited < 5.0:
+        waited += delay
+        delay = poll_delay(delay, waited)
+        looks.append((waited, delay))
+    early = [d for w, d in looks if w < 0.05]
+    assert max(early) == POLL_FAST_S  # a payload that comes soon is seen within 2 ms
+    assert all(d <= max(POLL_FAST_S, 0.02 * w) + 1e-12 for w, d in looks)  # never more than 2% of the wait
+    assert looks[-1][1] == POLL_MAX_S and sum(1 for w, _ in looks if w > 2.0) < 200  # ~50 looks a second late on
 
 
 def test_get_waits_for_a_late_producer(shm_root):

@@ -46,6 +46,10 @@ class DiTParams(BaseModel):
     max_batch: int = Field(8, ge=1, description=(
         "Requests whose step shares one transformer forward (CFG adds a row per image)."))
     cache: CacheSpec = Field(default_factory=CacheSpec, description="Cache acceleration (cache-dit).")
+    packed_linear: bool = Field(True, description=(
+        "Run the transformer's linear layers on weights prepacked once for oneDNN (CPU, float32/bfloat16; "
+        "omni_kernels.pack_linears): ~10% faster forward in float32 and ~20% in bfloat16 on a 2-core CPU, outputs "
+        "equal to float rounding."))
 
 
 class VAEParams(BaseModel):

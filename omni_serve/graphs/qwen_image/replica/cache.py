@@ -1,21 +1,26 @@
 """Cache acceleration of the DiT stage through cache-dit (DBCache, optionally with the TaylorSeer calibrator).
 
-Contract: ``DiTCache(denoiser, defaults)`` (a ``CacheSettings``) enables cache-dit once on the replica's transformer and points the
-denoiser's plain (uncached) forward at the original forward, so requests without caching are untouched.
-``session(settings, num_images)`` gives one request a ``CacheSession``: its own cache-dit context per CFG
-branch (cond, uncond), created fresh, with the request's own config; ``predict(rows, grid)`` runs the
-request's step with each branch under its context; ``counts()`` reports computed vs cached steps;
-``close()`` drops the contexts and their residual buffers (called when the request ends or is aborted).
+Contract: ``DiTCache(denoiser, defaults)`` (a ``CacheSettings``) enables cache-dit once on the replica's transformer
+and points the denoiser's plain (uncached) forward at the original forward, so requests without caching are
+untouched. ``session(settings, num_images)`` gives one request a ``CacheSession``: its own cache-dit context per
+CFG branch (cond, uncond), created fresh, with the request's own config; ``counts()`` reports computed vs cached
+steps; ``close()`` drops the contexts and their residual buffers (called when the request ends or is aborted).
 
-Why per request and not per batch: cache-dit decides to compute or reuse once per forward, from the whole
-batch tensor, and keeps one set of residual buffers per context. Rows of different requests in one cached
-forward would share decisions and buffers, so a request's image would depend on its batch partners.
-Cached requests therefore run their own forwards; uncached requests keep step-level batching.
+Two ways to run a cached request's step, with the same decisions and results:
+- **Row-batched** (``RowCache``, used whenever the denoiser's packed forward covers the transformer): cached
+  requests share the DiT's one batched forward with everyone else. The first ``Fn`` blocks run on every row; then,
+  for each cached request's branch, cache-dit's own logic (``CachedContextManager.can_cache`` etc. under that
+  branch's context, on that branch's rows only) decides from its ``Fn`` residual whether the step is cached; the
+  middle blocks run only on the rows that compute (uncached requests and cached ones that decided to compute),
+  cached rows add their stored residuals (``apply_cache``), and the last ``Bn`` blocks run on every row again.
+  Every call cache-dit's ``CachedBlocks.forward`` makes for a request is made for it, in the same order, with the
+  same tensors (its rows), so its decisions and buffers are what they would be alone.
+- **Per request** (``CacheSession.predict``): each branch's rows in their own forward through cache-dit's patched
+  transformer, the context bound under cache-dit's fixed slot name for the duration of the forward (``_bound``:
+  cache-dit looks its context up by that name on every forward and has no API to run one under a caller-chosen
+  context). Kept for transformer variants the packed forward does not cover.
 
-cache-dit looks its context up by a fixed slot name on every forward (``CachedBlocks.forward`` ->
-``context_manager.set_context(slot)``), and has no API to run a forward under a caller-chosen context, so a
-session binds its context object under that slot for the duration of its forward (``_bound``). Forwards
-on one transformer happen on the engine's single worker thread, so the binding is never contended.
+Forwards on one transformer happen on the engine's single worker thread, so contexts are never contended.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from omni_serve.graphs.qwen_image.messages import CacheSettings
 from omni_serve.models.qwen_image import DenoiseRow, QwenImageDenoiser
 
 BRANCHES = ("cond", "uncond")
+PREFIX = "omni_rows"  # names of the row-batched path's buffers inside a request's own contexts
 
 
 @dataclass
@@ -80,6 +86,16 @@ class DiTCache:
         return CacheSession(self, settings, num_images)
 
     @contextlib.contextmanager
+    def active(self, context):
+        """``context`` is the manager's current context (what its methods act on) for the block's duration."""
+        previous = self.manager._current_context
+        self.manager.set_context(context)
+        try:
+            yield self.manager
+        finally:
+            self.manager._current_context = previous
+
+    @contextlib.contextmanager
     def _bound(self, context):
         table = self.manager._cached_context_manager
         previous = table.get(self.slot)
@@ -98,7 +114,7 @@ class CacheSession:
     def __init__(self, cache: DiTCache, settings: CacheSettings, num_images: int):
         from cache_dit.caching import CachedContext
 
-        self.cache, self.num_images = cache, num_images
+        self.cache, self.num_images, self.settings = cache, num_images, settings
         cache_cfg, calibrator = _configs(settings)
         self.contexts = {
             branch: CachedContext(name=cache.slot, cache_config=copy.deepcopy(cache_cfg),
@@ -116,6 +132,11 @@ class CacheSession:
                                                         condition_grid=condition_grid))
         return torch.cat(outs)
 
+    def branches(self, num_rows: int) -> list[tuple[str, slice]]:
+        """(branch, its rows within this request's ``num_rows`` rows): cond first, then uncond under true CFG."""
+        n = self.num_images
+        return [(branch, slice(i * n, (i + 1) * n)) for i, branch in enumerate(BRANCHES[:num_rows // n])]
+
     def counts(self) -> StepCounts:
         ctx = self.contexts["cond"]
         return StepCounts(executed=ctx.get_accumulated_executed_steps(), cached=ctx.get_accumulated_cached_steps())
@@ -127,3 +148,80 @@ class CacheSession:
             ctx.calibrator = ctx.encoder_calibrator = None
             ctx.cfg_calibrator = ctx.cfg_encoder_calibrator = None
         self.contexts.clear()
+
+
+@dataclass
+class _Group:
+    context: object
+    rows: list[int]  # rows of the batched forward
+    cached: bool = False
+
+
+class RowCache:
+    """One batched forward's DBCache decisions (see the module docstring): a group per cached request's CFG branch,
+    over that branch's rows of the batch; the other rows always compute."""
+
+    def __init__(self, sessions: list[tuple["CacheSession", int, int]]):
+        """``sessions``: (session, its first row, its row count) of each cached request; they share Fn and Bn."""
+        blocks = {(s.settings.fn_compute_blocks, s.settings.bn_compute_blocks) for s, _, _ in sessions}
+        if len(blocks) != 1:
+            raise ValueError(f"one batched forward needs one Fn/Bn block split, got {sorted(blocks)}")
+        self.cache = sessions[0][0].cache
+        (self.fn_blocks, self.bn_blocks), = blocks
+        self.groups = [_Group(session.contexts[branch], list(range(first + part.start, first + part.stop)))
+                       for session, first, count in sessions for branch, part in session.branches(count)]
+
+    def decide(self, fn_residual: torch.Tensor, img: torch.Tensor, txt: torch.Tensor, layout) -> list[int]:
+        """Rows that compute the middle blocks; cached groups are remembered for ``apply``."""
+        skip = set()
+        for g in self.groups:
+            with self.cache.active(g.context) as m:
+                l1 = m.is_l1_diff_enabled()
+                residual = fn_residual[g.rows]
+                m.mark_step_begin()
+                g.cached = m.can_cache(img[g.rows] if l1 else residual,
+                                       prefix=f"{PREFIX}_Fn_hidden_states" if l1 else f"{PREFIX}_Fn_residual")
+                if g.cached:
+                    m.add_cached_step()
+                    skip.update(g.rows)
+                else:
+                    m.set_Fn_buffer(residual, prefix=f"{PREFIX}_Fn_residual")
+                    if l1:
+                        m.set_Fn_buffer(img[g.rows], f"{PREFIX}_Fn_hidden_states")
+        return [r for r in range(img.shape[0]) if r not in skip]
+
+    def computed(self, rows: list[int], img_residual: torch.Tensor, txt_residual: torch.Tensor, img: torch.Tensor,
+                 txt: torch.Tensor, layout) -> None:
+        """The middle blocks ran on ``rows`` (tensors over those rows, text packed by ``layout``): store what each
+        computing cached group keeps for its next cached steps."""
+        where = {r: i for i, r in enumerate(rows)}
+        for g in self.groups:
+            if g.cached:
+                continue
+            pos = [where[r] for r in g.rows]
+            tok = layout.tokens(pos)
+            with self.cache.active(g.context) as m:
+                if m.is_cache_residual():
+                    m.set_Bn_buffer(img_residual[pos], prefix=f"{PREFIX}_Bn_residual")
+                else:
+                    m.set_Bn_buffer(img[pos], prefix=f"{PREFIX}_Bn_hidden_states")
+                if m.is_encoder_cache_residual():
+                    m.set_Bn_encoder_buffer(txt_residual[tok], prefix=f"{PREFIX}_Bn_residual")
+                else:
+                    m.set_Bn_encoder_buffer(txt[tok], prefix=f"{PREFIX}_Bn_hidden_states")
+
+    def apply(self, img: torch.Tensor, txt: torch.Tensor, layout) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cached groups' rows with their stored middle-block residuals (or states) applied."""
+        cached = [g for g in self.groups if g.cached]
+        if not cached:
+            return img, txt
+        img, txt = img.clone(), txt.clone()
+        for g in cached:
+            tok = layout.tokens(g.rows)
+            with self.cache.active(g.context) as m:
+                residual, enc = m.is_cache_residual(), m.is_encoder_cache_residual()
+                img[g.rows], txt[tok] = m.apply_cache(
+                    img[g.rows], txt[tok],
+                    prefix=f"{PREFIX}_Bn_residual" if residual else f"{PREFIX}_Bn_hidden_states",
+                    encoder_prefix=f"{PREFIX}_Bn_residual" if enc else f"{PREFIX}_Bn_hidden_states")
+        return img, txt

@@ -10,7 +10,10 @@ over one unit of work with a grouping key, and equal keys are computed in one ca
   batching. Requests join and leave between steps; an aborted request is simply not asked for work again.
   Noise comes from the request's seed, the schedule from a per-request diffusers scheduler, so a request's
   result does not depend on what it was batched with (up to float rounding of the batched matmuls).
-  With cache acceleration (``cache``), the step goes through the request's own cache-dit context instead.
+  Requests with cache acceleration (``cache``) share the forward too: their rows skip the middle blocks on the
+  steps their own cache-dit context decides to cache (``cache.RowCache``); cached requests whose Fn/Bn block split
+  differ get one forward each. Only where the packed forward does not cover the transformer does a cached request
+  run its step alone, through cache-dit's patched forward.
   Image-conditioned pipelines set ``condition`` (packed image latents appended to every row, on
   ``condition_grid``, part of the key); text-to-image leaves it None.
 - ``DecodeProgram`` (key: image size) -> ``DecodedPixels`` to the runner, which encodes them off the engine thread
@@ -65,8 +68,12 @@ class DenoiseWork:
     program: "DenoiseProgram"
     rows: list[DenoiseRow]
     grid: tuple[int, int]
-    cached: bool = False  # runs through the request's own cache context (not batched with others)
+    alone: bool = False  # a cached request whose step runs through cache-dit's patched forward, by itself
     condition_grid: tuple[int, int] | None = None  # the rows' conditioning latents' grid (image-conditioned)
+
+    @property
+    def cache_session(self):
+        return self.program.cache_session
 
 
 class DenoiseProgram(BatchProgram):
@@ -105,9 +112,9 @@ class DenoiseProgram(BatchProgram):
         latents = list(self.latents) * copies
         conditions = list(self.condition) * copies if self.condition is not None else [None] * len(latents)
         rows = [DenoiseRow(x, t, text, self.req.guidance_scale, c) for x, text, c in zip(latents, texts, conditions)]
-        if self.cache_session is not None:
-            # Cache decisions are per request (cache-dit's state is per context): never share a forward.
-            return ("cached", id(self)), DenoiseWork(self, rows, self.grid, cached=True,
+        if self.cache_session is not None and self.model.packed is None:
+            # cache-dit's own forward decides once per forward for the whole batch: this request alone
+            return ("cached", id(self)), DenoiseWork(self, rows, self.grid, alone=True,
                                                      condition_grid=self.condition_grid)
         key = ("grid", *self.grid, *(self.condition_grid or ()))
         return key, DenoiseWork(self, rows, self.grid, condition_grid=self.condition_grid)
@@ -148,16 +155,40 @@ class DenoiseProgram(BatchProgram):
 
 
 class DenoiseCompute:
-    """The DiT stage's batched computation: one forward for every uncached request's rows on a grid."""
+    """The DiT stage's batched computation: one forward for every request's rows on a grid (cached ones included,
+    one forward per Fn/Bn block split among them)."""
 
     def __init__(self, model: QwenImageDenoiser):
         self.model = model
 
     def __call__(self, works: list[DenoiseWork]) -> list[torch.Tensor]:
-        if works[0].cached:
-            return [w.program.cache_session.predict(w.rows, w.grid, w.condition_grid) for w in works]
-        rows = [row for w in works for row in w.rows]
-        prediction = self.model.predict(rows, works[0].grid, condition_grid=works[0].condition_grid)
+        if works[0].alone:
+            return [w.cache_session.predict(w.rows, w.grid, w.condition_grid) for w in works]
+        splits: dict[tuple[int, int] | None, list[int]] = {}
+        for i, w in enumerate(works):
+            s = w.cache_session.settings if w.cache_session is not None else None
+            splits.setdefault(None if s is None else (s.fn_compute_blocks, s.bn_compute_blocks), []).append(i)
+        batches = [members for key, members in splits.items() if key is not None]
+        if batches:  # the uncached rows join the first cached forward
+            batches[0] = sorted(batches[0] + splits.get(None, []))
+        else:
+            batches = [splits[None]]
+        out: list[torch.Tensor | None] = [None] * len(works)
+        for members in batches:
+            for i, prediction in zip(members, self._forward([works[i] for i in members])):
+                out[i] = prediction
+        return out
+
+    def _forward(self, works: list[DenoiseWork]) -> list[torch.Tensor]:
+        from omni_serve.graphs.qwen_image.replica.cache import RowCache
+
+        rows, sessions = [], []
+        for w in works:
+            if w.cache_session is not None:
+                sessions.append((w.cache_session, len(rows), len(w.rows)))
+            rows += w.rows
+        prediction = self.model.predict(rows, works[0].grid, condition_grid=works[0].condition_grid,
+                                        row_cache=RowCache(sessions) if sessions else None)
         out, start = [], 0
         for w in works:
             out.append(prediction[start:start + len(w.rows)])

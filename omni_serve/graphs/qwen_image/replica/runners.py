@@ -32,6 +32,9 @@ class TextEncoderRunner(StageRunner):
 class DiTRunner(StageRunner):
     work_unit = "diffusion_steps"
 
+    def adapter_options(self):
+        return {"packed_linear": self.stage_spec.params.packed_linear}
+
     def load(self):
         model = super().load()
         cache = self.stage_spec.params.cache
