@@ -87,7 +87,7 @@ def check_block(block) -> None:
     for ff in (block.img_mlp, block.txt_mlp):
         net = getattr(ff, "net", None)
         if (net is None or len(net) != 3 or getattr(net[0], "approximate", None) != "tanh"
-                or not isinstance(net[2], torch.nn.Linear)):
+                or not hasattr(net[0], "proj") or not isinstance(net[1], torch.nn.Dropout)):
             raise TypeError("Qwen-Image block MLP is not Linear, tanh-GELU, dropout, Linear: check the installed "
                             "diffusers version")
     if not isinstance(block.attn.processor, QwenDoubleStreamAttnProcessor2_0):
