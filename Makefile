@@ -77,7 +77,7 @@ integration: setup vllm-env checkpoint
 bench: setup vllm-env
 	loadtests/run_bench.sh bench_out
 
-# The issue-4 benchmark (Qwen-Image, small checkpoint, ~5 min): see docs/qwen_image.md.
+# The Qwen-Image benchmark (small checkpoint, float32 and bfloat16, with ceilings, ~12 min): see docs/qwen_image.md.
 bench-image: setup
 	loadtests/run_image_bench.sh bench_image
 

@@ -7,14 +7,14 @@
 #   time, on the same requests (same command, quiet machine) for the ratios. Then the ceiling report of each dtype
 #   (loadtests/qwen_image_ceiling.py) against its 128x128 run.
 # Usage: loadtests/run_image_bench.sh [OUT_DIR] (default bench_image/; one sub-folder per dtype and size).
-# Takes ~15 minutes on a 2-core CPU.
+# Takes ~12 minutes on a 2-core CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench_image}
 BIN=${VENV:-.venv}/bin
 CKPT=checkpoints/qwen_image-small
 PORT=${PORT:-8124}
-N=${N:-16}
+N=${N:-32}
 SIZES=${SIZES:-128x128 64x64}
 DTYPES=${DTYPES:-float32 bfloat16}
 source loadtests/serve_lib.sh
