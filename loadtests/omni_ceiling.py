@@ -8,8 +8,8 @@ tokens, 384 codec tokens, 10 DiT steps):
 - ``talker``: prefill of the thinker prompt's length and 384 decode steps on the AR engine, B at once (random
   thinker-sized input rows: the cost does not depend on their values);
 - ``code2wav``: B requests' codec streams through the served stage's chunking (first chunk of 12 codes, then 96,
-  12 codes of context on each side), equally long windows of all B solved in one batched DiT call, then the
-  vocoder, as the stage's batch engine does.
+  12 codes of context on each side), the windows of all B solved in one packed DiT call (first windows apart),
+  then the vocoder, as the stage's batch engine does.
 
 With every stage single-threaded, the best the graph can do on ``--cores`` cores is
 ``cores / sum(per-request cost at the best batch)`` requests/s, and no faster than any stage allows on its replicas

@@ -31,7 +31,7 @@ from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
 
 from omni_serve.models.loading import load_component, read_state_dict
 from omni_serve.models.paged_decoder import PagedDecoder
-from omni_serve.models.qwen2_5_omni_dit import check_dit_block, dit_block
+from omni_serve.models.qwen2_5_omni_dit import WindowPack, check_dit_block, dit_block
 from omni_serve.models.qwen2_5_omni_layout import load_config, load_speakers
 
 
@@ -251,48 +251,58 @@ class OmniCode2Wav:
 
     @torch.inference_mode()
     def dit_windows(self, windows: list[DiTWindow], num_steps: int = 10, guidance_scale: float = 0.5,
-                    sway_coefficient: float = -1.0) -> torch.Tensor:
-        """Mel ``[B, mel, frames]`` of equally long windows, batched; the same flow-matching ODE as
-        ``Qwen2_5OmniToken2WavDiTModel.sample`` (its solver and its submodules), with classifier-free
-        guidance, for several requests at once. Constant inputs (speaker encoder, code embeddings, their
-        share of the input projection) are computed once per call instead of once per ODE evaluation.
+                    sway_coefficient: float = -1.0) -> list[torch.Tensor]:
+        """Mel ``[mel, frames]`` of each window (any lengths), all solved together; the same flow-matching ODE as
+        ``Qwen2_5OmniToken2WavDiTModel.sample`` (its solver and its submodules), with classifier-free guidance.
+
+        The windows are packed end to end along the frame axis (``WindowPack``; the two CFG branches are the two
+        rows), so windows of different lengths share every matrix product. Constant inputs (speaker encoder,
+        code embeddings, their share of the input projection) are computed once per call instead of once per
+        ODE evaluation.
         """
-        dit, b = self.dit, len(windows)
-        frames = self.repeats * len(windows[0].codes)
-        codes = torch.tensor([w.codes for w in windows], dtype=torch.long, device=self.device)
-        x0 = torch.stack([w.noise for w in windows]).to(self.device)
-        spk_enc, cond = zip(*(self._voice(w.voice) for w in windows))
-        spk = torch.cat([torch.stack([e[0] for e in spk_enc]), torch.stack([e[1] for e in spk_enc])])
-        speaker = torch.cat([torch.stack(cond), torch.zeros(b, cond[0].numel(), device=self.device)])
-        code_embed = torch.cat([dit.text_embed(codes), dit.text_embed(codes, drop_code=True)])
+        dit, dev = self.dit, self.device
+        order = sorted(range(len(windows)), key=lambda i: len(windows[i].codes))  # equal lengths side by side
+        windows = [windows[i] for i in order]
+        pack = WindowPack(tuple(self.repeats * len(w.codes) for w in windows), dit.block_size)
+        x0 = pack.pack([w.noise.to(dev) for w in windows]).unsqueeze(0)  # [1, total, mel]
+        per_window = []  # [2 (cond, uncond), frames, features] of each window's constant input
+        for w, frames in zip(windows, pack.lengths):
+            (spk_cond, spk_null), cond = self._voice(w.voice)
+            codes = torch.tensor([w.codes], dtype=torch.long, device=dev)
+            code_embed = torch.cat([dit.text_embed(codes), dit.text_embed(codes, drop_code=True)])
+            spk = torch.stack([spk_cond, spk_null]).unsqueeze(1).expand(-1, frames, -1)
+            speaker = torch.stack([cond, torch.zeros_like(cond)]).unsqueeze(1).expand(-1, frames, -1)
+            per_window.append(torch.cat([torch.zeros(2, frames, self.mel_dim, device=dev), spk, code_embed,
+                                         speaker], dim=-1))
         proj = dit.input_embed.proj
-        const = proj(torch.cat([torch.zeros(2 * b, frames, self.mel_dim, device=self.device),
-                                spk.unsqueeze(1).expand(-1, frames, -1), code_embed,
-                                speaker.unsqueeze(1).expand(-1, frames, -1)], dim=-1))
+        const = proj(pack.pack(per_window))
         w_x = proj.weight[:, :self.mel_dim]
-        position_ids = torch.arange(frames, device=self.device).view(1, -1)
-        rope = dit.rotary_embed(const, position_ids)
+        rope = dit.rotary_embed(const, pack.positions(dev))
+        key_valid = pack.key_valid(dev)
 
         low = self.dit_dtype
         rope_low = tuple(r.to(low) for r in rope)
 
         def velocity(t, x):
-            t_emb = dit.time_embed(t.repeat(2 * b))
+            t_emb = dit.time_embed(t.repeat(2))
             h = (torch.nn.functional.linear(torch.cat([x, x]), w_x) + const).to(low)
             t_low = t_emb.to(low)
             for layer in self.blocks:
-                h = dit_block(layer, h, t_low, rope_low, dit.block_size)
+                h = dit_block(layer, h, t_low, rope_low, dit.block_size, pack, key_valid)
             out = dit.proj_out(dit.norm_out(h.float(), t_emb))
             guided, null = torch.chunk(out, 2, dim=0)
             if guidance_scale < 1e-5:
                 return guided
             return guided + (guided - null) * guidance_scale
 
-        times = torch.linspace(0, 1, num_steps, device=self.device, dtype=const.dtype)
+        times = torch.linspace(0, 1, num_steps, device=dev, dtype=const.dtype)
         if sway_coefficient is not None:
             times += sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
         mel = hf.RungeKutta4ODESolver(function=velocity, initial_value=x0).integrate(times)[-1]
-        return mel.permute(0, 2, 1)
+        mels = [None] * len(windows)
+        for i, m in zip(order, pack.unpack(mel)):
+            mels[i] = m[0].T
+        return mels
 
     @torch.inference_mode()
     def vocode(self, mel: torch.Tensor) -> torch.Tensor:

@@ -15,19 +15,91 @@ profiler on the served bf16 DiT: attention 22% and GELU 19% of its time):
   windowed version is no faster at these sizes.
 - ATen's CPU tanh-GELU kernel costs ~2 ns per element, five times its own ``tanh``: ``omni_kernels.tanh_gelu``
   computes it ~30% faster (bit-identical to ``F.gelu`` in bfloat16 on the measured data, within an ulp in float32).
+
+Windows of different lengths share one call (``WindowPack``): every op of the block but attention works frame by
+frame, so windows are laid end to end along the frame axis, each padded to whole blocks; attention stays inside
+each window (own-block layers mask the padding keys; neighbour-block layers take each run of equally long windows
+as one batch of its windows' real frames). Each window's frames get what a call on that window alone gives them.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from omni_kernels import tanh_gelu
 from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
 
-def own_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Attention of ``[B, H, L, D]`` queries to the keys of their own block of ``block_size`` frames only."""
+
+@dataclass(frozen=True)
+class WindowPack:
+    """Windows of ``lengths`` frames laid end to end, each padded to a whole number of ``block_size`` blocks."""
+
+    lengths: tuple[int, ...]
+    block_size: int
+
+    def padded(self, n: int) -> int:
+        return -(-n // self.block_size) * self.block_size
+
+    @functools.cached_property
+    def spans(self) -> tuple[tuple[int, int], ...]:
+        """(start, real frames) of each window in the packed axis."""
+        out, start = [], 0
+        for n in self.lengths:
+            out.append((start, n))
+            start += self.padded(n)
+        return tuple(out)
+
+    @property
+    def total(self) -> int:
+        start, n = self.spans[-1]
+        return start + self.padded(n)
+
+    @functools.cached_property
+    def runs(self) -> tuple[tuple[int, int, int, int], ...]:
+        """(start, windows, padded length, real frames) of each run of consecutive equally long windows."""
+        out = []
+        for start, n in self.spans:
+            if out and out[-1][3] == n:
+                first, count, padded, _ = out[-1]
+                out[-1] = (first, count + 1, padded, n)
+            else:
+                out.append((start, 1, self.padded(n), n))
+        return tuple(out)
+
+    def key_valid(self, device) -> torch.Tensor | None:
+        """``[total]`` True on real frames; None when no window has padding."""
+        if all(self.padded(n) == n for n in self.lengths):
+            return None
+        valid = torch.zeros(self.total, dtype=torch.bool, device=device)
+        for start, n in self.spans:
+            valid[start:start + n] = True
+        return valid
+
+    def positions(self, device) -> torch.Tensor:
+        """``[1, total]``: each frame's position within its own window (RoPE is per window)."""
+        return torch.cat([torch.arange(self.padded(n), device=device) for n in self.lengths]).view(1, -1)
+
+    def pack(self, per_window: list[torch.Tensor]) -> torch.Tensor:
+        """``[..., frames_i, C]`` per window -> ``[..., total, C]``, zeros on the padding."""
+        first = per_window[0]
+        out = first.new_zeros(*first.shape[:-2], self.total, first.shape[-1])
+        for (start, n), x in zip(self.spans, per_window):
+            out[..., start:start + n, :] = x
+        return out
+
+    def unpack(self, packed: torch.Tensor) -> list[torch.Tensor]:
+        """``[..., total, C]`` -> each window's ``[..., frames_i, C]`` (views)."""
+        return [packed[..., start:start + n, :] for start, n in self.spans]
+
+
+def own_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int,
+                        key_valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of ``[B, H, L, D]`` queries to the keys of their own block of ``block_size`` frames only;
+    ``key_valid`` (``[L]``, L whole blocks) excludes padding keys."""
     b, h, length, d = q.shape
     n = -(-length // block_size)
     pad = n * block_size - length
@@ -36,13 +108,42 @@ def own_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block
         return F.pad(x, (0, 0, 0, pad)).view(b, h, n, block_size, d)
 
     scores = torch.matmul(blocks(q), blocks(k).transpose(-1, -2)) * (1.0 / math.sqrt(d))
-    if pad:  # the last block's padding keys
+    if key_valid is not None:
+        scores.masked_fill_(~key_valid.view(1, 1, n, 1, block_size), float("-inf"))
+    elif pad:  # the last block's padding keys
         scores[:, :, -1, :, block_size - pad:] = float("-inf")
     probs = scores.float().softmax(-1).to(q.dtype)
     return torch.matmul(probs, blocks(v)).view(b, h, n * block_size, d)[:, :, :length]
 
 
-def _attention(attn, x: torch.Tensor, rope, block_size: int, back: int, ahead: int) -> torch.Tensor:
+@functools.lru_cache(maxsize=64)
+def _neighbour_mask(length: int, block_size: int, back: int, ahead: int, device) -> torch.Tensor:
+    block = torch.arange(length, device=device) // block_size
+    diff = block.view(1, -1) - block.view(-1, 1)
+    return ((diff >= -back) & (diff <= ahead)).view(1, 1, length, length)
+
+
+def neighbour_block_attention(q, k, v, block_size: int, back: int, ahead: int,
+                              pack: WindowPack | None = None) -> torch.Tensor:
+    """Attention to the keys of the own block, ``back`` blocks before and ``ahead`` after, within each window."""
+    if pack is None:
+        mask = _neighbour_mask(q.shape[2], block_size, back, ahead, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    b, h, _, d = q.shape
+    out = torch.zeros_like(q)  # the padding frames' output is never read (see WindowPack)
+    for start, count, padded, n in pack.runs:  # equally long windows: one call, each window a batch row
+        span = slice(start, start + count * padded)
+
+        def rows(x):  # [b, h, count * padded, d] -> [b * count, h, n, d], the windows' real frames
+            return x[:, :, span].unflatten(2, (count, padded))[:, :, :, :n].transpose(1, 2).reshape(-1, h, n, d)
+        mask = _neighbour_mask(n, block_size, back, ahead, q.device)
+        att = F.scaled_dot_product_attention(rows(q), rows(k), rows(v), attn_mask=mask)
+        out[:, :, span].unflatten(2, (count, padded))[:, :, :, :n] = att.view(b, count, h, n, d).transpose(1, 2)
+    return out
+
+
+def _attention(attn, x: torch.Tensor, rope, block_size: int, back: int, ahead: int,
+               pack: WindowPack | None, key_valid: torch.Tensor | None) -> torch.Tensor:
     b = x.shape[0]
     heads = attn.heads
     q, k, v = (proj(x).view(b, -1, heads, attn.inner_dim // heads).transpose(1, 2)
@@ -51,12 +152,9 @@ def _attention(attn, x: torch.Tensor, rope, block_size: int, back: int, ahead: i
     q[:, :1], k[:, :1] = hf.apply_rotary_pos_emb(hf.deinterleave_head_dim(q[:, :1]),
                                                  hf.deinterleave_head_dim(k[:, :1]), cos, sin)
     if back == 0 and ahead == 0:
-        out = own_block_attention(q, k, v, block_size)
+        out = own_block_attention(q, k, v, block_size, key_valid)
     else:
-        block = torch.arange(x.shape[1], device=x.device) // block_size
-        diff = block.view(1, -1) - block.view(-1, 1)
-        mask = ((diff >= -back) & (diff <= ahead)).view(1, 1, *diff.shape)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = neighbour_block_attention(q, k, v, block_size, back, ahead, pack)
     return attn.to_out[0](out.transpose(1, 2).reshape(b, -1, attn.inner_dim))
 
 
@@ -71,10 +169,13 @@ def check_dit_block(layer) -> None:
                         "check the installed transformers version")
 
 
-def dit_block(layer, hidden: torch.Tensor, time_emb: torch.Tensor, rope, block_size: int) -> torch.Tensor:
-    """One ``DiTDecoderLayer`` (eval mode: dropout is the identity) on ``hidden [B, frames, C]``."""
+def dit_block(layer, hidden: torch.Tensor, time_emb: torch.Tensor, rope, block_size: int,
+              pack: WindowPack | None = None, key_valid: torch.Tensor | None = None) -> torch.Tensor:
+    """One ``DiTDecoderLayer`` (eval mode: dropout is the identity) on ``hidden [B, frames, C]``: each row one
+    window, or with ``pack`` the windows of ``pack`` end to end (``key_valid``: ``pack.key_valid``)."""
     norm, gate_msa, shift_mlp, scale_mlp, gate_mlp = layer.attn_norm(hidden, emb=time_emb)
-    attended = _attention(layer.attn, norm, rope, block_size, layer.look_backward_block, layer.look_ahead_block)
+    attended = _attention(layer.attn, norm, rope, block_size, layer.look_backward_block, layer.look_ahead_block,
+                          pack, key_valid)
     hidden = hidden + gate_msa.unsqueeze(1) * attended
     norm = layer.ff_norm(hidden) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
     up, down = layer.ff.ff[0], layer.ff.ff[3]

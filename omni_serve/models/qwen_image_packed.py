@@ -15,6 +15,10 @@ mask. diffusers' padded batch instead computes every row's text at the longest r
 key mask (which also forces the slower masked attention kernel); on a CPU batch of 16 rows with 6-53-token
 prompts that padding cost ~25% of the forward.
 
+The blocks' submodules are called directly, not the block modules: hooks registered on a block, and diffusers'
+attention-backend switches, do not apply here (omni_serve registers none; cache-dit's caching runs through
+``row_cache`` below).
+
 ``row_cache`` (optional, ``omni_serve.graphs.qwen_image.replica.cache.RowCache``) makes the forward DBCache-aware
 per row group: the first ``Fn`` blocks run on every row, ``row_cache.decide`` then picks the rows that compute the
 middle blocks (the others take their cached residuals), and the last ``Bn`` blocks run on every row again.
@@ -194,7 +198,13 @@ class PackedForward:
         for block in self.blocks[:fn]:
             img, txt = self.block(block, img, txt, layout, *args)
         compute = row_cache.decide(img - before, img, txt, layout)  # rows that run the middle blocks
-        if compute:
+        if len(compute) == img.shape[0]:  # nobody takes the cache this step: all rows, no gathering
+            start_img, start_txt = img, txt
+            for block in self.blocks[fn:len(self.blocks) - bn]:
+                img, txt = self.block(block, img, txt, layout, *args)
+            img = img.contiguous()
+            row_cache.computed(compute, img - start_img, txt - start_txt, img, txt, layout)
+        elif compute:
             tok = layout.tokens(compute)
             sub = layout.subset(compute)
             m_img, m_txt = img[compute], txt[tok]

@@ -99,8 +99,27 @@ def test_bfloat16_dit_blocks_stay_close_to_float32(c2w, omni_tiny_dir):
     n = 4 * c2w.block_codes
     windows = [DiTWindow(codes=codes(n, s), noise=torch.randn(c2w.repeats * n, c2w.mel_dim, generator=g),
                          voice="Chelsie") for s in range(2)]
-    want, got = c2w.dit_windows(windows, num_steps=3), low.dit_windows(windows, num_steps=3)
+    want, got = (torch.stack(m.dit_windows(windows, num_steps=3)) for m in (c2w, low))
     err = float((got - want).abs().max() / want.abs().max())
     assert 0 < err < 1e-2, err
     assert all(p.dtype == torch.float32 for p in low.dit.parameters())
     assert all(p.dtype == torch.bfloat16 for p in low.blocks.parameters())
+
+
+def test_windows_of_different_lengths_in_one_call_equal_each_alone(c2w):
+    """``dit_windows`` packs windows of any lengths (whole blocks or not) into one solve: each window's mel equals
+    its solve alone, and a window solved with another's noise does not (the comparison can fail)."""
+    from omni_serve.models.qwen2_5_omni import DiTWindow
+
+    g = torch.Generator().manual_seed(1)
+    lengths = [c2w.block_codes * 4, 37, c2w.block_codes, 5, 37]  # a run of two equally long windows
+    windows = [DiTWindow(codes=codes(n, s), noise=torch.randn(c2w.repeats * n, c2w.mel_dim, generator=g),
+                         voice=voice) for s, (n, voice) in enumerate(zip(lengths, ["Chelsie", "Ethan"] * 3))]
+    together = c2w.dit_windows(windows, num_steps=STEPS)
+    assert [m.shape[1] for m in together] == [c2w.repeats * n for n in lengths]
+    for w, got in zip(windows, together):
+        alone = c2w.dit_windows([w], num_steps=STEPS)[0]
+        torch.testing.assert_close(got, alone, rtol=0, atol=1e-6 * float(alone.abs().max()))  # bit-equal here
+    other = DiTWindow(windows[1].codes, torch.randn(windows[1].noise.shape, generator=g), windows[1].voice)
+    swapped = c2w.dit_windows([other], num_steps=STEPS)[0]
+    assert float((swapped - together[1]).abs().max()) > 1e-2 * float(together[1].abs().max())

@@ -59,7 +59,7 @@ class InProcessImage:
         async for out in self.text.generate(rid, program):
             if isinstance(out, PromptEmbeds):
                 embeds = out
-        session = self.cache_factory(cache) if cache else None
+        session = self.cache_factory(cache, n) if cache else None
         call = DenoiseCall(request_id=rid, n=n, height=SIZE, width=SIZE, num_steps=steps, seed=seed,
                            true_cfg_scale=cfg)
         dit = P.DenoiseProgram(self.dn, call, session)
@@ -184,6 +184,22 @@ def cached_parts(qwen_image_tiny_dir):
     return dn, DiTCache(dn, _cache_settings("dbcache"))
 
 
+def test_a_cache_session_closed_during_a_forward_keeps_its_contexts_until_the_forward_ends(cached_parts):
+    """An abort closes the session from another thread: a forward holding it (``use``) keeps its contexts; they
+    are dropped when it lets go, and later forwards see a closed session (they compute uncached)."""
+    _, cache = cached_parts
+    session = cache.session(_cache_settings("dbcache"), 1)
+    with session.use() as usable:
+        assert usable
+        session.close()
+        assert not session.closed and set(session.contexts) == {"cond", "uncond"}
+    assert session.closed and not session.contexts
+    with session.use() as usable:
+        assert not usable
+    session.close()  # idempotent
+    assert session.closed
+
+
 def test_cache_reports_cached_steps_and_does_not_leak_into_uncached_requests(parts, cached_parts):
     pipe, te, _, de = parts
     dn, cache = cached_parts
@@ -192,7 +208,7 @@ def test_cache_reports_cached_steps_and_does_not_leak_into_uncached_requests(par
 
     async def go():
         eng = InProcessImage(te, dn, de, cache_factory=None)
-        eng.cache_factory = lambda s: cache.session(s, 1)
+        eng.cache_factory = cache.session
         try:
             return await asyncio.gather(
                 eng.run("c1", "a red cat under a blue sky", "blurry", 7, 10, 4.0, cache=settings),
@@ -232,7 +248,7 @@ def test_cached_request_equals_the_pipeline_with_cache_dit(qwen_image_tiny_dir, 
 
     async def go():
         eng = InProcessImage(te, dn, de)
-        eng.cache_factory = lambda s: cache.session(s, 1)
+        eng.cache_factory = cache.session
         try:
             return await eng.run("c", "a red cat under a blue sky", "blurry", 7, 10, 4.0, cache=settings)
         finally:
@@ -258,14 +274,15 @@ def _pipeline_with_cache_dit(checkpoint, settings, true_cfg: bool):
 
 def test_cached_requests_share_the_batched_forward_and_each_equals_the_pipeline_with_cache_dit(
         qwen_image_tiny_dir, parts, cached_parts):
-    """Row-batched DBCache: two cached requests (different prompts, seeds, thresholds, one with true CFG) and an
-    uncached one step in the same transformer forwards; each cached request's latents equal diffusers' pipeline
-    with cache-dit run alone on it, the uncached one the plain pipeline; swapped references fail."""
+    """Row-batched DBCache: two cached requests (different prompts, seeds, thresholds, one with true CFG and two
+    images per prompt) and an uncached one step in the same transformer forwards; each cached request's latents
+    equal diffusers' pipeline with cache-dit run alone on it, the uncached one the plain pipeline; swapped
+    references fail."""
     pipe, te, _, de = parts
     dn, cache = cached_parts
     loose, tight = _cache_settings("dbcache", threshold=0.5), _cache_settings("dbcache", threshold=0.45, warmup=2)
-    jobs = {"c1": ("a red cat under a blue sky", "blurry", 7, 10, 4.0, loose),
-            "c2": ("green tree by a lake", None, 3, 10, 1.0, tight)}
+    jobs = {"c1": ("a red cat under a blue sky", "blurry", 7, 10, 4.0, 2, loose),
+            "c2": ("green tree by a lake", None, 3, 10, 1.0, 1, tight)}
     refs = {rid: reference(_pipeline_with_cache_dit(qwen_image_tiny_dir, settings, job[4] > 1), *job)
             for rid, (*job, settings) in jobs.items()}
     plain_ref = reference(pipe, *CASES[1][:5])
@@ -273,7 +290,7 @@ def test_cached_requests_share_the_batched_forward_and_each_equals_the_pipeline_
 
     async def go():
         eng = InProcessImage(te, dn, de)
-        eng.cache_factory = lambda s: cache.session(s, 1)
+        eng.cache_factory = cache.session
         compute = eng.dit.compute
 
         def recording(works):
@@ -283,7 +300,7 @@ def test_cached_requests_share_the_batched_forward_and_each_equals_the_pipeline_
             return compute(works)
         eng.dit.compute = recording
         try:
-            return await asyncio.gather(*(eng.run(rid, *job[:5], cache=job[5]) for rid, job in jobs.items()),
+            return await asyncio.gather(*(eng.run(rid, *job[:6], cache=job[6]) for rid, job in jobs.items()),
                                         eng.run("plain", *CASES[1]))
         finally:
             await eng.close()
@@ -293,8 +310,10 @@ def test_cached_requests_share_the_batched_forward_and_each_equals_the_pipeline_
     d1 = assert_matches(c1, refs["c1"], "cached, batched")
     assert_matches(c2, refs["c2"], "cached (other settings), batched")
     assert_matches(plain, plain_ref, "uncached, batched with cached ones")
-    assert_swaps_fail(c1, {"the other cached request": refs["c2"], "no cache": reference(
-        pipe, *jobs["c1"][:5])}, d1, "row-batched DBCache")
+    other_seed = (*jobs["c1"][:2], 8, *jobs["c1"][3:6])
+    assert_swaps_fail(c1, {"another seed": reference(_pipeline_with_cache_dit(qwen_image_tiny_dir, loose, True),
+                                                     *other_seed), "no cache": reference(
+        pipe, *jobs["c1"][:6])}, d1, "row-batched DBCache")
 
 
 def test_large_images_decode_in_tiles(qwen_image_tiny_dir, parts):

@@ -41,7 +41,8 @@ class Code2WavParams(BaseModel):
     right_context_codes: int = Field(12, ge=0, description=(
         "Codes after a chunk the DiT sees; a chunk waits for them (or the end of speech)."))
     vocoder_context_frames: int = Field(8, ge=0, description="Mel frames of context on each side of a vocoder chunk.")
-    max_batch: int = Field(16, ge=1, description="Equally long windows of different requests solved in one batch.")
+    max_batch: int = Field(16, ge=1, description=(
+        "Windows of different requests solved in one DiT call (any lengths: packed end to end)."))
     dit_dtype: Literal["float32", "bfloat16"] = Field("float32", description=(
         "dtype of the DiT's transformer blocks. float32 (the default) is transformers' token2wav, which the oracle "
         "holds the stage to. bfloat16 runs the blocks on a bfloat16 copy (ODE state, solver, input and output "

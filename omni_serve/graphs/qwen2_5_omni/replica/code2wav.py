@@ -124,7 +124,9 @@ class Code2WavStream(BatchProgram):
         self._pending_end = end
         job = _Job(DiTWindow(self.codes[lo:hi], noise, r.voice), (rep * (self.start - lo), rep * (end - lo)),
                    self.mel_tail, r.vocoder_context_frames, end - self.start)
-        return (hi - lo,), job
+        # Windows of any length share one DiT call (packed); a request's first window (its time to first audio)
+        # is keyed apart, and smaller keys run first, so it never waits behind other requests' long windows.
+        return (0 if self.start == 0 else 1,), job
 
     def complete(self, result) -> list[WaveChunk]:
         if result is None:
@@ -140,7 +142,7 @@ class Code2WavStream(BatchProgram):
 
 
 class Code2WavCompute:
-    """The batch engine's ``compute``: one batched DiT solve for equally long windows, then the vocoder."""
+    """The batch engine's ``compute``: one DiT solve for all the windows (any lengths, packed), then the vocoder."""
 
     def __init__(self, model: OmniCode2Wav, num_steps: int, guidance_scale: float, sway_coefficient: float):
         self.model = model

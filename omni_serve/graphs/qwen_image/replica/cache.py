@@ -6,28 +6,33 @@ untouched. ``session(settings, num_images)`` gives one request a ``CacheSession`
 CFG branch (cond, uncond), created fresh, with the request's own config; ``counts()`` reports computed vs cached
 steps; ``close()`` drops the contexts and their residual buffers (called when the request ends or is aborted).
 
-Two ways to run a cached request's step, with the same decisions and results:
+Two ways to run a cached request's step, with the same decisions and results (to float rounding):
 - **Row-batched** (``RowCache``, used whenever the denoiser's packed forward covers the transformer): cached
   requests share the DiT's one batched forward with everyone else. The first ``Fn`` blocks run on every row; then,
   for each cached request's branch, cache-dit's own logic (``CachedContextManager.can_cache`` etc. under that
   branch's context, on that branch's rows only) decides from its ``Fn`` residual whether the step is cached; the
   middle blocks run only on the rows that compute (uncached requests and cached ones that decided to compute),
   cached rows add their stored residuals (``apply_cache``), and the last ``Bn`` blocks run on every row again.
-  Every call cache-dit's ``CachedBlocks.forward`` makes for a request is made for it, in the same order, with the
-  same tensors (its rows), so its decisions and buffers are what they would be alone.
+  Every call cache-dit's ``CachedBlocks.forward`` makes for a request is made for it, in the same order, on its own
+  rows only, so its decisions and buffers are what they would be alone, up to the float rounding of the batched
+  matrix products (a residual within rounding of the threshold could tip either way, as it could between two
+  runs of cache-dit's own path at different batch sizes).
 - **Per request** (``CacheSession.predict``): each branch's rows in their own forward through cache-dit's patched
   transformer, the context bound under cache-dit's fixed slot name for the duration of the forward (``_bound``:
   cache-dit looks its context up by that name on every forward and has no API to run one under a caller-chosen
   context). Kept for transformer variants the packed forward does not cover.
 
-Forwards on one transformer happen on the engine's single worker thread, so contexts are never contended.
+Forwards on one transformer happen on the engine's single worker thread, so contexts are never contended; a
+request aborted from another thread closes its session only once the forward using it is over (``use``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 from dataclasses import dataclass
+
 import torch
 
 from omni_serve.graphs.qwen_image.messages import CacheSettings
@@ -115,6 +120,12 @@ class CacheSession:
         from cache_dit.caching import CachedContext
 
         self.cache, self.num_images, self.settings = cache, num_images, settings
+        # ``close`` may come from any thread (an abort) while a forward on the engine thread uses the contexts:
+        # it then waits for that forward to let go (``use``), so a shared forward never loses a partner's buffers
+        self._lock = threading.Lock()
+        self._users = 0
+        self._close_pending = False
+        self.closed = False
         cache_cfg, calibrator = _configs(settings)
         self.contexts = {
             branch: CachedContext(name=cache.slot, cache_config=copy.deepcopy(cache_cfg),
@@ -123,6 +134,14 @@ class CacheSession:
 
     def predict(self, rows: list[DenoiseRow], grid: tuple[int, int],
                 condition_grid: tuple[int, int] | None = None) -> torch.Tensor:
+        with self.use() as usable:
+            if not usable:  # aborted meanwhile: its result is dropped; compute it plainly
+                return self.cache.denoiser.predict(rows, grid, forward=self.cache.denoiser.plain_forward,
+                                                   condition_grid=condition_grid)
+            return self._predict(rows, grid, condition_grid)
+
+    def _predict(self, rows: list[DenoiseRow], grid: tuple[int, int],
+                 condition_grid: tuple[int, int] | None) -> torch.Tensor:
         n = self.num_images
         outs = []
         for i, branch in enumerate(BRANCHES[:len(rows) // n]):
@@ -141,7 +160,38 @@ class CacheSession:
         ctx = self.contexts["cond"]
         return StepCounts(executed=ctx.get_accumulated_executed_steps(), cached=ctx.get_accumulated_cached_steps())
 
+    @contextlib.contextmanager
+    def use(self):
+        """Hold the contexts for one forward; yields False (and holds nothing) when the session is closed."""
+        with self._lock:
+            usable = not (self.closed or self._close_pending)
+            if usable:
+                self._users += 1
+        try:
+            yield usable
+        finally:
+            if usable:
+                with self._lock:
+                    self._users -= 1
+                    close_now = self._users == 0 and self._close_pending
+                if close_now:
+                    self._clear()
+
     def close(self) -> None:
+        """Drop the contexts and their buffers: now, or when the forward using them ends."""
+        with self._lock:
+            if self.closed or self._close_pending:
+                return
+            if self._users:
+                self._close_pending = True
+                return
+        self._clear()
+
+    def _clear(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
         for ctx in self.contexts.values():
             ctx.clear_buffers()
             # TaylorSeer state lives in the calibrators, not in the buffers.

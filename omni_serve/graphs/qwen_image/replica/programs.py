@@ -25,6 +25,7 @@ emit edge payloads (written downstream by the runner) and stage outputs (sent to
 
 from __future__ import annotations
 
+import contextlib
 import io
 from dataclasses import dataclass
 
@@ -183,12 +184,14 @@ class DenoiseCompute:
         from omni_serve.graphs.qwen_image.replica.cache import RowCache
 
         rows, sessions = [], []
-        for w in works:
-            if w.cache_session is not None:
-                sessions.append((w.cache_session, len(rows), len(w.rows)))
-            rows += w.rows
-        prediction = self.model.predict(rows, works[0].grid, condition_grid=works[0].condition_grid,
-                                        row_cache=RowCache(sessions) if sessions else None)
+        with contextlib.ExitStack() as held:
+            for w in works:
+                # a session closed by an abort (its result is dropped) computes like an uncached request
+                if w.cache_session is not None and held.enter_context(w.cache_session.use()):
+                    sessions.append((w.cache_session, len(rows), len(w.rows)))
+                rows += w.rows
+            prediction = self.model.predict(rows, works[0].grid, condition_grid=works[0].condition_grid,
+                                            row_cache=RowCache(sessions) if sessions else None)
         out, start = [], 0
         for w in works:
             out.append(prediction[start:start + len(w.rows)])
