@@ -100,8 +100,17 @@ class StageSpec(SpecModel):
         "other stages' multi-threaded ops), but not between two back-to-back ops of one forward: "
         "OMP_WAIT_POLICY=PASSIVE alone (no spinning at all) made a 2-thread DiT step 2-3.5x slower, every "
         "parallel region waiting for its threads to wake (GOMP_SPINCOUNT, which GNU OpenMP reads first, keeps "
-        "them spinning ~10k iterations). Entries you set are added to the default."))
+        "them spinning ~10k iterations). Entries you set are added to the default; an entry set to null removes "
+        "that variable (e.g. `stages.dit.env_vars.OMP_WAIT_POLICY=null`)."))
     params: dict[str, Any] = Field(default_factory=dict, description="Stage-specific settings (see the graph's docs).")
+
+    @field_validator("env_vars", mode="before")
+    @classmethod
+    def _drop_removed_env_vars(cls, value: Any) -> Any:
+        """Defaults are merged in first (``SpecModel``), so a null entry is how a user removes one of them."""
+        if isinstance(value, dict):
+            return {k: v for k, v in value.items() if v is not None}
+        return value
 
     @field_validator("autoscaling_config")
     @classmethod

@@ -158,6 +158,16 @@ def test_overriding_some_keys_of_a_stage_keeps_its_other_defaults(omni_tiny_dir)
     assert (edge.connector, edge.chunk_size, edge.first_chunk_size) == ("shm", 12, 24)
 
 
+def test_a_null_env_var_removes_that_default(omni_tiny_dir):
+    spec = build_spec({"checkpoint": omni_tiny_dir, "stages.talker.env_vars.OMP_WAIT_POLICY": None,
+                       "stages.talker.env_vars.EXTRA": "1"})
+    assert spec.stages.talker.env_vars == {**{k: v for k, v in STAGE_ENV.items() if k != "OMP_WAIT_POLICY"},
+                                           "EXTRA": "1"}
+    assert spec.stages.thinker.env_vars == STAGE_ENV
+    runtime_env = spec.stages.talker.deployment_options("talker")["ray_actor_options"]["runtime_env"]
+    assert "OMP_WAIT_POLICY" not in runtime_env["env_vars"]
+
+
 def test_image_stage_overrides_keep_the_stage_defaults():
     from omni_serve.graphs.qwen_image.spec import QwenImageGraphSpec
 
