@@ -1,8 +1,8 @@
 """The tanh-approximated GELU, computed over cache-sized row chunks: the DiTs' feed-forward activation on CPU.
 
 Contract: ``tanh_gelu(x)`` equals ``reference_tanh_gelu(x)`` (``F.gelu(x, approximate="tanh")``) for float32 and
-bfloat16 inputs of any shape, to float rounding (off the CPU it is that function) (it computes in float32 and returns ``x``'s dtype; bit-identical to
-``F.gelu`` in bfloat16 on the measured data, within an ulp in float32).
+bfloat16 inputs of any shape, to float rounding: it computes in float32 and returns ``x``'s dtype (bit-identical to
+``F.gelu`` in bfloat16 on the measured data, within an ulp in float32). Off the CPU it is ``reference_tanh_gelu``.
 
 Why: ATen's CPU tanh-GELU kernel costs ~2 ns per element, five times its own ``tanh``; composing it from vectorised
 in-place ops on row chunks that stay in L2 is ~30% faster, and GELU is 15-20% of a DiT forward on this CPU (the

@@ -2,10 +2,10 @@
 
 Contract (request lifecycle as ``omni_serve.engines.loop.LoopEngine``): programs are ``BatchProgram``s.
 Each tick the worker asks every ready program for its next unit of work, ``work() -> (key, payload)``;
-payloads with equal ``key`` (e.g. the same window length) are computed together by the engine's
-``compute(payloads) -> results`` (at most ``max_batch`` per call), then each program gets its result
-through ``complete(result) -> outputs``. Groups run in ascending key order (Qwen2.5-Omni's code2wav keys a
-request's first window 0 and later windows 1, so a first chunk is not queued behind other requests' long windows). ``compute`` runs without any request lock, so feeding and aborts
+payloads with equal ``key`` are computed together by the engine's ``compute(payloads) -> results`` (at most
+``max_batch`` per call), then each program gets its result through ``complete(result) -> outputs``. Groups run in
+ascending key order (Qwen2.5-Omni's code2wav keys a request's first window 0 and later windows 1, so a first chunk is
+not queued behind other requests' long windows). ``compute`` runs without any request lock, so feeding and aborts
 never wait for a batch; an aborted request's result is dropped.
 """
 

@@ -263,7 +263,7 @@ class OmniCode2Wav:
         dit, dev = self.dit, self.device
         order = sorted(range(len(windows)), key=lambda i: len(windows[i].codes))  # equal lengths side by side
         windows = [windows[i] for i in order]
-        pack = WindowPack(tuple(self.repeats * len(w.codes) for w in windows), dit.block_size)
+        pack = WindowPack(tuple(self.repeats * len(w.codes) for w in windows), dit.block_size, dev)
         x0 = pack.pack([w.noise.to(dev) for w in windows]).unsqueeze(0)  # [1, total, mel]
         per_window = []  # [2 (cond, uncond), frames, features] of each window's constant input
         for w, frames in zip(windows, pack.lengths):
@@ -277,8 +277,7 @@ class OmniCode2Wav:
         proj = dit.input_embed.proj
         const = proj(pack.pack(per_window))
         w_x = proj.weight[:, :self.mel_dim]
-        rope = dit.rotary_embed(const, pack.positions(dev))
-        key_valid = pack.key_valid(dev)
+        rope = dit.rotary_embed(const, pack.positions())
 
         low = self.dit_dtype
         rope_low = tuple(r.to(low) for r in rope)
@@ -288,7 +287,7 @@ class OmniCode2Wav:
             h = (torch.nn.functional.linear(torch.cat([x, x]), w_x) + const).to(low)
             t_low = t_emb.to(low)
             for layer in self.blocks:
-                h = dit_block(layer, h, t_low, rope_low, dit.block_size, pack, key_valid)
+                h = dit_block(layer, h, t_low, rope_low, pack)
             out = dit.proj_out(dit.norm_out(h.float(), t_emb))
             guided, null = torch.chunk(out, 2, dim=0)
             if guidance_scale < 1e-5:

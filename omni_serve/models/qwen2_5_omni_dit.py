@@ -1,8 +1,8 @@
 """One transformer block of Qwen2.5-Omni's code2wav DiT, computed from transformers' own submodules, with less
 work than ``DiTDecoderLayer.forward`` does on CPU.
 
-Contract: ``dit_block(layer, hidden, time_emb, rope, block_size)`` returns what ``layer(hidden, time_emb,
-position_embeddings=rope, block_diff=...)`` returns for the DiT's block mask (the same math; floating-point
+Contract: ``dit_block(layer, hidden, time_emb, rope, pack)`` returns, on each window of ``pack``, what
+``layer(hidden, time_emb, position_embeddings=rope, block_diff=...)`` returns on that window alone for the DiT's block mask (the same math; floating-point
 results agree to rounding, checked against transformers' whole-sequence token2wav by the oracle tests). It
 reads the layer's weights and its ``look_backward_block`` / ``look_ahead_block``; nothing is copied.
 
@@ -40,6 +40,7 @@ class WindowPack:
 
     lengths: tuple[int, ...]
     block_size: int
+    device: torch.device | str = "cpu"
 
     def padded(self, n: int) -> int:
         return -(-n // self.block_size) * self.block_size
@@ -70,18 +71,19 @@ class WindowPack:
                 out.append((start, 1, self.padded(n), n))
         return tuple(out)
 
-    def key_valid(self, device) -> torch.Tensor | None:
+    @functools.cached_property
+    def key_valid(self) -> torch.Tensor | None:
         """``[total]`` True on real frames; None when no window has padding."""
         if all(self.padded(n) == n for n in self.lengths):
             return None
-        valid = torch.zeros(self.total, dtype=torch.bool, device=device)
+        valid = torch.zeros(self.total, dtype=torch.bool, device=self.device)
         for start, n in self.spans:
             valid[start:start + n] = True
         return valid
 
-    def positions(self, device) -> torch.Tensor:
+    def positions(self) -> torch.Tensor:
         """``[1, total]``: each frame's position within its own window (RoPE is per window)."""
-        return torch.cat([torch.arange(self.padded(n), device=device) for n in self.lengths]).view(1, -1)
+        return torch.cat([torch.arange(self.padded(n), device=self.device) for n in self.lengths]).view(1, -1)
 
     def pack(self, per_window: list[torch.Tensor]) -> torch.Tensor:
         """``[..., frames_i, C]`` per window -> ``[..., total, C]``, zeros on the padding."""
@@ -96,24 +98,19 @@ class WindowPack:
         return [packed[..., start:start + n, :] for start, n in self.spans]
 
 
-def own_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int,
-                        key_valid: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention of ``[B, H, L, D]`` queries to the keys of their own block of ``block_size`` frames only;
-    ``key_valid`` (``[L]``, L whole blocks) excludes padding keys."""
+def own_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pack: WindowPack) -> torch.Tensor:
+    """Attention of ``[B, H, pack.total, D]`` queries to the keys of their own block only (padding keys excluded)."""
     b, h, length, d = q.shape
-    n = -(-length // block_size)
-    pad = n * block_size - length
+    n, size = length // pack.block_size, pack.block_size
 
     def blocks(x):
-        return F.pad(x, (0, 0, 0, pad)).view(b, h, n, block_size, d)
+        return x.reshape(b, h, n, size, d)
 
     scores = torch.matmul(blocks(q), blocks(k).transpose(-1, -2)) * (1.0 / math.sqrt(d))
-    if key_valid is not None:
-        scores.masked_fill_(~key_valid.view(1, 1, n, 1, block_size), float("-inf"))
-    elif pad:  # the last block's padding keys
-        scores[:, :, -1, :, block_size - pad:] = float("-inf")
+    if pack.key_valid is not None:
+        scores.masked_fill_(~pack.key_valid.view(1, 1, n, 1, size), float("-inf"))
     probs = scores.float().softmax(-1).to(q.dtype)
-    return torch.matmul(probs, blocks(v)).view(b, h, n * block_size, d)[:, :, :length]
+    return torch.matmul(probs, blocks(v)).view(b, h, length, d)
 
 
 @functools.lru_cache(maxsize=64)
@@ -123,12 +120,8 @@ def _neighbour_mask(length: int, block_size: int, back: int, ahead: int, device)
     return ((diff >= -back) & (diff <= ahead)).view(1, 1, length, length)
 
 
-def neighbour_block_attention(q, k, v, block_size: int, back: int, ahead: int,
-                              pack: WindowPack | None = None) -> torch.Tensor:
+def neighbour_block_attention(q, k, v, back: int, ahead: int, pack: WindowPack) -> torch.Tensor:
     """Attention to the keys of the own block, ``back`` blocks before and ``ahead`` after, within each window."""
-    if pack is None:
-        mask = _neighbour_mask(q.shape[2], block_size, back, ahead, q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     b, h, _, d = q.shape
     out = torch.zeros_like(q)  # the padding frames' output is never read (see WindowPack)
     for start, count, padded, n in pack.runs:  # equally long windows: one call, each window a batch row
@@ -136,14 +129,13 @@ def neighbour_block_attention(q, k, v, block_size: int, back: int, ahead: int,
 
         def rows(x):  # [b, h, count * padded, d] -> [b * count, h, n, d], the windows' real frames
             return x[:, :, span].unflatten(2, (count, padded))[:, :, :, :n].transpose(1, 2).reshape(-1, h, n, d)
-        mask = _neighbour_mask(n, block_size, back, ahead, q.device)
+        mask = _neighbour_mask(n, pack.block_size, back, ahead, q.device)
         att = F.scaled_dot_product_attention(rows(q), rows(k), rows(v), attn_mask=mask)
         out[:, :, span].unflatten(2, (count, padded))[:, :, :, :n] = att.view(b, count, h, n, d).transpose(1, 2)
     return out
 
 
-def _attention(attn, x: torch.Tensor, rope, block_size: int, back: int, ahead: int,
-               pack: WindowPack | None, key_valid: torch.Tensor | None) -> torch.Tensor:
+def _attention(attn, x: torch.Tensor, rope, back: int, ahead: int, pack: WindowPack) -> torch.Tensor:
     b = x.shape[0]
     heads = attn.heads
     q, k, v = (proj(x).view(b, -1, heads, attn.inner_dim // heads).transpose(1, 2)
@@ -152,9 +144,9 @@ def _attention(attn, x: torch.Tensor, rope, block_size: int, back: int, ahead: i
     q[:, :1], k[:, :1] = hf.apply_rotary_pos_emb(hf.deinterleave_head_dim(q[:, :1]),
                                                  hf.deinterleave_head_dim(k[:, :1]), cos, sin)
     if back == 0 and ahead == 0:
-        out = own_block_attention(q, k, v, block_size, key_valid)
+        out = own_block_attention(q, k, v, pack)
     else:
-        out = neighbour_block_attention(q, k, v, block_size, back, ahead, pack)
+        out = neighbour_block_attention(q, k, v, back, ahead, pack)
     return attn.to_out[0](out.transpose(1, 2).reshape(b, -1, attn.inner_dim))
 
 
@@ -169,13 +161,11 @@ def check_dit_block(layer) -> None:
                         "check the installed transformers version")
 
 
-def dit_block(layer, hidden: torch.Tensor, time_emb: torch.Tensor, rope, block_size: int,
-              pack: WindowPack | None = None, key_valid: torch.Tensor | None = None) -> torch.Tensor:
-    """One ``DiTDecoderLayer`` (eval mode: dropout is the identity) on ``hidden [B, frames, C]``: each row one
-    window, or with ``pack`` the windows of ``pack`` end to end (``key_valid``: ``pack.key_valid``)."""
+def dit_block(layer, hidden: torch.Tensor, time_emb: torch.Tensor, rope, pack: WindowPack) -> torch.Tensor:
+    """One ``DiTDecoderLayer`` (eval mode: dropout is the identity) on ``hidden [B, pack.total, C]``: the windows
+    of ``pack`` end to end in each row."""
     norm, gate_msa, shift_mlp, scale_mlp, gate_mlp = layer.attn_norm(hidden, emb=time_emb)
-    attended = _attention(layer.attn, norm, rope, block_size, layer.look_backward_block, layer.look_ahead_block,
-                          pack, key_valid)
+    attended = _attention(layer.attn, norm, rope, layer.look_backward_block, layer.look_ahead_block, pack)
     hidden = hidden + gate_msa.unsqueeze(1) * attended
     norm = layer.ff_norm(hidden) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
     up, down = layer.ff.ff[0], layer.ff.ff[3]

@@ -191,6 +191,17 @@ class PackedForward:
             img, txt = self._cached_blocks(img, txt, layout, args, row_cache)
         return t.proj_out(t.norm_out(img, temb))
 
+    def _middle_blocks(self, img, txt, layout: TextLayout, args, rows: list[int], row_cache):
+        """The middle blocks on ``rows`` (``img``/``txt`` hold just those rows, text packed by ``layout``); their
+        residuals go to ``row_cache``."""
+        fn, bn = row_cache.fn_blocks, row_cache.bn_blocks
+        start_img, start_txt = img, txt
+        for block in self.blocks[fn:len(self.blocks) - bn]:
+            img, txt = self.block(block, img, txt, layout, *args)
+        img = img.contiguous()
+        row_cache.computed(rows, img - start_img, txt - start_txt, img, txt, layout)
+        return img, txt
+
     def _cached_blocks(self, img, txt, layout: TextLayout, args, row_cache):
         fn, bn = row_cache.fn_blocks, row_cache.bn_blocks
         temb, img_freqs, txt_freqs = args
@@ -199,21 +210,11 @@ class PackedForward:
             img, txt = self.block(block, img, txt, layout, *args)
         compute = row_cache.decide(img - before, img, txt, layout)  # rows that run the middle blocks
         if len(compute) == img.shape[0]:  # nobody takes the cache this step: all rows, no gathering
-            start_img, start_txt = img, txt
-            for block in self.blocks[fn:len(self.blocks) - bn]:
-                img, txt = self.block(block, img, txt, layout, *args)
-            img = img.contiguous()
-            row_cache.computed(compute, img - start_img, txt - start_txt, img, txt, layout)
+            img, txt = self._middle_blocks(img, txt, layout, args, compute, row_cache)
         elif compute:
             tok = layout.tokens(compute)
-            sub = layout.subset(compute)
-            m_img, m_txt = img[compute], txt[tok]
-            start_img, start_txt = m_img, m_txt
-            sub_args = (temb[compute], img_freqs, txt_freqs[tok])
-            for block in self.blocks[fn:len(self.blocks) - bn]:
-                m_img, m_txt = self.block(block, m_img, m_txt, sub, *sub_args)
-            m_img = m_img.contiguous()
-            row_cache.computed(compute, m_img - start_img, m_txt - start_txt, m_img, m_txt, sub)
+            m_img, m_txt = self._middle_blocks(img[compute], txt[tok], layout.subset(compute),
+                                               (temb[compute], img_freqs, txt_freqs[tok]), compute, row_cache)
             img, txt = img.clone(), txt.clone()
             img[compute], txt[tok] = m_img, m_txt
         img, txt = row_cache.apply(img, txt, layout)  # the cached rows: their residuals added
