@@ -11,7 +11,8 @@ transformers probes for; ours must not shadow it.
 
 from omni_kernels.decode_attention import decode_attention, decode_bias, reference_decode_attention
 from omni_kernels.gelu import reference_tanh_gelu, tanh_gelu
-from omni_kernels.packed_linear import PackedLinear, pack_linears, packing_available, reference_linear
+from omni_kernels.packed_linear import (PackedLinear, pack_linears, packing_available, reference_linear,
+                                        reference_linear_gelu)
 
 __all__ = ["PackedLinear", "decode_attention", "decode_bias", "pack_linears", "packing_available",
-           "reference_decode_attention", "reference_linear", "reference_tanh_gelu", "tanh_gelu"]
+           "reference_decode_attention", "reference_linear", "reference_linear_gelu", "reference_tanh_gelu", "tanh_gelu"]

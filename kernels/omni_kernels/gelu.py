@@ -6,7 +6,8 @@ bfloat16 inputs of any shape, to float rounding: it computes in float32 and retu
 
 Why: ATen's CPU tanh-GELU kernel costs ~2 ns per element, five times its own ``tanh``; composing it from vectorised
 in-place ops on row chunks that stay in L2 is ~30% faster, and GELU is 15-20% of a DiT forward on this CPU (the
-Qwen2.5-Omni code2wav DiT, the Qwen-Image transformer's MLPs).
+Qwen-Image transformer's MLPs; the Qwen2.5-Omni code2wav DiT fuses its GELU into the product instead,
+``PackedLinear(activation="gelu_tanh")``).
 """
 
 from __future__ import annotations

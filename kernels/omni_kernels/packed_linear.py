@@ -6,6 +6,11 @@ the weight reordered once into oneDNN's blocked layout (``torch.ops.mkldnn._reor
 PyTorch's own CPU compiler applies to frozen weights); it returns how many it replaced. Outputs equal ``F.linear``
 to float rounding, for any number of rows and leading dimensions; the original weight is released. Modules on
 other devices or dtypes, and builds of torch without oneDNN, are left as they are (``packing_available()``).
+``PackedLinear(linear, batch_hint, activation="gelu_tanh")`` computes ``reference_linear_gelu`` (tanh-GELU of the
+output) with the activation fused into oneDNN's product: applied to the float32 accumulator before rounding, so in
+bfloat16 it is closer to the float32 result than the two ops in sequence, and it costs one pass instead of two
+(measured: 2 x 240 rows, 256 -> 512, one thread: 255 us fused against 569 us in bfloat16, 802 against 1131 in
+float32).
 
 Why: ``F.linear`` on CPU multiplies by a row-major weight that MKL repacks on every call; a decode step calls
 each projection with a handful of rows, where that repacking is a large share of the call. Measured on this CPU,
@@ -30,11 +35,19 @@ def packing_available() -> bool:
         torch.ops.mkldnn, "_reorder_linear_weight")
 
 
-class PackedLinear(torch.nn.Module):
-    """``linear``'s forward on its weight prepacked for ``batch_hint`` rows (a layout hint; any row count works)."""
+_ACTIVATIONS = {None: ("none", ""), "gelu_tanh": ("gelu", "tanh")}
 
-    def __init__(self, linear: torch.nn.Linear, batch_hint: int):
+
+class PackedLinear(torch.nn.Module):
+    """``linear``'s forward on its weight prepacked for ``batch_hint`` rows (a layout hint; any row count works),
+    followed by ``activation`` (None or ``"gelu_tanh"``), fused."""
+
+    def __init__(self, linear: torch.nn.Linear, batch_hint: int, activation: str | None = None):
         super().__init__()
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"PackedLinear activation {activation!r} is not one of {sorted(map(str, _ACTIVATIONS))}")
+        self.activation = activation
+        self._attr, self._algorithm = _ACTIVATIONS[activation]
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
         self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint),
@@ -42,10 +55,11 @@ class PackedLinear(torch.nn.Module):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, self._attr, [], self._algorithm)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+                + (f", activation={self.activation}" if self.activation else ""))
 
 
 def _packable(module: torch.nn.Module) -> bool:
@@ -66,3 +80,7 @@ def pack_linears(module: torch.nn.Module, batch_hint: int = 32) -> int:
 
 def reference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     return F.linear(x, weight, bias)
+
+
+def reference_linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return F.gelu(F.linear(x, weight, bias), approximate="tanh")

@@ -31,7 +31,7 @@ from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
 
 from omni_serve.models.loading import load_component, read_state_dict
 from omni_serve.models.paged_decoder import PagedDecoder
-from omni_serve.models.qwen2_5_omni_dit import WindowPack, check_dit_block, dit_block
+from omni_serve.models.qwen2_5_omni_dit import PreparedDiT, WindowPack
 from omni_serve.models.qwen2_5_omni_layout import load_config, load_speakers
 
 
@@ -206,13 +206,12 @@ class OmniCode2Wav:
                                     torch.float32, device)
         self.dit, self.vocoder = self.model.code2wav_dit_model, self.model.code2wav_bigvgan_model
         self.dit_dtype = dit_dtype
-        self.blocks = self.dit.transformer_blocks
+        blocks = self.dit.transformer_blocks
         if dit_dtype != torch.float32:  # a copy: synthesize() (transformers' own path) keeps float32
             import copy
 
-            self.blocks = copy.deepcopy(self.dit.transformer_blocks).to(dit_dtype)
-        for layer in self.blocks:
-            check_dit_block(layer)
+            blocks = copy.deepcopy(blocks).to(dit_dtype)
+        self.prepared = PreparedDiT(self.dit, blocks, dit_dtype)
         self.modules = {"token2wav": self.model}
         self.speakers = load_speakers(checkpoint_dir)
         bigvgan = cfg.bigvgan_config
@@ -260,7 +259,7 @@ class OmniCode2Wav:
         code embeddings, their share of the input projection) are computed once per call instead of once per
         ODE evaluation.
         """
-        dit, dev = self.dit, self.device
+        dit, dev, prepared = self.dit, self.device, self.prepared
         order = sorted(range(len(windows)), key=lambda i: len(windows[i].codes))  # equal lengths side by side
         windows = [windows[i] for i in order]
         pack = WindowPack(tuple(self.repeats * len(w.codes) for w in windows), dit.block_size, dev)
@@ -277,18 +276,12 @@ class OmniCode2Wav:
         proj = dit.input_embed.proj
         const = proj(pack.pack(per_window))
         w_x = proj.weight[:, :self.mel_dim]
-        rope = dit.rotary_embed(const, pack.positions())
-
-        low = self.dit_dtype
-        rope_low = tuple(r.to(low) for r in rope)
+        rope = prepared.rope(*dit.rotary_embed(const, pack.positions()))
 
         def velocity(t, x):
-            t_emb = dit.time_embed(t.repeat(2))
-            h = (torch.nn.functional.linear(torch.cat([x, x]), w_x) + const).to(low)
-            t_low = t_emb.to(low)
-            for layer in self.blocks:
-                h = dit_block(layer, h, t_low, rope_low, pack)
-            out = dit.proj_out(dit.norm_out(h.float(), t_emb))
+            # Both CFG rows see the same x: one product, broadcast over the rows.
+            h = (torch.nn.functional.linear(x, w_x) + const).to(prepared.dtype)
+            out = prepared.head(prepared.blocks(h, t, rope, pack), t)
             guided, null = torch.chunk(out, 2, dim=0)
             if guidance_scale < 1e-5:
                 return guided

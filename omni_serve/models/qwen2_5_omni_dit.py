@@ -1,20 +1,25 @@
-"""One transformer block of Qwen2.5-Omni's code2wav DiT, computed from transformers' own submodules, with less
-work than ``DiTDecoderLayer.forward`` does on CPU.
+"""Qwen2.5-Omni's code2wav DiT (its transformer blocks and output head) computed from transformers' own weights,
+with less work per ODE evaluation than calling ``DiTDecoderLayer`` does on CPU.
 
-Contract: ``dit_block(layer, hidden, time_emb, rope, pack)`` returns, on each window of ``pack``, what
-``layer(hidden, time_emb, position_embeddings=rope, block_diff=...)`` returns on that window alone for the DiT's block mask (the same math; floating-point
-results agree to rounding, checked against transformers' whole-sequence token2wav by the oracle tests). It
-reads the layer's weights and its ``look_backward_block`` / ``look_ahead_block``; nothing is copied.
+Contract: ``PreparedDiT(dit, layers, dtype)`` is built once per model; ``blocks(hidden, time, rope, pack)`` returns,
+on each window of ``pack``, what the layers return on that window alone for the DiT's block mask, and ``head``
+what ``norm_out`` + ``proj_out`` return (the same math in eval mode; floating-point results agree to rounding,
+checked against transformers' whole-sequence token2wav by the oracle tests). It copies the layers' matrix weights
+(prepacked, fused); the time-conditioning linear layers are used in place.
 
-Why not call the layer: two of its ops cost far more than they need to on this CPU (py-spy and torch's
-profiler on the served bf16 DiT: attention 22% and GELU 19% of its time):
-- attention is computed densely over the window with a block mask; a layer that sees only its own block
-  (most layers: neither look-back nor look-ahead) is computed block by block instead, as batched matrix
-  products over ``[blocks, block_size, block_size]`` scores (2x less time at 240 frames, and linear instead
-  of quadratic in the window). Layers with a neighbour block keep the masked dense call: measured, a
-  windowed version is no faster at these sizes.
-- ATen's CPU tanh-GELU kernel costs ~2 ns per element, five times its own ``tanh``: ``omni_kernels.tanh_gelu``
-  computes it ~30% faster (bit-identical to ``F.gelu`` in bfloat16 on the measured data, within an ulp in float32).
+Why not call the layers: per-op cost dominates at these sizes (a 240-frame window is 480 rows of 256 features on
+the small checkpoint, 36 evaluations per solve), and several ops cost far more than they need to on this CPU. In
+order of what they saved (one thread, bfloat16, a 120-code window: 0.480 s per solve before, 0.311 s after;
+``PreparedDiT``'s docstring lists them):
+- the time conditioning depends on the ODE time only and is computed once per time value;
+- linear layers run on weights prepacked for oneDNN, q/k/v in one product, tanh-GELU fused into the MLP's first
+  product (``omni_kernels.PackedLinear(activation="gelu_tanh")``: 2.2x faster than the two ops in bfloat16);
+- RoPE's ``rotate_half`` comes out of the q/k product (extra rows), attention's 1/sqrt(d) is folded into q when
+  it is a power of two (exact), modulations are layer norm's own affine, gated residuals single ``addcmul`` ops;
+- attention to the own block only (most layers) runs block by block, as batched matrix products over
+  ``[blocks, block_size, block_size]`` scores (2x less time than the masked dense call at 240 frames, and linear
+  instead of quadratic in the window). Layers with a neighbour block keep the masked dense call: measured, a
+  windowed version is no faster at these sizes in bfloat16.
 
 Windows of different lengths share one call (``WindowPack``): every op of the block but attention works frame by
 frame, so windows are laid end to end along the frame axis, each padded to whole blocks; attention stays inside
@@ -30,8 +35,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from omni_kernels import tanh_gelu
-from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
 
 
 @dataclass(frozen=True)
@@ -98,18 +101,22 @@ class WindowPack:
         return [packed[..., start:start + n, :] for start, n in self.spans]
 
 
-def own_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pack: WindowPack) -> torch.Tensor:
-    """Attention of ``[B, H, pack.total, D]`` queries to the keys of their own block only (padding keys excluded)."""
+def own_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pack: WindowPack,
+                        scale: float) -> torch.Tensor:
+    """Attention of ``[B, H, pack.total, D]`` queries to the keys of their own block only (padding keys excluded);
+    ``scale`` multiplies the scores (1.0 when q carries it)."""
     b, h, length, d = q.shape
     n, size = length // pack.block_size, pack.block_size
 
     def blocks(x):
         return x.reshape(b, h, n, size, d)
 
-    scores = torch.matmul(blocks(q), blocks(k).transpose(-1, -2)) * (1.0 / math.sqrt(d))
+    scores = torch.matmul(blocks(q), blocks(k).transpose(-1, -2))
+    if scale != 1.0:
+        scores *= scale
     if pack.key_valid is not None:
         scores.masked_fill_(~pack.key_valid.view(1, 1, n, 1, size), float("-inf"))
-    probs = scores.float().softmax(-1).to(q.dtype)
+    probs = torch.softmax(scores, -1, dtype=torch.float32).to(q.dtype)
     return torch.matmul(probs, blocks(v)).view(b, h, length, d)
 
 
@@ -120,7 +127,7 @@ def _neighbour_mask(length: int, block_size: int, back: int, ahead: int, device)
     return ((diff >= -back) & (diff <= ahead)).view(1, 1, length, length)
 
 
-def neighbour_block_attention(q, k, v, back: int, ahead: int, pack: WindowPack) -> torch.Tensor:
+def neighbour_block_attention(q, k, v, back: int, ahead: int, pack: WindowPack, scale: float) -> torch.Tensor:
     """Attention to the keys of the own block, ``back`` blocks before and ``ahead`` after, within each window."""
     b, h, _, d = q.shape
     out = torch.zeros_like(q)  # the padding frames' output is never read (see WindowPack)
@@ -130,28 +137,13 @@ def neighbour_block_attention(q, k, v, back: int, ahead: int, pack: WindowPack) 
         def rows(x):  # [b, h, count * padded, d] -> [b * count, h, n, d], the windows' real frames
             return x[:, :, span].unflatten(2, (count, padded))[:, :, :, :n].transpose(1, 2).reshape(-1, h, n, d)
         mask = _neighbour_mask(n, pack.block_size, back, ahead, q.device)
-        att = F.scaled_dot_product_attention(rows(q), rows(k), rows(v), attn_mask=mask)
+        att = F.scaled_dot_product_attention(rows(q), rows(k), rows(v), attn_mask=mask, scale=scale)
         out[:, :, span].unflatten(2, (count, padded))[:, :, :, :n] = att.view(b, count, h, n, d).transpose(1, 2)
     return out
 
 
-def _attention(attn, x: torch.Tensor, rope, back: int, ahead: int, pack: WindowPack) -> torch.Tensor:
-    b = x.shape[0]
-    heads = attn.heads
-    q, k, v = (proj(x).view(b, -1, heads, attn.inner_dim // heads).transpose(1, 2)
-               for proj in (attn.to_q, attn.to_k, attn.to_v))
-    cos, sin = rope  # as transformers: RoPE on the first head only, interleaved layout
-    q[:, :1], k[:, :1] = hf.apply_rotary_pos_emb(hf.deinterleave_head_dim(q[:, :1]),
-                                                 hf.deinterleave_head_dim(k[:, :1]), cos, sin)
-    if back == 0 and ahead == 0:
-        out = own_block_attention(q, k, v, pack)
-    else:
-        out = neighbour_block_attention(q, k, v, back, ahead, pack)
-    return attn.to_out[0](out.transpose(1, 2).reshape(b, -1, attn.inner_dim))
-
-
 def check_dit_block(layer) -> None:
-    """Refuse a DiT layer whose structure ``dit_block`` does not reproduce (a changed transformers version)."""
+    """Refuse a DiT layer whose structure ``PreparedDiT`` does not reproduce (a changed transformers version)."""
     ff = getattr(getattr(layer, "ff", None), "ff", None)
     if (ff is None or len(ff) != 4 or not isinstance(ff[1], torch.nn.GELU) or ff[1].approximate != "tanh"
             or not all(hasattr(layer, a) for a in ("attn_norm", "attn", "ff_norm", "look_backward_block",
@@ -161,12 +153,168 @@ def check_dit_block(layer) -> None:
                         "check the installed transformers version")
 
 
-def dit_block(layer, hidden: torch.Tensor, time_emb: torch.Tensor, rope, pack: WindowPack) -> torch.Tensor:
-    """One ``DiTDecoderLayer`` (eval mode: dropout is the identity) on ``hidden [B, pack.total, C]``: the windows
-    of ``pack`` end to end in each row."""
-    norm, gate_msa, shift_mlp, scale_mlp, gate_mlp = layer.attn_norm(hidden, emb=time_emb)
-    attended = _attention(layer.attn, norm, rope, layer.look_backward_block, layer.look_ahead_block, pack)
-    hidden = hidden + gate_msa.unsqueeze(1) * attended
-    norm = layer.ff_norm(hidden) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
-    up, down = layer.ff.ff[0], layer.ff.ff[3]
-    return hidden + gate_mlp.unsqueeze(1) * down(tanh_gelu(up(norm)))
+
+
+@dataclass(frozen=True)
+class _Block:
+    """One ``DiTDecoderLayer``'s weights as ``PreparedDiT`` runs them."""
+
+    qkv: torch.nn.Module  # [q | k | v | rotate_half(q head 0) | rotate_half(k head 0)] in one product (see _prepare)
+    out: torch.nn.Module
+    up_gelu: torch.nn.Module  # the MLP's first linear layer with its tanh-GELU
+    down: torch.nn.Module
+    modulation: torch.nn.Module  # the AdaLayerNormZero's linear (time embedding -> 6 modulation vectors)
+    heads: int
+    back: int
+    ahead: int
+    scale: float  # attention's 1/sqrt(head_dim) where it is not already folded into q (1.0 when it is)
+    attn_eps: float
+    ff_eps: float
+
+
+@dataclass(frozen=True)
+class _TimeConditioning:
+    """Everything an ODE evaluation derives from its time alone (the same for every window and call)."""
+
+    blocks: tuple[tuple[torch.Tensor, ...], ...]  # per block: shift, 1 + scale, gate (attention); the same (MLP)
+    out_scale: torch.Tensor  # 1 + the output norm's scale, float32 [dim]
+    out_shift: torch.Tensor
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None = None) -> torch.nn.Module:
+    """A linear layer on its own copy of ``weight``, prepacked for oneDNN where that is available;
+    ``activation="gelu_tanh"`` applies tanh-GELU to its output (fused into the product when prepacked)."""
+    from omni_kernels import PackedLinear, packing_available
+
+    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device,
+                          dtype=weight.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(weight)
+        if bias is not None:
+            lin.bias.copy_(bias)
+    if packing_available() and weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16):
+        return PackedLinear(lin, batch_hint=256, activation=activation)
+    return lin if activation is None else torch.nn.Sequential(lin, torch.nn.GELU(approximate="tanh"))
+
+
+def _qk_rows(weight: torch.Tensor, head_dim: int, scale: float) -> torch.Tensor:
+    """A q or k projection's rows (weight or bias): head 0 reordered as transformers' ``deinterleave_head_dim``
+    leaves it, the other heads, then ``rotate_half`` of head 0's rows (negating a row is exact), all times ``scale``."""
+    head0 = torch.cat([weight[:head_dim:2], weight[1:head_dim:2]])
+    half = head_dim // 2
+    return torch.cat([head0, weight[head_dim:], -head0[half:], head0[:half]]) * scale
+
+
+def _split_qk(rows: torch.Tensor, inner: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return rows[:inner], rows[inner:]
+
+
+class PreparedDiT:
+    """Qwen2.5-Omni's code2wav DiT blocks and output head, prepared once for ``OmniCode2Wav.dit_windows``.
+
+    Contract: ``blocks(hidden, time, rope, pack)`` is the DiT's transformer blocks on ``hidden [2, pack.total, dim]``
+    (the conditional and unconditional rows; each window of ``pack`` as if alone) at ODE time ``time``, and
+    ``head(hidden, time)`` its ``norm_out`` + ``proj_out`` in float32. ``rope(cos, sin)`` converts the DiT's rotary
+    embedding once per call. The math is ``DiTDecoderLayer.forward``'s in eval mode (dropout is the identity):
+    outputs agree with it to float rounding (the oracle tests compare with transformers' whole-sequence token2wav).
+
+    The time conditioning (time embedding, each block's modulation vectors, the output norm's) depends only on the
+    ODE time, the same in every solve with the same steps: it is computed once per time value and kept. The module
+    docstring lists the other savings.
+    ``blocks_dtype`` is the dtype of the ``layers`` given (a bfloat16 copy runs in bfloat16).
+    """
+
+    def __init__(self, dit, layers, blocks_dtype: torch.dtype):
+        for layer in layers:
+            check_dit_block(layer)
+        self.dtype = blocks_dtype
+        self.block_size = dit.block_size
+        self._time_embed, self._norm_out = dit.time_embed, dit.norm_out
+        self._proj_out = _linear(dit.proj_out.weight.detach(), dit.proj_out.bias)
+        self.layers = tuple(self._prepare(layer) for layer in layers)
+        self._times: dict[float, _TimeConditioning] = {}
+
+    @staticmethod
+    def _prepare(layer) -> _Block:
+        attn = layer.attn
+        inner, head_dim = attn.inner_dim, attn.inner_dim // attn.heads
+        # Attention's 1/sqrt(head_dim) goes into q's rows when it is a power of two (64 -> 1/8): scaling by a
+        # power of two is exact, so the scores are the same numbers; otherwise it multiplies the scores.
+        scale = 1.0 / math.sqrt(head_dim)
+        fold = math.log2(scale).is_integer()
+        q_scale = scale if fold else 1.0
+        rows = {}
+        for part in ("weight", "bias"):
+            q, q_rot = _split_qk(_qk_rows(getattr(attn.to_q, part).detach(), head_dim, q_scale), inner)
+            k, k_rot = _split_qk(_qk_rows(getattr(attn.to_k, part).detach(), head_dim, 1.0), inner)
+            rows[part] = torch.cat([q, k, getattr(attn.to_v, part).detach(), q_rot, k_rot])
+        up, down = layer.ff.ff[0], layer.ff.ff[3]
+        return _Block(qkv=_linear(rows["weight"], rows["bias"]),
+                      out=_linear(attn.to_out[0].weight.detach(), attn.to_out[0].bias),
+                      up_gelu=_linear(up.weight.detach(), up.bias, activation="gelu_tanh"),
+                      down=_linear(down.weight.detach(), down.bias), modulation=layer.attn_norm.linear,
+                      heads=attn.heads, back=layer.look_backward_block, ahead=layer.look_ahead_block,
+                      scale=1.0 if fold else scale, attn_eps=layer.attn_norm.norm.eps, ff_eps=layer.ff_norm.eps)
+
+    def rope(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[1, total, head_dim]`` cos/sin -> ``[1, 1, total, head_dim]`` in the blocks' dtype."""
+        return cos.to(self.dtype).unsqueeze(1), sin.to(self.dtype).unsqueeze(1)
+
+    def _conditioning(self, time: torch.Tensor) -> _TimeConditioning:
+        key = float(time)
+        cond = self._times.get(key)
+        if cond is None:
+            # As transformers: the embedding of both CFG rows (the same time, so the same rows); the modulations
+            # are then per feature, and row 0's serve both rows (layer norm's own affine weight and bias).
+            emb = self._time_embed(time.reshape(1).repeat(2))
+            low = torch.nn.functional.silu(emb.to(self.dtype))
+            blocks = []
+            for layer in self.layers:
+                shift, scale, gate, shift_mlp, scale_mlp, gate_mlp = torch.chunk(layer.modulation(low)[0], 6)
+                blocks.append((shift, 1 + scale, gate, shift_mlp, 1 + scale_mlp, gate_mlp))
+            scale, shift = torch.chunk(self._norm_out.linear(self._norm_out.silu(emb))[0], 2)
+            cond = _TimeConditioning(tuple(blocks), 1 + scale, shift)
+            if len(self._times) >= 4096:  # many distinct step schedules: start over rather than grow
+                self._times.clear()
+            self._times[key] = cond
+        return cond
+
+    def blocks(self, hidden: torch.Tensor, time: torch.Tensor, rope, pack: WindowPack) -> torch.Tensor:
+        cond = self._conditioning(time)
+        for layer, mods in zip(self.layers, cond.blocks):
+            hidden = self._block(layer, mods, hidden, rope, pack)
+        return hidden
+
+    def head(self, hidden: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
+        cond = self._conditioning(time)
+        norm = self._norm_out.norm
+        return self._proj_out(F.layer_norm(hidden.float(), norm.normalized_shape, cond.out_scale, cond.out_shift,
+                                           norm.eps))
+
+    def _block(self, layer: _Block, mods, hidden: torch.Tensor, rope, pack: WindowPack) -> torch.Tensor:
+        shift, scale, gate, shift_mlp, scale_mlp, gate_mlp = mods
+        dim = hidden.shape[-1]
+        norm = F.layer_norm(hidden, (dim,), scale, shift, layer.attn_eps)
+        hidden = torch.addcmul(hidden, gate, self._attention(layer, norm, rope, pack))
+        norm = F.layer_norm(hidden, (dim,), scale_mlp, shift_mlp, layer.ff_eps)
+        return torch.addcmul(hidden, gate_mlp, layer.down(layer.up_gelu(norm)))
+
+    @staticmethod
+    def _attention(layer: _Block, x: torch.Tensor, rope, pack: WindowPack) -> torch.Tensor:
+        b, length, dim = x.shape
+        heads = layer.heads
+        out = layer.qkv(x)
+        head_dim = (out.shape[-1] - 3 * dim) // 2
+        # [3 (q, k, v), b, heads, length, head_dim] in one copy; then RoPE on head 0 of q and k (transformers
+        # rotates the first head only): x * cos + rotate_half(x) * sin, rotate_half(x) computed by the product.
+        qkv = out[..., :3 * dim].view(b, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4).contiguous()
+        rotated = out[..., 3 * dim:].view(b, length, 2, head_dim).permute(2, 0, 1, 3)  # [2, b, length, hd]
+        cos, sin = rope
+        head0 = qkv[:2, :, 0]
+        qkv[:2, :, 0] = torch.addcmul(head0 * cos, rotated, sin)
+        q, k, v = qkv
+        if layer.back == 0 and layer.ahead == 0:
+            att = own_block_attention(q, k, v, pack, layer.scale)
+        else:
+            att = neighbour_block_attention(q, k, v, layer.back, layer.ahead, pack, layer.scale)
+        return layer.out(att.transpose(1, 2).reshape(b, length, dim))

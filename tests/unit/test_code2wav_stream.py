@@ -103,7 +103,7 @@ def test_bfloat16_dit_blocks_stay_close_to_float32(c2w, omni_tiny_dir):
     err = float((got - want).abs().max() / want.abs().max())
     assert 0 < err < 1e-2, err
     assert all(p.dtype == torch.float32 for p in low.dit.parameters())
-    assert all(p.dtype == torch.bfloat16 for p in low.blocks.parameters())
+    assert low.prepared.dtype == torch.bfloat16
 
 
 def test_windows_of_different_lengths_in_one_call_equal_each_alone(c2w):
@@ -123,3 +123,21 @@ def test_windows_of_different_lengths_in_one_call_equal_each_alone(c2w):
     other = DiTWindow(windows[1].codes, torch.randn(windows[1].noise.shape, generator=g), windows[1].voice)
     swapped = c2w.dit_windows([other], num_steps=STEPS)[0]
     assert float((swapped - together[1]).abs().max()) > 1e-2 * float(together[1].abs().max())
+
+
+def test_time_conditioning_kept_per_time_value_serves_any_step_schedule(c2w, omni_tiny_dir):
+    """The DiT keeps each ODE time's conditioning: solves with another number of steps after it (other time values)
+    equal a fresh model's, and the kept values change the result when the schedule changes (not a constant)."""
+    from omni_serve.models.qwen2_5_omni import DiTWindow
+
+    g = torch.Generator().manual_seed(2)
+    n = 2 * c2w.block_codes
+    window = DiTWindow(codes=codes(n, 5), noise=torch.randn(c2w.repeats * n, c2w.mel_dim, generator=g),
+                       voice="Chelsie")
+    c2w.dit_windows([window], num_steps=STEPS)
+    fresh = OmniCode2Wav(omni_tiny_dir)
+    for steps in (STEPS + 2, STEPS):
+        torch.testing.assert_close(c2w.dit_windows([window], num_steps=steps)[0],
+                                   fresh.dit_windows([window], num_steps=steps)[0], rtol=0, atol=0)
+    assert not torch.equal(c2w.dit_windows([window], num_steps=STEPS + 2)[0],
+                           c2w.dit_windows([window], num_steps=STEPS)[0])

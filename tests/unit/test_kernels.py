@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from omni_kernels import (PackedLinear, decode_attention, decode_bias, pack_linears, packing_available,
-                          reference_decode_attention, reference_linear, reference_tanh_gelu, tanh_gelu)
+                          reference_decode_attention, reference_linear, reference_linear_gelu, reference_tanh_gelu,
+                          tanh_gelu)
 
 SHAPES = [  # batch, query heads, key/value heads, keys, head dim
     (1, 8, 4, 60, 64), (2, 4, 2, 120, 8), (8, 8, 4, 250, 48), (32, 8, 4, 130, 64), (5, 6, 6, 33, 32), (3, 8, 1, 17, 16),
@@ -129,6 +130,28 @@ def test_packed_linear_in_bfloat16():
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), reference_linear(x.float(), linear.weight.float(), linear.bias.float()),
                                rtol=0.02, atol=0.02)
+
+
+@needs_onednn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_with_fused_gelu_equals_linear_then_gelu(dtype):
+    """The fused tanh-GELU acts on the float32 accumulator: float32 equals the two ops to rounding; bfloat16 is as
+    close to the float32 result as a bfloat16 rounding (closer than the two ops in bfloat16)."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(96, 160).to(dtype)
+    x = torch.randn(2, 37, 96, dtype=dtype)
+    got = PackedLinear(linear, 32, activation="gelu_tanh")(x)
+    want = reference_linear_gelu(x.float(), linear.weight.float(), linear.bias.float())
+    assert got.dtype == dtype and got.shape == want.shape
+    tol = 1e-5 if dtype == torch.float32 else 2 ** -8 * float(want.abs().max())
+    torch.testing.assert_close(got.float(), want, rtol=0, atol=tol)
+    plain = reference_linear(x.float(), linear.weight.float(), linear.bias.float())  # negative control: no GELU
+    assert float((got.float() - plain).abs().max()) > 0.1
+
+
+def test_packed_linear_refuses_an_unknown_activation():
+    with pytest.raises(ValueError, match="activation 'relu'"):
+        PackedLinear(torch.nn.Linear(4, 4), 8, activation="relu")
 
 
 @needs_onednn
