@@ -43,7 +43,9 @@ class BatchEngine(LoopEngine):
         super().__init__(name, max_active=max_active, torch_threads=torch_threads)
         self.compute = compute
         self.max_batch = max_batch
-        self.counters = {"calls": 0, "items": 0, "compute_s": 0.0}
+        # compute_s is wall time inside ``compute``; compute_cpu_s the worker thread's CPU time there (less than
+        # compute_s when other processes preempt it on a busy machine)
+        self.counters = {"calls": 0, "items": 0, "compute_s": 0.0, "compute_cpu_s": 0.0}
         # ``work_unit`` names what programs' ``work_left()`` counts (e.g. "diffusion_steps"): load() then
         # reports "<work_unit>_in_flight", the units every live request still needs.
         self.work_unit = work_unit
@@ -89,7 +91,7 @@ class BatchEngine(LoopEngine):
         return bool(groups)
 
     def _compute_group(self, items: list[tuple[Slot, Any]]) -> None:
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         try:
             results = self.compute([payload for _, payload in items])
         except Exception as exc:  # noqa: BLE001 - a failed batch fails its requests, not the replica
@@ -101,6 +103,7 @@ class BatchEngine(LoopEngine):
         self.counters["calls"] += 1
         self.counters["items"] += len(items)
         self.counters["compute_s"] += seconds
+        self.counters["compute_cpu_s"] += time.thread_time() - start_cpu
         self.stepped(len(items), seconds)
         for (slot, _), result in zip(items, results):
             self.advance(slot, lambda program, r=result: program.complete(r))

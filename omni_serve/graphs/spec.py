@@ -107,9 +107,12 @@ class StageSpec(SpecModel):
     @field_validator("env_vars", mode="before")
     @classmethod
     def _drop_removed_env_vars(cls, value: Any) -> Any:
-        """Defaults are merged in first (``SpecModel``), so a null entry is how a user removes one of them."""
+        """Defaults are merged in first (``SpecModel``), so a null entry is how a user removes one of them. A number
+        or boolean (a YAML file's or a command line's ``MALLOC_TRIM_THRESHOLD_=1073741824``) becomes its text:
+        environment variables are strings."""
         if isinstance(value, dict):
-            return {k: v for k, v in value.items() if v is not None}
+            return {k: (str(v).lower() if isinstance(v, bool) else str(v) if isinstance(v, (int, float)) else v)
+                    for k, v in value.items() if v is not None}
         return value
 
     @field_validator("autoscaling_config")

@@ -32,6 +32,7 @@ from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
 from omni_serve.models.loading import load_component, read_state_dict
 from omni_serve.models.paged_decoder import PagedDecoder
 from omni_serve.models.qwen2_5_omni_dit import PreparedDiT, WindowPack
+from omni_serve.models.qwen2_5_omni_vocoder import PreparedBigVGAN
 from omni_serve.models.qwen2_5_omni_layout import load_config, load_speakers
 
 
@@ -212,6 +213,7 @@ class OmniCode2Wav:
 
             blocks = copy.deepcopy(blocks).to(dit_dtype)
         self.prepared = PreparedDiT(self.dit, blocks, dit_dtype)
+        self.prepared_vocoder = PreparedBigVGAN(self.vocoder)
         self.modules = {"token2wav": self.model}
         self.speakers = load_speakers(checkpoint_dir)
         bigvgan = cfg.bigvgan_config
@@ -298,6 +300,7 @@ class OmniCode2Wav:
 
     @torch.inference_mode()
     def vocode(self, mel: torch.Tensor) -> torch.Tensor:
-        """BigVGAN: mel ``[mel, frames]`` -> waveform ``[frames * samples_per_frame]``."""
-        return self.vocoder(mel.unsqueeze(0).to(self.device)).reshape(-1).float()
+        """BigVGAN: mel ``[mel, frames]`` -> waveform ``[frames * samples_per_frame]`` (``PreparedBigVGAN``: the
+        vocoder's own forward to float rounding, with cheaper anti-aliased activations)."""
+        return self.prepared_vocoder(mel.unsqueeze(0).to(self.device)).float()
 

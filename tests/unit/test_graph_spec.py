@@ -168,6 +168,14 @@ def test_a_null_env_var_removes_that_default(omni_tiny_dir):
     assert "OMP_WAIT_POLICY" not in runtime_env["env_vars"]
 
 
+def test_env_var_numbers_and_booleans_become_text(omni_tiny_dir):
+    """Overrides parse values as YAML: a number or boolean given for an environment variable is kept as its text."""
+    spec = build_spec({"checkpoint": omni_tiny_dir, "stages.code2wav.env_vars.MALLOC_TRIM_THRESHOLD_": 1073741824,
+                       "stages.code2wav.env_vars.SOME_FLAG": True, "stages.code2wav.env_vars.RATIO": 0.5})
+    env = spec.stages.code2wav.env_vars
+    assert (env["MALLOC_TRIM_THRESHOLD_"], env["SOME_FLAG"], env["RATIO"]) == ("1073741824", "true", "0.5")
+
+
 def test_image_stage_overrides_keep_the_stage_defaults():
     from omni_serve.graphs.qwen_image.spec import QwenImageGraphSpec
 
