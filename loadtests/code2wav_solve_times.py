@@ -1,0 +1,100 @@
+"""code2wav's compute in process, one thread: the timings behind docs/benchmarks.md's "Session of 2026-11-26".
+
+Usage: python loadtests/code2wav_solve_times.py [CHECKPOINT_DIR] (default checkpoints/qwen2_5_omni-small)
+
+Prints (1) one ``dit_windows`` solve (10 steps) of several window sets, bfloat16 and float32 blocks; (2) the vocoder
+on 208 frames (a 96-code chunk with its context) through transformers' module and through ``OmniCode2Wav.vocode``;
+(3) a request's code2wav cost (384 random codes, the served chunking) with 1, 2 and 4 requests per call, split
+into DiT and vocoder. Each timing is the mean of 3 runs after a warm-up; run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from omni_serve.graphs.qwen2_5_omni.messages import CodecChunk
+from omni_serve.graphs.qwen2_5_omni.replica.code2wav import Code2WavCompute, Code2WavRequest, Code2WavStream
+from omni_serve.models.qwen2_5_omni import DiTWindow, OmniCode2Wav
+
+
+def mean_time(fn, reps: int = 3) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - start) / reps
+
+
+def request_cost(model: OmniCode2Wav, per_call: int, gen: torch.Generator) -> tuple[float, float, float]:
+    """Seconds per request (total, DiT, vocoder) for ``per_call`` requests of 384 codes stepped as the engine does."""
+    spent = {"dit": 0.0, "vocode": 0.0}
+
+    def timed(name, fn):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            spent[name] += time.perf_counter() - start
+            return out
+        return run
+
+    dit, vocode = model.dit_windows, model.vocode
+    model.dit_windows, model.vocode = timed("dit", dit), timed("vocode", vocode)
+    try:
+        compute = Code2WavCompute(model, 10, 0.5, -1.0)
+
+        def run():
+            streams = [Code2WavStream(model, Code2WavRequest("Chelsie", i, 10)) for i in range(per_call)]
+            for s in streams:
+                s.feed(CodecChunk(codes=torch.randint(0, 8000, (384,), generator=gen).tolist(), end=True))
+            with torch.inference_mode():
+                while not all(s.done for s in streams):
+                    groups: dict = {}
+                    for s in streams:
+                        if s.ready():
+                            key, job = s.work()
+                            groups.setdefault(key, []).append((s, job))
+                    for items in groups.values():
+                        for (s, _), result in zip(items, compute([job for _, job in items])):
+                            s.complete(result)
+
+        run()
+        spent.update(dit=0.0, vocode=0.0)
+        start = time.perf_counter()
+        run()
+        total = time.perf_counter() - start
+    finally:
+        model.dit_windows, model.vocode = dit, vocode
+    return total / per_call, spent["dit"] / per_call, spent["vocode"] / per_call
+
+
+def main() -> None:
+    ckpt = sys.argv[1] if len(sys.argv) > 1 else "checkpoints/qwen2_5_omni-small"
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float32):
+        model = OmniCode2Wav(ckpt, dit_dtype=dtype)
+
+        def window(n: int) -> DiTWindow:
+            return DiTWindow(torch.randint(0, 8000, (n,), generator=gen).tolist(),
+                             torch.randn(model.repeats * n, model.mel_dim, generator=gen), "Chelsie")
+
+        for lengths in ([24], [120], [120, 120], [120] * 4):
+            windows = [window(n) for n in lengths]
+            seconds = mean_time(lambda: model.dit_windows(windows, 10))
+            print(f"dit {str(dtype).split('.')[-1]:8s} windows {lengths}: {seconds:.3f} s per solve")
+    mel = torch.randn(model.mel_dim, 208, generator=gen) - 4
+    with torch.inference_mode():
+        module = mean_time(lambda: model.vocoder(mel.unsqueeze(0)))
+        served = mean_time(lambda: model.vocode(mel))
+    print(f"vocoder 208 frames: {module * 1e3:.1f} ms through the module, {served * 1e3:.1f} ms through vocode()")
+    model = OmniCode2Wav(ckpt, dit_dtype=torch.bfloat16)
+    for per_call in (1, 2, 4):
+        total, dit, voc = request_cost(model, per_call, gen)
+        print(f"request of 384 codes, bfloat16 DiT, {per_call} per call: {total:.2f} s (DiT {dit:.2f}, vocoder {voc:.2f})")
+
+
+if __name__ == "__main__":
+    main()
