@@ -15,24 +15,18 @@ import time
 
 import torch
 
-from omni_serve.graphs.qwen2_5_omni.messages import CodecChunk
-from omni_serve.graphs.qwen2_5_omni.replica.code2wav import Code2WavCompute, Code2WavRequest, Code2WavStream
+from ceiling_report import timed
+from omni_ceiling import run_code2wav_streams
+
+from omni_serve.graphs.qwen2_5_omni.replica.code2wav import Code2WavCompute
 from omni_serve.models.qwen2_5_omni import DiTWindow, OmniCode2Wav
-
-
-def mean_time(fn, reps: int = 3) -> float:
-    fn()
-    start = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - start) / reps
 
 
 def request_cost(model: OmniCode2Wav, per_call: int, gen: torch.Generator) -> tuple[float, float, float]:
     """Seconds per request (total, DiT, vocoder) for ``per_call`` requests of 384 codes stepped as the engine does."""
     spent = {"dit": 0.0, "vocode": 0.0}
 
-    def timed(name, fn):
+    def timing(name, fn):
         def run(*args, **kwargs):
             start = time.perf_counter()
             out = fn(*args, **kwargs)
@@ -41,29 +35,13 @@ def request_cost(model: OmniCode2Wav, per_call: int, gen: torch.Generator) -> tu
         return run
 
     dit, vocode = model.dit_windows, model.vocode
-    model.dit_windows, model.vocode = timed("dit", dit), timed("vocode", vocode)
+    model.dit_windows, model.vocode = timing("dit", dit), timing("vocode", vocode)
     try:
         compute = Code2WavCompute(model, 10, 0.5, -1.0)
-
-        def run():
-            streams = [Code2WavStream(model, Code2WavRequest("Chelsie", i, 10)) for i in range(per_call)]
-            for s in streams:
-                s.feed(CodecChunk(codes=torch.randint(0, 8000, (384,), generator=gen).tolist(), end=True))
-            with torch.inference_mode():
-                while not all(s.done for s in streams):
-                    groups: dict = {}
-                    for s in streams:
-                        if s.ready():
-                            key, job = s.work()
-                            groups.setdefault(key, []).append((s, job))
-                    for items in groups.values():
-                        for (s, _), result in zip(items, compute([job for _, job in items])):
-                            s.complete(result)
-
-        run()
+        run_code2wav_streams(model, compute, per_call, 384, 10, gen)  # warm-up
         spent.update(dit=0.0, vocode=0.0)
         start = time.perf_counter()
-        run()
+        run_code2wav_streams(model, compute, per_call, 384, 10, gen)
         total = time.perf_counter() - start
     finally:
         model.dit_windows, model.vocode = dit, vocode
@@ -83,12 +61,12 @@ def main() -> None:
 
         for lengths in ([24], [120], [120, 120], [120] * 4):
             windows = [window(n) for n in lengths]
-            seconds = mean_time(lambda: model.dit_windows(windows, 10))
+            seconds = timed(lambda: model.dit_windows(windows, 10))
             print(f"dit {str(dtype).split('.')[-1]:8s} windows {lengths}: {seconds:.3f} s per solve")
     mel = torch.randn(model.mel_dim, 208, generator=gen) - 4
     with torch.inference_mode():
-        module = mean_time(lambda: model.vocoder(mel.unsqueeze(0)))
-        served = mean_time(lambda: model.vocode(mel))
+        module = timed(lambda: model.vocoder(mel.unsqueeze(0)))
+        served = timed(lambda: model.vocode(mel))
     print(f"vocoder 208 frames: {module * 1e3:.1f} ms through the module, {served * 1e3:.1f} ms through vocode()")
     model = OmniCode2Wav(ckpt, dit_dtype=torch.bfloat16)
     for per_call in (1, 2, 4):

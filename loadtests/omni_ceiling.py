@@ -68,29 +68,32 @@ def ar_stage_seconds(model, prompt: int, steps: int, batch: int) -> float:
                                   range(1000, 1000 + min(batch, 4)))
 
 
+def run_code2wav_streams(model: OmniCode2Wav, compute: Code2WavCompute, n: int, codes: int, steps: int,
+                         gen: torch.Generator) -> None:
+    """``n`` requests of ``codes`` random codes, fed whole, stepped as the batch engine steps them."""
+    streams = []
+    for i in range(n):
+        stream = Code2WavStream(model, Code2WavRequest("Chelsie", i, steps))
+        stream.feed(CodecChunk(codes=torch.randint(0, 8000, (codes,), generator=gen).tolist(), end=True))
+        streams.append(stream)
+    with torch.inference_mode():
+        while any(s.ready() for s in streams):
+            groups: dict[tuple, list] = {}
+            for s in streams:
+                if s.ready():
+                    key, job = s.work()
+                    groups.setdefault(key, []).append((s, job))
+            for members in groups.values():
+                for (s, _), result in zip(members, compute([job for _, job in members])):
+                    s.complete(result)
+
+
 def code2wav_seconds_per_request(model: OmniCode2Wav, codes: int, batch: int, steps: int) -> float:
     compute = Code2WavCompute(model, steps, 0.5, -1.0)
     gen = torch.Generator().manual_seed(0)
-
-    def run(n: int) -> None:
-        streams = []
-        for i in range(n):
-            stream = Code2WavStream(model, Code2WavRequest("Chelsie", i, steps))
-            stream.feed(CodecChunk(codes=torch.randint(0, 8000, (codes,), generator=gen).tolist(), end=True))
-            streams.append(stream)
-        with torch.inference_mode():
-            while any(s.ready() for s in streams):
-                groups: dict[tuple, list] = {}
-                for s in streams:
-                    if s.ready():
-                        key, job = s.work()
-                        groups.setdefault(key, []).append((s, job))
-                for members in groups.values():
-                    for (s, _), result in zip(members, compute([job for _, job in members])):
-                        s.complete(result)
-    run(1)  # warm-up
+    run_code2wav_streams(model, compute, 1, codes, steps, gen)  # warm-up
     start = time.perf_counter()
-    run(batch)
+    run_code2wav_streams(model, compute, batch, codes, steps, gen)
     return (time.perf_counter() - start) / batch
 
 
