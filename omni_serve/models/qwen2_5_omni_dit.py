@@ -165,6 +165,7 @@ class _Block:
     down: torch.nn.Module
     modulation: torch.nn.Module  # the AdaLayerNormZero's linear (time embedding -> 6 modulation vectors)
     heads: int
+    inner: int  # heads * head_dim (q, k and v each)
     back: int
     ahead: int
     scale: float  # attention's 1/sqrt(head_dim) where it is not already folded into q (1.0 when it is)
@@ -253,7 +254,7 @@ class PreparedDiT:
                       out=_linear(attn.to_out[0].weight.detach(), attn.to_out[0].bias),
                       up_gelu=_linear(up.weight.detach(), up.bias, activation="gelu_tanh"),
                       down=_linear(down.weight.detach(), down.bias), modulation=layer.attn_norm.linear,
-                      heads=attn.heads, back=layer.look_backward_block, ahead=layer.look_ahead_block,
+                      heads=attn.heads, inner=inner, back=layer.look_backward_block, ahead=layer.look_ahead_block,
                       scale=1.0 if fold else scale, attn_eps=layer.attn_norm.norm.eps, ff_eps=layer.ff_norm.eps)
 
     def rope(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -301,14 +302,14 @@ class PreparedDiT:
 
     @staticmethod
     def _attention(layer: _Block, x: torch.Tensor, rope, pack: WindowPack) -> torch.Tensor:
-        b, length, dim = x.shape
-        heads = layer.heads
+        b, length, _ = x.shape
+        heads, inner = layer.heads, layer.inner
+        head_dim = inner // heads
         out = layer.qkv(x)
-        head_dim = (out.shape[-1] - 3 * dim) // 2
         # [3 (q, k, v), b, heads, length, head_dim] in one copy; then RoPE on head 0 of q and k (transformers
         # rotates the first head only): x * cos + rotate_half(x) * sin, rotate_half(x) computed by the product.
-        qkv = out[..., :3 * dim].view(b, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4).contiguous()
-        rotated = out[..., 3 * dim:].view(b, length, 2, head_dim).permute(2, 0, 1, 3)  # [2, b, length, hd]
+        qkv = out[..., :3 * inner].view(b, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4).contiguous()
+        rotated = out[..., 3 * inner:].view(b, length, 2, head_dim).permute(2, 0, 1, 3)  # [2, b, length, hd]
         cos, sin = rope
         head0 = qkv[:2, :, 0]
         qkv[:2, :, 0] = torch.addcmul(head0 * cos, rotated, sin)
@@ -317,4 +318,4 @@ class PreparedDiT:
             att = own_block_attention(q, k, v, pack, layer.scale)
         else:
             att = neighbour_block_attention(q, k, v, layer.back, layer.ahead, pack, layer.scale)
-        return layer.out(att.transpose(1, 2).reshape(b, length, dim))
+        return layer.out(att.transpose(1, 2).reshape(b, length, inner))
