@@ -4,25 +4,29 @@ Usage: python loadtests/kernels_bench.py [--threads 1,2] [--reps 300]
 
 Per kernel and shape: microseconds per call of the reference and of the kernel, their ratio and the largest
 absolute difference. Shapes: the Qwen2.5-Omni thinker (hidden 512, MLP 1536, 8 query / 4 key heads of 64) and
-talker (hidden 384, MLP 1024, 8 / 4 heads of 48) at decode batches 1-32 and a 256-row prefill chunk. Run it on a
-quiet machine: it times one call at a time.
+talker (hidden 384, MLP 1024, 8 / 4 heads of 48) at decode batches 1-32 and a 256-row prefill chunk; the code2wav
+DiT's MLP up-projection with its tanh-GELU fused (``PackedLinear(activation="gelu_tanh")``, 2 x 240 rows, 256 -> 512,
+float32 and bfloat16) against the linear layer then GELU in the same dtype. Run it on a quiet machine: it times one
+call at a time.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 
 import torch
 
 from omni_kernels import (PackedLinear, decode_attention, decode_bias, reference_decode_attention,
-                          reference_linear)
+                          reference_linear, reference_linear_gelu)
 
 LINEARS = [  # (what, rows, in, out)
     ("thinker mlp up", 1, 512, 1536), ("thinker mlp up", 8, 512, 1536), ("thinker mlp up", 32, 512, 1536),
     ("thinker mlp down", 32, 1536, 512), ("thinker q", 32, 512, 512), ("thinker prefill up", 256, 512, 1536),
     ("talker mlp up", 2, 384, 1024), ("talker mlp up", 8, 384, 1024), ("talker q", 8, 384, 384),
 ]
+FUSED_GELU = [("code2wav dit mlp up", 480, 256, 512)]  # (what, rows, in, out), float32 and bfloat16
 ATTENTION = [  # (what, batch, heads, kv heads, keys, head dim)
     ("thinker", 1, 8, 4, 60, 64), ("thinker", 32, 8, 4, 120, 64), ("talker", 2, 8, 4, 250, 48),
     ("talker", 8, 8, 4, 250, 48),
@@ -58,6 +62,18 @@ def main() -> None:
                 diff = (packed(x) - reference_linear(x, linear.weight)).abs().max().item()
                 print(f"{'packed_linear':<16} {f'{what} {rows}x{n_in}->{n_out}':<34} {threads:>7} {ref:>12.1f} "
                       f"{got:>10.1f} {ref / got:>7.2f}x {diff:>10.1e}")
+            for (what, rows, n_in, n_out), dtype in itertools.product(FUSED_GELU, (torch.float32, torch.bfloat16)):
+                linear = torch.nn.Linear(n_in, n_out).to(dtype)
+                x = torch.randn(rows, n_in, generator=gen).to(dtype)
+                fused = PackedLinear(linear, batch_hint=256, activation="gelu_tanh")
+
+                def two_ops():
+                    return reference_linear_gelu(x, linear.weight, linear.bias)
+                ref, got = timed(two_ops, args.reps), timed(lambda: fused(x), args.reps)
+                diff = (fused(x).float() - two_ops().float()).abs().max().item()
+                shape = f"{what} {rows}x{n_in}->{n_out} {str(dtype).split('.')[-1]}"
+                print(f"{'linear+gelu':<16} {shape:<34} {threads:>7} {ref:>12.1f} {got:>10.1f} {ref / got:>7.2f}x "
+                      f"{diff:>10.1e}")
             for what, batch, heads, kv_heads, keys, dim in ATTENTION:
                 q = torch.randn(batch, heads, dim, generator=gen)
                 k, v = (torch.randn(batch, kv_heads, keys, dim, generator=gen) for _ in range(2))

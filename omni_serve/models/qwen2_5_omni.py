@@ -207,12 +207,9 @@ class OmniCode2Wav:
                                     torch.float32, device)
         self.dit, self.vocoder = self.model.code2wav_dit_model, self.model.code2wav_bigvgan_model
         self.dit_dtype = dit_dtype
-        blocks = self.dit.transformer_blocks
-        if dit_dtype != torch.float32:  # a copy: synthesize() (transformers' own path) keeps float32
-            import copy
-
-            blocks = copy.deepcopy(blocks).to(dit_dtype)
-        self.prepared = PreparedDiT(self.dit, blocks, dit_dtype)
+        # The DiT's blocks on their own copies of the weights (in ``dit_dtype``): synthesize(), transformers' own
+        # path, keeps the float32 modules.
+        self.prepared = PreparedDiT(self.dit, dit_dtype)
         self.prepared_vocoder = PreparedBigVGAN(self.vocoder)
         self.modules = {"token2wav": self.model}
         self.speakers = load_speakers(checkpoint_dir)

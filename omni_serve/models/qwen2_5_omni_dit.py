@@ -1,19 +1,19 @@
 """Qwen2.5-Omni's code2wav DiT (its transformer blocks and output head) computed from transformers' own weights,
 with less work per ODE evaluation than calling ``DiTDecoderLayer`` does on CPU.
 
-Contract: ``PreparedDiT(dit, layers, dtype)`` is built once per model; ``blocks(hidden, time, rope, pack)`` returns,
-on each window of ``pack``, what the layers return on that window alone for the DiT's block mask, and ``head``
+Contract: ``PreparedDiT(dit, dtype)`` is built once per model; ``blocks(hidden, time, rope, pack)`` returns,
+on each window of ``pack``, what the DiT's layers return on that window alone for its block mask, and ``head``
 what ``norm_out`` + ``proj_out`` return (the same math in eval mode; floating-point results agree to rounding,
-checked against transformers' whole-sequence token2wav by the oracle tests). It copies the layers' matrix weights
-(prepacked, fused); the time-conditioning linear layers are used in place.
+checked against transformers' whole-sequence token2wav by the oracle tests). The blocks' weights are copied in
+``dtype`` (prepacked, fused); ``dit``'s own modules are left as they are.
 
 Why not call the layers: per-op cost dominates at these sizes (a 240-frame window is 480 rows of 256 features on
-the small checkpoint, 36 evaluations per solve), and several ops cost far more than they need to on this CPU. In
-order of what they saved (one thread, bfloat16, a 120-code window: 0.480 s per solve before, 0.311 s after;
-``PreparedDiT``'s docstring lists them):
+the small checkpoint, 36 evaluations per solve), and several ops cost far more than they need to on this CPU. All
+together (one thread, bfloat16, a 120-code window: 0.480 s per solve before, 0.311 s after;
+``loadtests/code2wav_solve_times.py``):
 - the time conditioning depends on the ODE time only and is computed once per time value;
 - linear layers run on weights prepacked for oneDNN, q/k/v in one product, tanh-GELU fused into the MLP's first
-  product (``omni_kernels.PackedLinear(activation="gelu_tanh")``: 2.2x faster than the two ops in bfloat16);
+  product (``omni_kernels.PackedLinear(activation="gelu_tanh")``: 1.9x faster than the two ops in bfloat16);
 - RoPE's ``rotate_half`` comes out of the q/k product (extra rows), attention's 1/sqrt(d) is folded into q when
   it is a power of two (exact), modulations are layer norm's own affine, gated residuals single ``addcmul`` ops;
 - attention to the own block only (most layers) runs block by block, as batched matrix products over
@@ -182,18 +182,24 @@ class _TimeConditioning:
     out_shift: torch.Tensor
 
 
-def _linear(weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None = None) -> torch.nn.Module:
-    """A linear layer on its own copy of ``weight``, prepacked for oneDNN where that is available;
-    ``activation="gelu_tanh"`` applies tanh-GELU to its output (fused into the product when prepacked)."""
-    from omni_kernels import PackedLinear, packing_available
-
-    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device,
-                          dtype=weight.dtype)
+def _copy_linear(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.nn.Linear:
+    """An ``nn.Linear`` on its own ``dtype`` copy of ``weight`` and ``bias``."""
+    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=dtype)
     with torch.no_grad():
         lin.weight.copy_(weight)
         if bias is not None:
             lin.bias.copy_(bias)
-    if packing_available() and weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16):
+    return lin
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
+            activation: str | None = None) -> torch.nn.Module:
+    """A linear layer on its own ``dtype`` copy of ``weight``, prepacked for oneDNN where that is available;
+    ``activation="gelu_tanh"`` applies tanh-GELU to its output (fused into the product when prepacked)."""
+    from omni_kernels import PackedLinear, packing_available
+
+    lin = _copy_linear(weight, bias, dtype)
+    if packing_available() and weight.device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
         return PackedLinear(lin, batch_hint=256, activation=activation)
     return lin if activation is None else torch.nn.Sequential(lin, torch.nn.GELU(approximate="tanh"))
 
@@ -204,10 +210,6 @@ def _qk_rows(weight: torch.Tensor, head_dim: int, scale: float) -> torch.Tensor:
     head0 = torch.cat([weight[:head_dim:2], weight[1:head_dim:2]])
     half = head_dim // 2
     return torch.cat([head0, weight[head_dim:], -head0[half:], head0[:half]]) * scale
-
-
-def _split_qk(rows: torch.Tensor, inner: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return rows[:inner], rows[inner:]
 
 
 class PreparedDiT:
@@ -222,21 +224,21 @@ class PreparedDiT:
     The time conditioning (time embedding, each block's modulation vectors, the output norm's) depends only on the
     ODE time, the same in every solve with the same steps: it is computed once per time value and kept. The module
     docstring lists the other savings.
-    ``blocks_dtype`` is the dtype of the ``layers`` given (a bfloat16 copy runs in bfloat16).
+    The blocks run in ``dtype`` (float32 as transformers, or bfloat16) on copies of ``dit``'s weights; ``dit`` itself
+    is left as it is (transformers' own path keeps using it).
     """
 
-    def __init__(self, dit, layers, blocks_dtype: torch.dtype):
-        for layer in layers:
+    def __init__(self, dit, dtype: torch.dtype):
+        for layer in dit.transformer_blocks:
             check_dit_block(layer)
-        self.dtype = blocks_dtype
-        self.block_size = dit.block_size
+        self.dtype = dtype
         self._time_embed, self._norm_out = dit.time_embed, dit.norm_out
-        self._proj_out = _linear(dit.proj_out.weight.detach(), dit.proj_out.bias)
-        self.layers = tuple(self._prepare(layer) for layer in layers)
+        self._proj_out = _linear(dit.proj_out.weight.detach(), dit.proj_out.bias, torch.float32)
+        self.layers = tuple(self._prepare(layer, dtype) for layer in dit.transformer_blocks)
         self._times: dict[float, _TimeConditioning] = {}
 
     @staticmethod
-    def _prepare(layer) -> _Block:
+    def _prepare(layer, dtype: torch.dtype) -> _Block:
         attn = layer.attn
         inner, head_dim = attn.inner_dim, attn.inner_dim // attn.heads
         # Attention's 1/sqrt(head_dim) goes into q's rows when it is a power of two (64 -> 1/8): scaling by a
@@ -246,14 +248,15 @@ class PreparedDiT:
         q_scale = scale if fold else 1.0
         rows = {}
         for part in ("weight", "bias"):
-            q, q_rot = _split_qk(_qk_rows(getattr(attn.to_q, part).detach(), head_dim, q_scale), inner)
-            k, k_rot = _split_qk(_qk_rows(getattr(attn.to_k, part).detach(), head_dim, 1.0), inner)
-            rows[part] = torch.cat([q, k, getattr(attn.to_v, part).detach(), q_rot, k_rot])
-        up, down = layer.ff.ff[0], layer.ff.ff[3]
-        return _Block(qkv=_linear(rows["weight"], rows["bias"]),
-                      out=_linear(attn.to_out[0].weight.detach(), attn.to_out[0].bias),
-                      up_gelu=_linear(up.weight.detach(), up.bias, activation="gelu_tanh"),
-                      down=_linear(down.weight.detach(), down.bias), modulation=layer.attn_norm.linear,
+            q = _qk_rows(getattr(attn.to_q, part).detach(), head_dim, q_scale)
+            k = _qk_rows(getattr(attn.to_k, part).detach(), head_dim, 1.0)
+            rows[part] = torch.cat([q[:inner], k[:inner], getattr(attn.to_v, part).detach(), q[inner:], k[inner:]])
+        up, down, modulation = layer.ff.ff[0], layer.ff.ff[3], layer.attn_norm.linear
+        return _Block(qkv=_linear(rows["weight"], rows["bias"], dtype),
+                      out=_linear(attn.to_out[0].weight.detach(), attn.to_out[0].bias, dtype),
+                      up_gelu=_linear(up.weight.detach(), up.bias, dtype, activation="gelu_tanh"),
+                      down=_linear(down.weight.detach(), down.bias, dtype),
+                      modulation=_copy_linear(modulation.weight.detach(), modulation.bias, dtype),
                       heads=attn.heads, inner=inner, back=layer.look_backward_block, ahead=layer.look_ahead_block,
                       scale=1.0 if fold else scale, attn_eps=layer.attn_norm.norm.eps, ff_eps=layer.ff_norm.eps)
 

@@ -41,6 +41,20 @@ def _replicate_pad(x: torch.Tensor, left: int, right: int) -> torch.Tensor:
 _BLOCK = 16  # outputs (downsample) or inputs (upsample) per row of the banded products; measured best of 8-64
 
 
+def _banded_product(x: torch.Tensor, matrix: torch.Tensor, step: int, length: int) -> torch.Tensor:
+    """Rows of ``matrix.shape[0]`` samples of ``x [1, C, L]`` every ``step`` samples, times ``matrix``, laid end to end
+    and cut to ``length``: a depthwise FIR filter with its taps in a banded ``matrix``. Zeros past ``x``'s end feed
+    only outputs beyond ``length``."""
+    window = matrix.shape[0]
+    blocks = -(-length // matrix.shape[1])
+    short = (blocks - 1) * step + window - x.shape[-1]
+    if short > 0:
+        x = F.pad(x, (0, short))
+    rows = x.unfold(-1, window, step)  # [1, C, blocks, window], overlapping views
+    out = torch.mm(rows.reshape(-1, window), matrix)  # one copy of the rows, one product
+    return out.view(*rows.shape[:-2], -1)[..., :length]
+
+
 class _UpFIR:
     """The upsample's transposed depthwise convolution (stride ``s``, filter ``f`` times the ratio) followed by its
     crop, as one product: every ``_BLOCK`` input samples give ``s * _BLOCK`` outputs through a fixed banded matrix
@@ -61,20 +75,12 @@ class _UpFIR:
         self.matrix = matrix
 
     @staticmethod
-    def applies(taps: torch.Tensor, stride: int, crop_left: int) -> bool:
+    def applies(taps: torch.Tensor, crop_left: int) -> bool:
         return crop_left >= taps.shape[0] - 1  # no output reads before the padded signal's start
 
     def __call__(self, padded: torch.Tensor, length: int) -> torch.Tensor:
         """``padded [1, C, L]`` (replicate-padded input) -> the cropped upsampled ``[1, C, stride * length]``."""
-        blocks = -(-length // _BLOCK)
-        window = self.matrix.shape[0]
-        x = padded[..., self.offset:]
-        short = (blocks - 1) * _BLOCK + window - x.shape[-1]
-        if short > 0:  # zeros past the end feed only outputs beyond ``length``, which are cut off
-            x = F.pad(x, (0, short))
-        rows = x.unfold(-1, window, _BLOCK)  # [1, C, blocks, window], overlapping views
-        out = torch.mm(rows.reshape(-1, window), self.matrix)  # one copy of the rows, one product
-        return out.view(*rows.shape[:-2], -1)[..., :self.stride * length]
+        return _banded_product(padded[..., self.offset:], self.matrix, _BLOCK, self.stride * length)
 
 
 class _DownFIR:
@@ -94,14 +100,7 @@ class _DownFIR:
 
     def __call__(self, padded: torch.Tensor) -> torch.Tensor:
         length = (padded.shape[-1] - self.taps) // self.stride + 1
-        blocks = -(-length // _BLOCK)
-        window = self.matrix.shape[0]
-        short = (blocks - 1) * self.stride * _BLOCK + window - padded.shape[-1]
-        if short > 0:
-            padded = F.pad(padded, (0, short))
-        rows = padded.unfold(-1, window, self.stride * _BLOCK)
-        out = torch.mm(rows.reshape(-1, window), self.matrix)
-        return out.view(*rows.shape[:-2], -1)[..., :length]
+        return _banded_product(padded, self.matrix, self.stride * _BLOCK, length)
 
 
 @dataclass(frozen=True)
@@ -128,8 +127,7 @@ class _Activation:
             alpha = torch.exp(snake.alpha.detach()).view(1, -1, 1)
             inv_beta = (1.0 / (torch.exp(snake.beta.detach()) + snake.no_div_by_zero)).view(1, -1, 1)
             up_taps, down_taps = (up.filter * up.ratio).reshape(-1), down.filter.reshape(-1)
-            up_fir = _UpFIR(up_taps, up.stride, up.pad_left) if _UpFIR.applies(up_taps, up.stride,
-                                                                                 up.pad_left) else None
+            up_fir = _UpFIR(up_taps, up.stride, up.pad_left) if _UpFIR.applies(up_taps, up.pad_left) else None
             down_fir = _DownFIR(down_taps, down.stride) if channels <= _DownFIR.MAX_CHANNELS else None
         return cls(up_taps.view(1, 1, -1).expand(channels, -1, -1).contiguous(), up.stride, up.pad,
                    (up.pad_left, up.pad_right), up_fir, alpha, inv_beta,

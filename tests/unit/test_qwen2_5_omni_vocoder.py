@@ -40,7 +40,7 @@ def test_banded_fir_products_equal_the_depthwise_convolutions(channels, length):
     weight = taps.view(1, 1, -1).expand(channels, -1, -1)
     padded = F.pad(x, (5, 5), mode="replicate")
     want_up = F.conv_transpose1d(padded, weight, stride=2, groups=channels)[..., 15:15 + 2 * length]
-    assert _UpFIR.applies(taps, 2, 15)
+    assert _UpFIR.applies(taps, 15)
     torch.testing.assert_close(_UpFIR(taps, 2, 15)(padded, length), want_up, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(_UpFIR(taps.flip(0), 2, 15)(padded, length), want_up, atol=1e-3)
     padded = F.pad(want_up, (5, 6), mode="replicate")
