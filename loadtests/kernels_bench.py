@@ -6,8 +6,9 @@ Per kernel and shape: microseconds per call of the reference and of the kernel, 
 absolute difference. Shapes: the Qwen2.5-Omni thinker (hidden 512, MLP 1536, 8 query / 4 key heads of 64) and
 talker (hidden 384, MLP 1024, 8 / 4 heads of 48) at decode batches 1-32 and a 256-row prefill chunk; the code2wav
 DiT's MLP up-projection with its tanh-GELU fused (``PackedLinear(activation="gelu_tanh")``, 2 x 240 rows, 256 -> 512,
-float32 and bfloat16) against the linear layer then GELU in the same dtype. Run it on a quiet machine: it times one
-call at a time.
+float32 and bfloat16) against the linear layer then GELU in the same dtype; at 1-2 rows, the packed product against
+``PackedLinear(plain_max_rows=2)``, which runs those rows as MKL matrix-vector products (the AR engine's
+``gemv_max_rows``). Run it on a quiet machine: it times one call at a time.
 """
 
 from __future__ import annotations
@@ -62,6 +63,14 @@ def main() -> None:
                 diff = (packed(x) - reference_linear(x, linear.weight)).abs().max().item()
                 print(f"{'packed_linear':<16} {f'{what} {rows}x{n_in}->{n_out}':<34} {threads:>7} {ref:>12.1f} "
                       f"{got:>10.1f} {ref / got:>7.2f}x {diff:>10.1e}")
+                if rows <= 2:  # reference: the packed product alone
+                    gemv = PackedLinear(torch.nn.Linear(n_in, n_out, bias=False), batch_hint=32, plain_max_rows=2)
+                    gemv.packed_weight, gemv.plain_weight = packed.packed_weight, linear.weight
+                    got = timed(lambda: gemv(x), args.reps)
+                    diff = (gemv(x) - packed(x)).abs().max().item()
+                    print(f"{'packed+gemv':<16} {f'{what} {rows}x{n_in}->{n_out}':<34} {threads:>7} "
+                          f"{timed(lambda: packed(x), args.reps):>12.1f} {got:>10.1f} "
+                          f"{timed(lambda: packed(x), args.reps) / got:>7.2f}x {diff:>10.1e}")
             for (what, rows, n_in, n_out), dtype in itertools.product(FUSED_GELU, (torch.float32, torch.bfloat16)):
                 linear = torch.nn.Linear(n_in, n_out).to(dtype)
                 x = torch.randn(rows, n_in, generator=gen).to(dtype)

@@ -1,6 +1,6 @@
 """Linear layers on weights prepacked once for oneDNN: the AR decoders' matrix products at decode batch sizes.
 
-Contract: ``pack_linears(module, batch_hint)`` replaces every ``torch.nn.Linear`` inside ``module`` whose weight is
+Contract: ``pack_linears(module, batch_hint, plain_max_rows=0)`` replaces every ``torch.nn.Linear`` inside ``module`` whose weight is
 a CPU float32/bfloat16 tensor with a ``PackedLinear`` that computes ``reference_linear`` (``F.linear``) on a copy of
 the weight reordered once into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, the reorder
 PyTorch's own CPU compiler applies to frozen weights); it returns how many it replaced. Outputs equal ``F.linear``
@@ -11,6 +11,11 @@ output) with the activation fused into oneDNN's product: applied to the float32 
 bfloat16 it is closer to the float32 result than the two ops in sequence, and it costs one pass instead of two
 (``python loadtests/kernels_bench.py``, 480 rows, 256 -> 512, one thread: 341 us fused against 651 us for
 ``F.linear`` then ``F.gelu`` in bfloat16, 882 against 1273 us in float32).
+``plain_max_rows=n`` (float32, no activation) keeps the row-major weight too and computes calls of at most ``n`` rows
+with ``F.linear`` on it: for one or two rows MKL's matrix-vector path beats the blocked product (an 8-layer decoder's
+56 projections at one row, one thread: 4.2-5.0 ms against 6.0-8.5 ms; from 4 rows on the blocked product wins), at
+the price of a second copy of the weight. In bfloat16 the blocked product is faster at every row count, so the
+option is ignored there.
 
 Why: ``F.linear`` on CPU multiplies by a row-major weight that MKL repacks on every call; a decode step calls
 each projection with a handful of rows, where that repacking is a large share of the call. Measured on this CPU,
@@ -42,7 +47,8 @@ class PackedLinear(torch.nn.Module):
     """``linear``'s forward on its weight prepacked for ``batch_hint`` rows (a layout hint; any row count works),
     followed by ``activation`` (None or ``"gelu_tanh"``), fused."""
 
-    def __init__(self, linear: torch.nn.Linear, batch_hint: int, activation: str | None = None):
+    def __init__(self, linear: torch.nn.Linear, batch_hint: int, activation: str | None = None,
+                 plain_max_rows: int = 0):
         super().__init__()
         if activation not in _ACTIVATIONS:
             raise ValueError(f"PackedLinear activation {activation!r} is not one of {sorted(map(str, _ACTIVATIONS))}")
@@ -53,13 +59,19 @@ class PackedLinear(torch.nn.Module):
         self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint),
                              persistent=False)
         self.bias = linear.bias
+        keep_plain = plain_max_rows > 0 and activation is None and weight.dtype == torch.float32
+        self.plain_max_rows = plain_max_rows if keep_plain else 0
+        self.register_buffer("plain_weight", weight if keep_plain else None, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.plain_max_rows and x.numel() <= self.plain_max_rows * self.in_features:
+            return F.linear(x, self.plain_weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, self._attr, [], self._algorithm)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-                + (f", activation={self.activation}" if self.activation else ""))
+                + (f", activation={self.activation}" if self.activation else "")
+                + (f", plain_max_rows={self.plain_max_rows}" if self.plain_max_rows else ""))
 
 
 def _packable(module: torch.nn.Module) -> bool:
@@ -68,13 +80,13 @@ def _packable(module: torch.nn.Module) -> bool:
             and w.dtype in _DTYPES and (module.bias is None or module.bias.dtype == w.dtype))
 
 
-def pack_linears(module: torch.nn.Module, batch_hint: int = 32) -> int:
+def pack_linears(module: torch.nn.Module, batch_hint: int = 32, plain_max_rows: int = 0) -> int:
     if not packing_available():
         return 0
     targets = [(parent, name, child) for parent in module.modules()
                for name, child in parent.named_children() if _packable(child)]
     for parent, name, child in targets:
-        setattr(parent, name, PackedLinear(child, batch_hint))
+        setattr(parent, name, PackedLinear(child, batch_hint, plain_max_rows=plain_max_rows))
     return len(targets)
 
 

@@ -7,14 +7,20 @@ config switches the decoder's attention to ``omni_paged`` and gives the engine `
 decoder's last hidden states ``[T, H]`` for one packed batch (``omni_serve.engines.ar.attention``). The decoder
 builds no mask of its own: ``attention_mask={"full_attention": None}``, and transformers' mask builder has no
 mask function for ``omni_paged``, so every layer gets None and attention follows the batch's block tables.
+An adapter may call ``prepare_layers(decoder)`` once: from then on ``run`` computes the decoder's layers through
+``omni_serve.models.prepared_decoder.PreparedDecoder`` (same result to float rounding, fewer ops per step) when the
+decoder's structure allows it, and the adapter lists ``prepared`` among its modules so the engine packs its linears.
 """
 
 from __future__ import annotations
 
 from omni_serve.engines.ar.attention import ATTN_IMPLEMENTATION
+from omni_serve.models.prepared_decoder import PreparedDecoder
 
 
 class PagedDecoder:
+    prepared: PreparedDecoder | None = None  # runs the decoder's layers once prepare_layers succeeded
+
     def use_paged_attention(self, text_config, dtype, device) -> None:
         text_config._attn_implementation = ATTN_IMPLEMENTATION
         self.num_layers = text_config.num_hidden_layers
@@ -23,8 +29,15 @@ class PagedDecoder:
                          or text_config.hidden_size // text_config.num_attention_heads)
         self.dtype, self.device = dtype, device
 
-    @staticmethod
-    def run(decoder, embeds, positions, batch):
+    def prepare_layers(self, decoder) -> bool:
+        """Run ``decoder``'s layers on prepared weights from now on, if its structure allows (True when it does)."""
+        if PreparedDecoder.supports(decoder):
+            self.prepared = PreparedDecoder(decoder)
+        return self.prepared is not None
+
+    def run(self, decoder, embeds, positions, batch):
+        if self.prepared is not None:
+            return self.prepared(embeds, positions.to(embeds.device), batch)
         out = decoder(inputs_embeds=embeds.unsqueeze(0), position_ids=positions.unsqueeze(1).to(embeds.device),
                       attention_mask={"full_attention": None}, use_cache=False, omni_batch=batch)
         return out.last_hidden_state[0]

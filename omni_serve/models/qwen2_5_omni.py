@@ -133,6 +133,8 @@ class ThinkerDecoder(PagedDecoder):
 class OmniThinker(ThinkerDecoder):
     def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
         self._load_thinker(checkpoint_dir, load_config(checkpoint_dir).thinker_config, dtype, device)
+        if self.prepare_layers(self.model):
+            self.modules["layers"] = self.prepared
         self.row_size = self.hidden_size  # an input row is the embedding
         cfg = self.config
         self.media_token_ids = (cfg.audio_token_index, cfg.image_token_index, cfg.video_token_index)
@@ -151,6 +153,8 @@ class OmniTalker(PagedDecoder):
                                     {"talker.": ""}, dtype, device)
         self.use_paged_attention(self.model.model.config, dtype, device)
         self.modules = {"talker": self.model}
+        if self.prepare_layers(self.model.model):
+            self.modules["layers"] = self.prepared
         c = self.config
         self.codec_bos, self.codec_eos = c.tts_codec_start_token_id, c.tts_codec_end_token_id
         self.codec_pad, self.codec_mask = c.tts_codec_pad_token_id, c.tts_codec_mask_token_id

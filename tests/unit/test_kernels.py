@@ -123,6 +123,29 @@ def test_packed_linear_equals_f_linear(rows, bias):
 
 
 @needs_onednn
+@pytest.mark.parametrize("rows", [1, 2, 3, 32])
+def test_packed_linear_with_plain_rows_equals_f_linear_and_switches_path_by_row_count(rows):
+    """``plain_max_rows=2``: one or two rows (any leading dims) take ``F.linear`` on the kept row-major weight, more
+    take the packed product; both equal ``F.linear``. A poisoned plain copy shows which path ran."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(96, 160)
+    x = torch.randn(1, rows, 96)
+    want = reference_linear(x, linear.weight, linear.bias)
+    packed = PackedLinear(linear, batch_hint=32, plain_max_rows=2)
+    assert packed.plain_weight is not None and "plain_max_rows=2" in repr(packed)
+    torch.testing.assert_close(packed(x), want, rtol=1e-5, atol=1e-5)
+    packed.plain_weight = torch.zeros_like(packed.plain_weight)  # negative control: the path is the row count's
+    assert torch.equal(packed(x), linear.bias.expand_as(want)) == (rows <= 2)
+
+
+@needs_onednn
+def test_packed_linear_keeps_no_plain_copy_in_bfloat16_or_with_an_activation():
+    bf16 = PackedLinear(torch.nn.Linear(64, 64).to(torch.bfloat16), 8, plain_max_rows=2)
+    gelu = PackedLinear(torch.nn.Linear(64, 64), 8, activation="gelu_tanh", plain_max_rows=2)
+    assert bf16.plain_weight is None and gelu.plain_weight is None and bf16.plain_max_rows == gelu.plain_max_rows == 0
+
+
+@needs_onednn
 def test_packed_linear_in_bfloat16():
     linear = torch.nn.Linear(64, 64).to(torch.bfloat16)
     x = torch.randn(8, 64, dtype=torch.bfloat16)

@@ -78,7 +78,8 @@ class AREngine(LoopEngine):
         self.config = config or ARConfig()
         c = self.config
         if c.packed_linear:
-            packed = sum(pack_linears(m, batch_hint=min(c.max_num_seqs, 32)) for m in model.modules.values())
+            packed = sum(pack_linears(m, batch_hint=min(c.max_num_seqs, 32), plain_max_rows=c.gemv_max_rows)
+                         for m in model.modules.values())
             log.info("%s: %d linear layers prepacked for oneDNN", name, packed)
         self.cache = PagedKVCache(model.num_layers, model.num_kv_heads, model.head_dim, c.num_kv_blocks,
                                   c.block_size, model.dtype, model.device)

@@ -1,0 +1,132 @@
+"""A Qwen2-style transformers decoder run layer by layer on prepared weights, over the AR engine's paged KV cache.
+
+Contract: ``PreparedDecoder.supports(decoder)`` says whether ``decoder`` (a transformers text model whose layers
+are ``input_layernorm -> self_attn(q/k/v/o_proj, biased q/k/v) -> post_attention_layernorm -> mlp(gate/up/down,
+SiLU)``, RMS norms, rotary embedding module ``rotary_emb`` and final ``norm``: Qwen2.5-Omni's thinker and talker)
+can be prepared. ``PreparedDecoder(decoder)`` takes its weights: q/k/v become one linear, gate/up one linear
+(concatenated rows; each output is the same dot product as before), o/down are taken as they are. It is a torch
+module, so the AR engine prepacks its linears like any model's (``omni_kernels.pack_linears``). Calling it with
+``(embeds [T, H], positions [R, T], batch)`` returns the final-norm hidden states ``[T, H]``: what
+``PagedDecoder.run(decoder, ...)`` returns, to float rounding (tests/unit/test_prepared_decoder.py).
+The decoder's own layers are emptied (``decoder.layers`` becomes an empty list) so the weights are not held twice;
+its embeddings, rotary embedding and final norm stay in use.
+
+Why: a decode step at small batch is dominated by per-op costs, not by arithmetic. transformers' layer calls
+(output capture, kwargs plumbing, per-layer rotary with ``rotate_half``'s slices and ``cat``) cost as much as
+the thinker's matrix products at one row. Here a layer is 5 matrix products and ~12 other ops; RoPE rotates q and k
+of all heads with one ``roll`` and one ``addcmul`` against a sine whose first half is negated once per step
+(``rotate_half(x) * sin == roll(x, d/2) * [-sin1, sin2]``, exact since negation is).
+Nothing is subclassed or patched: the module reads the library modules' weights and reuses their rotary
+embedding for cos/sin (M-RoPE sections included), so positions follow transformers' arithmetic.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from omni_serve.engines.ar.attention import PagedBatch, paged_attention
+
+
+class _LayerIndex:
+    """What ``paged_attention`` reads of the attention module: its cache layer."""
+
+    def __init__(self, layer_idx: int):
+        self.layer_idx = layer_idx
+
+
+def _fused(linears: list[torch.nn.Linear]) -> torch.nn.Linear:
+    """One linear whose output rows are ``linears``' outputs, concatenated."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    has_bias = [lin.bias is not None for lin in linears]
+    if any(has_bias) and not all(has_bias):
+        raise ValueError("cannot fuse linears where only some have a bias")
+    out = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=all(has_bias), device=weight.device,
+                          dtype=weight.dtype)
+    with torch.no_grad():
+        out.weight.copy_(weight)
+        if all(has_bias):
+            out.bias.copy_(torch.cat([lin.bias.detach() for lin in linears]))
+    return out.eval()
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        attn, mlp = layer.self_attn, layer.mlp
+        self.qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.o_proj = attn.o_proj
+        self.gate_up = _fused([mlp.gate_proj, mlp.up_proj])
+        self.down_proj = mlp.down_proj
+        self.in_norm = layer.input_layernorm.weight
+        self.post_norm = layer.post_attention_layernorm.weight
+        self.eps = layer.input_layernorm.variance_epsilon
+        self.post_eps = layer.post_attention_layernorm.variance_epsilon
+        self.index = _LayerIndex(attn.layer_idx)
+        self.heads, self.kv_heads, self.head_dim = (attn.config.num_attention_heads, attn.config.num_key_value_heads,
+                                                    attn.head_dim)
+        self.scaling = attn.scaling
+        self.intermediate = mlp.gate_proj.out_features
+
+
+class PreparedDecoder(torch.nn.Module):
+    @staticmethod
+    def supports(decoder) -> bool:
+        layers = getattr(decoder, "layers", None)
+        if not layers or not hasattr(decoder, "rotary_emb") or not hasattr(decoder, "norm"):
+            return False
+        for layer in layers:
+            attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+            names = ("q_proj", "k_proj", "v_proj", "o_proj")
+            if attn is None or mlp is None or not all(isinstance(getattr(attn, n, None), torch.nn.Linear) for n in names):
+                return False
+            if any(hasattr(attn, n) for n in ("q_norm", "k_norm")) or getattr(attn, "sliding_window", None):
+                return False
+            if not all(isinstance(getattr(mlp, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
+                return False
+            if getattr(attn.config, "hidden_act", None) != "silu":
+                return False
+            if not all(hasattr(getattr(layer, n, None), "variance_epsilon")
+                       for n in ("input_layernorm", "post_attention_layernorm")):
+                return False
+        return hasattr(decoder.norm, "variance_epsilon")
+
+    def __init__(self, decoder):
+        super().__init__()
+        if not self.supports(decoder):
+            raise ValueError(f"{type(decoder).__name__} is not a decoder PreparedDecoder can run (see its contract)")
+        self.layers = torch.nn.ModuleList(_Layer(layer) for layer in decoder.layers)
+        self.rotary_emb = decoder.rotary_emb
+        self.norm = decoder.norm.weight
+        self.norm_eps = decoder.norm.variance_epsilon
+        decoder.layers = torch.nn.ModuleList()  # the weights now live here; the library's forward is not used
+
+    def _rotation(self, embeds: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin ``[T, 1, head_dim]`` for this step's rows (the decoder's own rotary embedding)."""
+        rope_rows = positions[-3:] if positions.shape[0] == 4 else positions  # a text row first is not rotary
+        cos, sin = self.rotary_emb(embeds.unsqueeze(0), rope_rows.unsqueeze(1).to(embeds.device))
+        cos, sin = cos[0], sin[0]
+        half = sin.shape[-1] // 2
+        signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+        return cos.unsqueeze(1), signed.unsqueeze(1)
+
+    @torch.inference_mode()
+    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, batch: PagedBatch) -> torch.Tensor:
+        cos, signed_sin = self._rotation(embeds, positions)
+        rows = embeds.shape[0]
+        h = embeds
+        for layer in self.layers:
+            heads, kv_heads, d = layer.heads, layer.kv_heads, layer.head_dim
+            x = F.rms_norm(h, (h.shape[-1],), layer.in_norm, layer.eps)
+            qkv = layer.qkv(x)
+            qk = qkv[:, :(heads + kv_heads) * d].view(rows, heads + kv_heads, d)
+            qk = torch.addcmul(qk * cos, qk.roll(d // 2, dims=-1), signed_sin)
+            v = qkv[:, (heads + kv_heads) * d:].view(rows, kv_heads, d)
+            q, k = qk[:, :heads], qk[:, heads:]
+            attn, _ = paged_attention(layer.index, q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                                      v.transpose(0, 1).unsqueeze(0), None, layer.scaling, omni_batch=batch)
+            h = h + layer.o_proj(attn.view(rows, heads * d))
+            x = F.rms_norm(h, (h.shape[-1],), layer.post_norm, layer.post_eps)
+            gate, up = layer.gate_up(x).split(layer.intermediate, dim=-1)
+            h = h + layer.down_proj(F.silu(gate) * up)
+        return F.rms_norm(h, (h.shape[-1],), self.norm, self.norm_eps)

@@ -1,0 +1,99 @@
+"""PreparedDecoder equals transformers' decoder layers over the paged KV cache (Qwen2.5-Omni thinker and talker).
+
+Two adapters load the same tiny checkpoint; one runs its decoder through ``PreparedDecoder`` (the default), the
+other through transformers' forward (``prepared`` never set up). Both get the same packed batches on caches of
+their own: a prompt prefilled in two chunks, then decode steps of two requests at different lengths. Hidden states
+must agree to float rounding; a negative control shows a shifted position changes them far beyond it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omni_serve.engines.ar.attention import PagedBatch
+from omni_serve.engines.ar.kv_cache import PagedKVCache
+from omni_serve.models import qwen2_5_omni as omni
+from omni_serve.models.paged_decoder import PagedDecoder
+from omni_serve.models.prepared_decoder import PreparedDecoder
+
+TOL = dict(rtol=0, atol=2e-6)  # measured: <= 3e-7 (float rounding: fused products, addcmul)
+
+
+@pytest.fixture(scope="module")
+def pairs(omni_tiny_dir, monkeypatch_module):
+    torch.manual_seed(0)
+    prepared = (omni.OmniThinker(omni_tiny_dir), omni.OmniTalker(omni_tiny_dir))
+    monkeypatch_module.setattr(PagedDecoder, "prepare_layers", lambda self, decoder: False)
+    plain = (omni.OmniThinker(omni_tiny_dir), omni.OmniTalker(omni_tiny_dir))
+    return {"thinker": (prepared[0], plain[0]), "talker": (prepared[1], plain[1])}
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+def _decoder(adapter):
+    return adapter.model if isinstance(adapter, omni.OmniThinker) else adapter.model.model
+
+
+def _positions(adapter, start: int, n: int) -> torch.Tensor:
+    if isinstance(adapter, omni.OmniThinker):
+        return adapter.step_positions(start, 3, n)  # 4 rows, M-RoPE rows offset from the text row
+    return adapter.positions(start, n)
+
+
+def _steps(adapter, embeds: dict[str, torch.Tensor], shift: int = 0) -> list[torch.Tensor]:
+    """Prefill request a in chunks of 5 + rest, prefill b, then 3 decode steps of both: hidden states per step.
+    ``shift`` moves the decode steps' positions (RoPE is relative: shifting every row would change nothing)."""
+    cache = PagedKVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, 16, 4, torch.float32, "cpu")
+    slots = {"a": torch.arange(0, 32), "b": torch.arange(32, 64)}
+    done = {"a": 0, "b": 0}
+    out = []
+    plan = [[("a", 5)], [("a", 4), ("b", 6)]] + [[("a", 1), ("b", 1)]] * 3
+    for i, step in enumerate(plan):
+        rows, pos, segments = [], [], []
+        for rid, n in step:
+            s = done[rid]
+            rows.append(embeds[rid][s:s + n])
+            pos.append(_positions(adapter, s + (shift if i >= 2 else 0), n))
+            segments.append((rid, n, slots[rid][s:s + n], slots[rid][:s + n]))
+            done[rid] += n
+        batch = PagedBatch.build(cache, segments)
+        out.append(adapter.run(_decoder(adapter), torch.cat(rows), torch.cat(pos, dim=1), batch))
+    return out
+
+
+@pytest.mark.parametrize("stage", ["thinker", "talker"])
+def test_prepared_layers_equal_transformers_layers(pairs, stage):
+    prepared, plain = pairs[stage]
+    assert isinstance(prepared.prepared, PreparedDecoder) and plain.prepared is None
+    width = prepared.row_size if stage == "thinker" else prepared.embedding_size
+    torch.manual_seed(1)
+    embeds = {"a": torch.randn(12, width), "b": torch.randn(9, width)}
+    if stage == "talker":  # the talker's decoder reads projected rows (forward_packed projects first)
+        embeds = {k: prepared.model.thinker_to_talker_proj(v).detach() for k, v in embeds.items()}
+    with torch.inference_mode():
+        got, want = _steps(prepared, embeds), _steps(plain, embeds)
+        shifted = _steps(prepared, embeds, shift=7)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **TOL)
+    # negative control: decode positions matter far beyond the tolerance (RoPE is applied)
+    torch.testing.assert_close(shifted[:2], want[:2], **TOL)
+    assert min(float((s - w).abs().max()) for s, w in zip(shifted[2:], want[2:])) > 50 * TOL["atol"]
+
+
+def test_prepared_decoder_refuses_layers_it_does_not_model(pairs):
+    _, plain = pairs["thinker"]
+    layer = plain.model.layers[0]
+    layer.self_attn.q_norm = torch.nn.Identity()  # a Qwen3-style layer (q/k norms) is not what it computes
+    try:
+        assert not PreparedDecoder.supports(plain.model)
+        with pytest.raises(ValueError, match="not a decoder PreparedDecoder can run"):
+            PreparedDecoder(plain.model)
+    finally:
+        del layer.self_attn.q_norm
+    assert PreparedDecoder.supports(plain.model)
