@@ -257,7 +257,8 @@ def _speech_bench(args) -> int:
             url=args.url, graph=args.graph, checkpoint=args.checkpoint, model=args.model, voice=args.voice,
             num_requests=args.num_requests, concurrency=args.concurrency or [1, 8], seed=args.seed,
             warmup=args.warmup, baseline=baseline, threads=args.threads, stop_server_pid=args.stop_server_pid,
-            out=args.out, timeout_s=args.timeout, **({"min_words": args.min_words} if args.min_words else {}),
+            out=args.out, timeout_s=args.timeout, calibrate=not args.no_calibration,
+            **({"min_words": args.min_words} if args.min_words else {}),
             **({"max_words": args.max_words} if args.max_words else {}),
             **({"max_codec_tokens": args.max_codec_tokens} if args.max_codec_tokens else {}),
             **({"num_steps": args.num_steps} if args.num_steps else {}))
@@ -356,7 +357,8 @@ def cmd_bench(args) -> int:
             warmup=args.warmup, timeout_s=args.timeout, progress_every=args.progress_every,
             max_codec_tokens=args.max_codec_tokens, num_steps=args.num_steps, system_prompt=args.system_prompt,
             threads=args.threads, cb_page_size=args.cb_page_size, cb_attn_implementation=args.cb_attn_implementation,
-            stop_server_pid=args.stop_server_pid, thinker_backends=backends, vllm_python=vllm_python)
+            stop_server_pid=args.stop_server_pid, thinker_backends=backends, vllm_python=vllm_python,
+            calibrate=not args.no_calibration)
     except ValidationError as exc:
         print(f"omni-serve bench: {exc.errors()[0]['msg']}", file=sys.stderr)
         return 2
@@ -453,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="where bench_report.json/.png go (default bench_out)")
     bn.add_argument("--warmup", type=int, default=1, help="unmeasured requests per system first (default 1)")
     bn.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds (default 600)")
+    bn.add_argument("--no-calibration", action="store_true",
+                    help="omni/text/speech modes: skip timing the fixed CPU workload before the engine runs and "
+                         "before the baselines (it records both and notes drift above 5%%)")
     bn.add_argument("--progress-every", type=int, default=10, metavar="K",
                     help="log progress every K requests (0: off)")
     bn.add_argument("--max-codec-tokens", type=int, default=None,

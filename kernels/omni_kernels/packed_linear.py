@@ -1,11 +1,12 @@
 """Linear layers on weights prepacked once for oneDNN: the AR decoders' matrix products at decode batch sizes.
 
-Contract: ``pack_linears(module, batch_hint, plain_max_rows=0)`` replaces every ``torch.nn.Linear`` inside ``module`` whose weight is
-a CPU float32/bfloat16 tensor with a ``PackedLinear`` that computes ``reference_linear`` (``F.linear``) on a copy of
-the weight reordered once into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, the reorder
-PyTorch's own CPU compiler applies to frozen weights); it returns how many it replaced. Outputs equal ``F.linear``
-to float rounding, for any number of rows and leading dimensions; the original weight is released. Modules on
-other devices or dtypes, and builds of torch without oneDNN, are left as they are (``packing_available()``).
+Contract: ``pack_linears(module, batch_hint, plain_max_rows=0)`` replaces every ``torch.nn.Linear`` inside ``module``
+whose weight is a CPU float32/bfloat16 tensor with a ``PackedLinear`` that computes ``reference_linear`` (``F.linear``)
+on a copy of the weight reordered once into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``,
+the reorder PyTorch's own CPU compiler applies to frozen weights); it returns how many it replaced. Outputs equal
+``F.linear`` to float rounding, for any number of rows and leading dimensions; the original weight is released
+(kept only with ``plain_max_rows``, below). Modules on other devices or dtypes, and builds of torch without oneDNN,
+are left as they are (``packing_available()``).
 ``PackedLinear(linear, batch_hint, activation="gelu_tanh")`` computes ``reference_linear_gelu`` (tanh-GELU of the
 output) with the activation fused into oneDNN's product: applied to the float32 accumulator before rounding, so in
 bfloat16 it is closer to the float32 result than the two ops in sequence, and it costs one pass instead of two

@@ -61,6 +61,10 @@ class BenchConfig(BaseModel):
     baselines: list[Literal["hf", "cb"]] = Field(default_factory=list)
     out: str = "bench_out"
     warmup: int = Field(1, ge=0, description="Unmeasured requests per system before measuring.")
+    calibrate: bool = Field(True, description=(
+        "With baselines: time a fixed CPU workload (omni_serve.bench.calibration) before the engine runs and again "
+        "before the baselines, record both in the report's config (calibration_s) and add a note when they differ "
+        "by more than 5% (machine-speed drift that skews the ratios)."))
     timeout_s: float = Field(600.0, gt=0)
     progress_every: int = Field(10, ge=0)
     max_codec_tokens: int | None = Field(None, ge=1,
@@ -247,6 +251,22 @@ def _failed_vllm_run(label: str, point, n: int, error: str) -> RunResult:
                      notes=[f"the vLLM subprocess failed: {error[-1500:]}"])
 
 
+def _calibration(cfg: BenchConfig, extra: dict[str, Any], phase: str, notes: list[str]) -> None:
+    """Time the calibration workload for ``phase`` ("engine", then "baseline") when the run compares systems."""
+    if not (cfg.calibrate and (cfg.baselines or cfg.mode != "omni")):  # text mode always has a baseline (cb)
+        return
+    from omni_serve.bench.calibration import calibrate, drift_note
+
+    seconds = extra.setdefault("calibration_s", {})
+    seconds[phase] = round(calibrate(), 5)
+    log.info("calibration before the %s runs: %.1f ms", phase, seconds[phase] * 1000)
+    if phase == "baseline" and "engine" in seconds:
+        note = drift_note(seconds["engine"], seconds["baseline"])
+        if note:
+            log.warning(note)
+            notes.append(note)
+
+
 def run_bench(cfg: BenchConfig) -> BenchOutcome:
     from omni_serve.bench.report import build_report, format_table, write_report
 
@@ -254,6 +274,7 @@ def run_bench(cfg: BenchConfig) -> BenchOutcome:
     runs: list[RunResult] = []
     notes: list[str] = []
     extra: dict[str, Any] = {}
+    _calibration(cfg, extra, "engine", notes)
     if cfg.mode == "omni":
         engine_runs, engine_notes = _engine_omni_runs(cfg, requests)
         runs += engine_runs
@@ -263,6 +284,7 @@ def run_bench(cfg: BenchConfig) -> BenchOutcome:
 
             stop_server(cfg.stop_server_pid)
             notes.append("the server was stopped before the baselines ran")
+        _calibration(cfg, extra, "baseline", notes)
         if "hf" in cfg.baselines:
             runs.append(_hf_run(cfg, requests))
         if "cb" in cfg.baselines:
@@ -276,6 +298,7 @@ def run_bench(cfg: BenchConfig) -> BenchOutcome:
         extra["threads_used"] = threads
         prompts = text_prompts(cfg.checkpoint, requests, cfg.system_prompt)
         runs += _engine_text_runs(cfg, prompts, threads)
+        _calibration(cfg, extra, "baseline", notes)
         for system in cfg.baselines or ["cb"]:
             if system == "cb":
                 runs += _cb_runs(cfg, prompts)

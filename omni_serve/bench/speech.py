@@ -46,6 +46,9 @@ class SpeechBenchConfig(BaseModel):
     max_words: int = Field(24, ge=1, description="Longest text, in words.")
     seed: int = Field(0, description="Seed of the texts.")
     warmup: int = Field(2, ge=0, description="Requests sent before measuring.")
+    calibrate: bool = Field(True, description=(
+        "With the baseline: time a fixed CPU workload before the engine runs and before the baseline "
+        "(omni_serve.bench.calibration); the report records both and notes drift above 5%."))
     baseline: Literal["hf", "none"] = Field("hf", description="hf: transformers one request at a time.")
     baseline_requests: int | None = Field(None, ge=1, description="Texts the baseline speaks (default: all).")
     max_codec_tokens: int = Field(1024, ge=1, description="The talker's limit (the served graph's, for the baseline).")
@@ -225,15 +228,26 @@ def run_baseline(cfg: SpeechBenchConfig, texts: list[str]) -> SpeechPoint:
 
 
 def run_speech_bench(cfg: SpeechBenchConfig) -> dict:
+    from omni_serve.bench.calibration import calibrate, drift_note
+
     texts = cfg.texts()
+    calibration = {"engine": round(calibrate(), 5)} if cfg.calibrate and cfg.baseline == "hf" else {}
     points = run_engine(cfg, texts)
     if cfg.stop_server_pid is not None:
         from omni_serve.bench.server import stop_server
 
         stop_server(cfg.stop_server_pid)
+    notes = []
+    if calibration:
+        calibration["baseline"] = round(calibrate(), 5)
+        note = drift_note(calibration["engine"], calibration["baseline"])
+        if note:
+            log.warning(note)
+            notes.append(note)
     baseline = run_baseline(cfg, texts) if cfg.baseline == "hf" else None
     rows = [p.summary() for p in points] + ([baseline.summary()] if baseline else [])
-    report = {"config": cfg.model_dump(), "points": rows, "ratios": {}}
+    report = {"config": cfg.model_dump(), "points": rows, "ratios": {}, "calibration_s": calibration,
+              "notes": notes}
     if baseline is not None:
         base = baseline.summary()["audio_s_per_s"]
         report["ratios"] = {f"engine_c{p.concurrency}_over_hf_audio_s_per_s":
@@ -251,4 +265,6 @@ def format_report(report: dict) -> str:
     lines = [" | ".join(cols)]
     lines += [" | ".join(str(row.get(c)) for c in cols) for row in report["points"]]
     lines += [f"{k}: {v}" for k, v in report["ratios"].items()]
+    lines += [f"calibration before the {k} runs: {v * 1000:.1f} ms" for k, v in report.get("calibration_s", {}).items()]
+    lines += [f"note: {n}" for n in report.get("notes", [])]
     return "\n".join(lines)

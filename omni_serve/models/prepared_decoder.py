@@ -75,14 +75,16 @@ class PreparedDecoder(torch.nn.Module):
         layers = getattr(decoder, "layers", None)
         if not layers or not hasattr(decoder, "rotary_emb") or not hasattr(decoder, "norm"):
             return False
+        def linears(module, names) -> bool:
+            return module is not None and all(isinstance(getattr(module, n, None), torch.nn.Linear) for n in names)
+
         for layer in layers:
             attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-            names = ("q_proj", "k_proj", "v_proj", "o_proj")
-            if attn is None or mlp is None or not all(isinstance(getattr(attn, n, None), torch.nn.Linear) for n in names):
+            if not linears(attn, ("q_proj", "k_proj", "v_proj", "o_proj")):
                 return False
             if any(hasattr(attn, n) for n in ("q_norm", "k_norm")) or getattr(attn, "sliding_window", None):
                 return False
-            if not all(isinstance(getattr(mlp, n, None), torch.nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
+            if not linears(mlp, ("gate_proj", "up_proj", "down_proj")):
                 return False
             if getattr(attn.config, "hidden_act", None) != "silu":
                 return False

@@ -110,9 +110,10 @@ def test_stages_are_separate_deployments_holding_their_own_weights(omni_app, htt
     names = {s: serve.get_deployment_handle(s, app_name="omni").parameter_names.remote().result()
              for s in ("encoder", "thinker", "talker", "code2wav")}
     assert all(n.split(".")[0] in ("audio_tower", "visual") for n in names["encoder"])
-    assert all(n.split(".")[0] in ("model", "lm_head") for n in names["thinker"])
+    # "layers.": the decoder layers, prepared (omni_serve.models.prepared_decoder)
+    assert all(n.split(".")[0] in ("model", "lm_head", "layers") for n in names["thinker"])
     assert not any("audio_tower" in n or "visual" in n or "codec" in n for n in names["thinker"])
-    assert all(n.startswith("talker.") for n in names["talker"])
+    assert all(n.startswith(("talker.", "layers.")) for n in names["talker"])
     assert all(n.startswith("token2wav.") for n in names["code2wav"])
 
 

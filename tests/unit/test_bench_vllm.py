@@ -340,16 +340,9 @@ def test_text_runner_runs_each_backend_then_the_baseline(monkeypatch, tmp_path, 
 
 
 def test_omni_runner_labels_the_engine_runs_by_thinker_backend(monkeypatch, tmp_path):
-    from omni_serve.bench import client
+    from tests.unit.bench_fakes import patch_engine_client
 
-    async def fake_load(url, requests, model, point, **kw):
-        return RunResult(label=kw["label"], system="engine", concurrency=point.concurrency, wall_s=1.0,
-                         records=[RequestRecord(index=r.index, ok=True, e2e_s=1.0) for r in requests])
-
-    async def fake_warmup(*a, **kw):
-        return [RequestRecord(index=0, ok=True)]
-    monkeypatch.setattr(client, "run_load", fake_load)
-    monkeypatch.setattr(client, "warmup", fake_warmup)
+    patch_engine_client(monkeypatch)
     for backend, system in (("vllm", "engine_vllm"), ("native", "engine")):
         cfg = BenchConfig(url="http://x", model="m", num_requests=2, concurrency=[1, 4], thinker_backends=[backend],
                           progress_every=0, out=str(tmp_path / backend))
