@@ -15,7 +15,8 @@ Why: a decode step at small batch is dominated by per-op costs, not by arithmeti
 (output capture, kwargs plumbing, per-layer rotary with ``rotate_half``'s slices and ``cat``) cost as much as
 the thinker's matrix products at one row. Here a layer is 5 matrix products and ~12 other ops; RoPE rotates q and k
 of all heads with one ``roll`` and one ``addcmul`` against a sine whose first half is negated once per step
-(``rotate_half(x) * sin == roll(x, d/2) * [-sin1, sin2]``, exact since negation is).
+(``rotate_half(x) * sin == roll(x, d/2) * [-sin1, sin2]``, exact since negation is). RMS norms follow transformers'
+order of operations in every dtype (normalized in float32, cast back, then scaled).
 Nothing is subclassed or patched: the module reads the library modules' weights and reuses their rotary
 embedding for cos/sin (M-RoPE sections included), so positions follow transformers' arithmetic.
 """
@@ -26,6 +27,13 @@ import torch
 import torch.nn.functional as F
 
 from omni_serve.engines.ar.attention import PagedBatch, paged_attention
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' Qwen2 RMSNorm: normalized in float32, cast back, then scaled (one fused op in float32)."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
 
 
 class _LayerIndex:
@@ -119,7 +127,7 @@ class PreparedDecoder(torch.nn.Module):
         h = embeds
         for layer in self.layers:
             heads, kv_heads, d = layer.heads, layer.kv_heads, layer.head_dim
-            x = F.rms_norm(h, (h.shape[-1],), layer.in_norm, layer.eps)
+            x = _rms_norm(h, layer.in_norm, layer.eps)
             qkv = layer.qkv(x)
             qk = qkv[:, :(heads + kv_heads) * d].view(rows, heads + kv_heads, d)
             qk = torch.addcmul(qk * cos, qk.roll(d // 2, dims=-1), signed_sin)
@@ -128,7 +136,7 @@ class PreparedDecoder(torch.nn.Module):
             attn, _ = paged_attention(layer.index, q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
                                       v.transpose(0, 1).unsqueeze(0), None, layer.scaling, omni_batch=batch)
             h = h + layer.o_proj(attn.view(rows, heads * d))
-            x = F.rms_norm(h, (h.shape[-1],), layer.post_norm, layer.post_eps)
+            x = _rms_norm(h, layer.post_norm, layer.post_eps)
             gate, up = layer.gate_up(x).split(layer.intermediate, dim=-1)
             h = h + layer.down_proj(F.silu(gate) * up)
-        return F.rms_norm(h, (h.shape[-1],), self.norm, self.norm_eps)
+        return _rms_norm(h, self.norm, self.norm_eps)

@@ -97,3 +97,18 @@ def test_prepared_decoder_refuses_layers_it_does_not_model(pairs):
     finally:
         del layer.self_attn.q_norm
     assert PreparedDecoder.supports(plain.model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_is_transformers_rms_norm_to_the_bit(dtype):
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniRMSNorm
+
+    from omni_serve.models.prepared_decoder import _rms_norm
+
+    torch.manual_seed(0)
+    norm = Qwen2_5OmniRMSNorm(96, eps=1e-6).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(96))
+    x = (torch.randn(7, 96) * 3).to(dtype)
+    assert torch.equal(_rms_norm(x, norm.weight, norm.variance_epsilon), norm(x))
+    assert not torch.equal(_rms_norm(x, norm.weight, 1e-1), norm(x))  # negative control: eps is read
