@@ -457,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     bn.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds (default 600)")
     bn.add_argument("--no-calibration", action="store_true",
                     help="omni/text/speech modes: skip timing the fixed CPU workload before the engine runs and "
-                         "before the baselines (it records both and notes drift above 5%%)")
+                         "before the baselines (it records both and notes drift above 10%%)")
     bn.add_argument("--progress-every", type=int, default=10, metavar="K",
                     help="log progress every K requests (0: off)")
     bn.add_argument("--max-codec-tokens", type=int, default=None,

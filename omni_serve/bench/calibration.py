@@ -4,7 +4,7 @@ Why: on shared machines the same in-process work was measured 10-25% slower with
 and a same-run ratio (engine throughput over a baseline measured minutes later) inherits any drift between the
 two phases. ``omni-serve bench`` times ``calibrate()`` before the engine runs and again before the baselines
 (after the server stopped) and records both in the report; ``drift_note`` flags a difference above
-``DRIFT_WARN`` so a skewed ratio is not taken at face value.
+``DRIFT_WARN`` (10%) so a skewed ratio is not taken at face value.
 
 Contract: ``calibrate(threads=1)`` returns the median seconds of ``reps`` repetitions of a fixed mix on this
 process' CPU: a float32 and a bfloat16 matrix product at decode/diffusion-like sizes and an elementwise pass over
@@ -16,7 +16,9 @@ from __future__ import annotations
 import statistics
 import time
 
-DRIFT_WARN = 0.05  # relative difference between two calibrations worth a note in the report
+# Relative difference between two calibrations worth a note in the report. Back-to-back calibrations on the
+# development machine spread by up to ~12% (median of 15), so smaller differences are not told apart from noise.
+DRIFT_WARN = 0.10
 
 
 def _workload(torch, gen) -> None:
@@ -33,7 +35,7 @@ def _workload(torch, gen) -> None:
         x = x * 0.5 + 1.0
 
 
-def calibrate(threads: int = 1, reps: int = 7) -> float:
+def calibrate(threads: int = 1, reps: int = 15) -> float:
     import torch
 
     before = torch.get_num_threads()

@@ -64,7 +64,7 @@ class BenchConfig(BaseModel):
     calibrate: bool = Field(True, description=(
         "With baselines: time a fixed CPU workload (omni_serve.bench.calibration) before the engine runs and again "
         "before the baselines, record both in the report's config (calibration_s) and add a note when they differ "
-        "by more than 5% (machine-speed drift that skews the ratios)."))
+        "by more than 10% (machine-speed drift that skews the ratios)."))
     timeout_s: float = Field(600.0, gt=0)
     progress_every: int = Field(10, ge=0)
     max_codec_tokens: int | None = Field(None, ge=1,

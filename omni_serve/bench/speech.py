@@ -48,7 +48,7 @@ class SpeechBenchConfig(BaseModel):
     warmup: int = Field(2, ge=0, description="Requests sent before measuring.")
     calibrate: bool = Field(True, description=(
         "With the baseline: time a fixed CPU workload before the engine runs and before the baseline "
-        "(omni_serve.bench.calibration); the report records both and notes drift above 5%."))
+        "(omni_serve.bench.calibration); the report records both and notes drift above 10%."))
     baseline: Literal["hf", "none"] = Field("hf", description="hf: transformers one request at a time.")
     baseline_requests: int | None = Field(None, ge=1, description="Texts the baseline speaks (default: all).")
     max_codec_tokens: int = Field(1024, ge=1, description="The talker's limit (the served graph's, for the baseline).")
