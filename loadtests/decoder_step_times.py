@@ -24,19 +24,10 @@ from omni_serve.engines.ar.attention import PagedBatch
 from omni_serve.engines.ar.decode_kv import DecodeKV
 from omni_serve.engines.ar.kv_cache import PagedKVCache
 from omni_serve.models import qwen2_5_omni as omni
-from omni_serve.models.paged_decoder import PagedDecoder
 
 
 def load(cls, checkpoint: str, prepared: bool, plain_max_rows: int):
-    if prepared:
-        adapter = cls(checkpoint)
-    else:
-        keep = PagedDecoder.prepare_layers
-        PagedDecoder.prepare_layers = lambda self, decoder: False
-        try:
-            adapter = cls(checkpoint)
-        finally:
-            PagedDecoder.prepare_layers = keep
+    adapter = cls(checkpoint, prepared_layers=prepared)
     for module in adapter.modules.values():
         pack_linears(module, 32, plain_max_rows=plain_max_rows)
     return adapter

@@ -5,7 +5,8 @@ Contract: ``load_component(checkpoint_dir, module_cls, config, prefixes)`` build
 sharded with ``model.safetensors.index.json``), reading only the keys that start with one of
 ``prefixes`` (mapping ``{checkpoint_prefix: module_prefix}``). Missing or unexpected keys are errors, so a
 replica provably holds exactly its component's parameters. This is the one path for tiny, small and real
-checkpoints.
+checkpoints. ``linear_from(weight, bias, dtype)`` wraps copies of given tensors in an ``nn.Linear`` (for adapters
+that rearrange a loaded module's weights), also without random initialisation.
 """
 
 from __future__ import annotations
@@ -99,3 +100,14 @@ def load_component(checkpoint_dir: str, module_cls, config, prefixes: dict[str, 
 def _is_tied(module, key: str) -> bool:
     tied = getattr(module, "_tied_weights_keys", None) or {}
     return key in tied
+
+
+def linear_from(weight: torch.Tensor, bias: torch.Tensor | None = None,
+                dtype: torch.dtype | None = None) -> torch.nn.Linear:
+    """An ``nn.Linear`` on its own copies of ``weight`` ``[out, in]`` and ``bias`` (in ``dtype``, default theirs)."""
+    dtype = dtype or weight.dtype
+    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    lin.weight = torch.nn.Parameter(weight.detach().to(dtype=dtype, copy=True))
+    if bias is not None:
+        lin.bias = torch.nn.Parameter(bias.detach().to(dtype=dtype, copy=True))
+    return lin.eval()

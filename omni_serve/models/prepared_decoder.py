@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from omni_serve.engines.ar.attention import PagedBatch, paged_attention
+from omni_serve.models.loading import linear_from
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -45,17 +46,11 @@ class _LayerIndex:
 
 def _fused(linears: list[torch.nn.Linear]) -> torch.nn.Linear:
     """One linear whose output rows are ``linears``' outputs, concatenated."""
-    weight = torch.cat([lin.weight.detach() for lin in linears])
-    has_bias = [lin.bias is not None for lin in linears]
-    if any(has_bias) and not all(has_bias):
+    biases = [lin.bias for lin in linears if lin.bias is not None]
+    if biases and len(biases) != len(linears):
         raise ValueError("cannot fuse linears where only some have a bias")
-    out = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=all(has_bias), device=weight.device,
-                          dtype=weight.dtype)
-    with torch.no_grad():
-        out.weight.copy_(weight)
-        if all(has_bias):
-            out.bias.copy_(torch.cat([lin.bias.detach() for lin in linears]))
-    return out.eval()
+    return linear_from(torch.cat([lin.weight.detach() for lin in linears]),
+                       torch.cat([b.detach() for b in biases]) if biases else None)
 
 
 class _Layer(torch.nn.Module):

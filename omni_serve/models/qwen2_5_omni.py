@@ -131,9 +131,11 @@ class ThinkerDecoder(PagedDecoder):
 
 
 class OmniThinker(ThinkerDecoder):
-    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
+    """``prepared_layers=False`` keeps transformers' own layer forward (for comparisons; see ``PagedDecoder``)."""
+
+    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu", prepared_layers: bool = True):
         self._load_thinker(checkpoint_dir, load_config(checkpoint_dir).thinker_config, dtype, device)
-        if self.prepare_layers(self.model):
+        if prepared_layers and self.prepare_layers(self.model):
             self.modules["layers"] = self.prepared
         self.row_size = self.hidden_size  # an input row is the embedding
         cfg = self.config
@@ -147,13 +149,15 @@ class OmniThinker(ThinkerDecoder):
 
 
 class OmniTalker(PagedDecoder):
-    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
+    """``prepared_layers``: as ``OmniThinker``'s."""
+
+    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu", prepared_layers: bool = True):
         self.config = load_config(checkpoint_dir).talker_config
         self.model = load_component(checkpoint_dir, hf.Qwen2_5OmniTalkerForConditionalGeneration, self.config,
                                     {"talker.": ""}, dtype, device)
         self.use_paged_attention(self.model.model.config, dtype, device)
         self.modules = {"talker": self.model}
-        if self.prepare_layers(self.model.model):
+        if prepared_layers and self.prepare_layers(self.model.model):
             self.modules["layers"] = self.prepared
         c = self.config
         self.codec_bos, self.codec_eos = c.tts_codec_start_token_id, c.tts_codec_end_token_id

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from omni_serve.models.loading import linear_from
+
 
 @dataclass(frozen=True)
 class WindowPack:
@@ -182,23 +184,13 @@ class _TimeConditioning:
     out_shift: torch.Tensor
 
 
-def _copy_linear(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.nn.Linear:
-    """An ``nn.Linear`` on its own ``dtype`` copy of ``weight`` and ``bias``."""
-    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=dtype)
-    with torch.no_grad():
-        lin.weight.copy_(weight)
-        if bias is not None:
-            lin.bias.copy_(bias)
-    return lin
-
-
 def _linear(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
             activation: str | None = None) -> torch.nn.Module:
     """A linear layer on its own ``dtype`` copy of ``weight``, prepacked for oneDNN where that is available;
     ``activation="gelu_tanh"`` applies tanh-GELU to its output (fused into the product when prepacked)."""
     from omni_kernels import PackedLinear, packing_available
 
-    lin = _copy_linear(weight, bias, dtype)
+    lin = linear_from(weight, bias, dtype)
     if packing_available() and weight.device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
         return PackedLinear(lin, batch_hint=256, activation=activation)
     return lin if activation is None else torch.nn.Sequential(lin, torch.nn.GELU(approximate="tanh"))
@@ -256,7 +248,7 @@ class PreparedDiT:
                       out=_linear(attn.to_out[0].weight.detach(), attn.to_out[0].bias, dtype),
                       up_gelu=_linear(up.weight.detach(), up.bias, dtype, activation="gelu_tanh"),
                       down=_linear(down.weight.detach(), down.bias, dtype),
-                      modulation=_copy_linear(modulation.weight.detach(), modulation.bias, dtype),
+                      modulation=linear_from(modulation.weight, modulation.bias, dtype),
                       heads=attn.heads, inner=inner, back=layer.look_backward_block, ahead=layer.look_ahead_block,
                       scale=1.0 if fold else scale, attn_eps=layer.attn_norm.norm.eps, ff_eps=layer.ff_norm.eps)
 

@@ -1,7 +1,7 @@
 """PreparedDecoder equals transformers' decoder layers over the paged KV cache (Qwen2.5-Omni thinker and talker).
 
 Two adapters load the same tiny checkpoint; one runs its decoder through ``PreparedDecoder`` (the default), the
-other through transformers' forward (``prepared`` never set up). Both get the same packed batches on caches of
+other through transformers' forward (``prepared_layers=False``). Both get the same packed batches on caches of
 their own: a prompt prefilled in two chunks, then decode steps of two requests at different lengths. Hidden states
 must agree to float rounding; a negative control shows a shifted position changes them far beyond it.
 """
@@ -14,26 +14,15 @@ import torch
 from omni_serve.engines.ar.attention import PagedBatch
 from omni_serve.engines.ar.kv_cache import PagedKVCache
 from omni_serve.models import qwen2_5_omni as omni
-from omni_serve.models.paged_decoder import PagedDecoder
 from omni_serve.models.prepared_decoder import PreparedDecoder
 
 TOL = dict(rtol=0, atol=2e-6)  # measured: <= 3e-7 (float rounding: fused products, addcmul)
 
 
 @pytest.fixture(scope="module")
-def pairs(omni_tiny_dir, monkeypatch_module):
-    torch.manual_seed(0)
-    prepared = (omni.OmniThinker(omni_tiny_dir), omni.OmniTalker(omni_tiny_dir))
-    monkeypatch_module.setattr(PagedDecoder, "prepare_layers", lambda self, decoder: False)
-    plain = (omni.OmniThinker(omni_tiny_dir), omni.OmniTalker(omni_tiny_dir))
-    return {"thinker": (prepared[0], plain[0]), "talker": (prepared[1], plain[1])}
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    mp = pytest.MonkeyPatch()
-    yield mp
-    mp.undo()
+def pairs(omni_tiny_dir):
+    return {name: (cls(omni_tiny_dir), cls(omni_tiny_dir, prepared_layers=False))
+            for name, cls in (("thinker", omni.OmniThinker), ("talker", omni.OmniTalker))}
 
 
 def _decoder(adapter):
