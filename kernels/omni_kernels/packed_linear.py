@@ -15,8 +15,8 @@ bfloat16 it is closer to the float32 result than the two ops in sequence, and it
 ``plain_max_rows=n`` (float32, no activation) keeps the row-major weight too and computes calls of at most ``n`` rows
 with ``F.linear`` on it: for one or two rows MKL's matrix-vector path beats the blocked product
 (``python loadtests/kernels_bench.py --threads 1``: 1.44x on the thinker's MLP at one row, 1.71x on the talker's at
-two; from 4 rows on the blocked product wins), at the price of a second copy of the weight. In bfloat16 the blocked product is faster at every row count, so the
-option is ignored there.
+two; from 4 rows on the blocked product wins), at the price of a second copy of the weight. In bfloat16 the blocked
+product is faster at every row count, so the option is ignored there.
 
 Why: ``F.linear`` on CPU multiplies by a row-major weight that MKL repacks on every call; a decode step calls
 each projection with a handful of rows, where that repacking is a large share of the call. Measured on this CPU,
