@@ -1,8 +1,11 @@
 """code2wav's compute in process, one thread: the timings behind docs/benchmarks.md's "Session of 2026-11-26".
 
-Usage: python loadtests/code2wav_solve_times.py [CHECKPOINT_DIR] (default checkpoints/qwen2_5_omni-small)
+Usage: python loadtests/code2wav_solve_times.py [CHECKPOINT_DIR] [--solves-only]
+(default checkpoints/qwen2_5_omni-small)
 
-Prints (1) one ``dit_windows`` solve (10 steps) of several window sets, bfloat16 and float32 blocks; (2) the vocoder
+Prints the CPU's capability and (1) one ``dit_windows`` solve (10 steps) of several window sets, bfloat16 and
+float32 blocks, with the linear layers' path in each (prepacked, or plain where the CPU has no bfloat16 product;
+``--solves-only`` stops here); (2) the vocoder
 on 208 frames (a 96-code chunk with its context) through transformers' module and through ``OmniCode2Wav.vocode``;
 (3) a request's code2wav cost (384 random codes, the served chunking) with 1, 2 and 4 requests per call, split
 into DiT and vocoder. Each timing is the mean of 3 runs after a warm-up; run it on a quiet machine.
@@ -16,6 +19,7 @@ import time
 import torch
 
 from ceiling_report import timed
+from omni_kernels import cpu_capability, kernel_paths
 from omni_ceiling import run_code2wav_streams
 
 from omni_serve.graphs.qwen2_5_omni.replica.code2wav import Code2WavCompute
@@ -49,11 +53,15 @@ def request_cost(model: OmniCode2Wav, per_call: int, gen: torch.Generator) -> tu
 
 
 def main() -> None:
-    ckpt = sys.argv[1] if len(sys.argv) > 1 else "checkpoints/qwen2_5_omni-small"
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    ckpt = args[0] if args else "checkpoints/qwen2_5_omni-small"
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
+    print("cpu:", cpu_capability().as_dict())
     for dtype in (torch.bfloat16, torch.float32):
         model = OmniCode2Wav(ckpt, dit_dtype=dtype)
+        name = str(dtype).split(".")[-1]
+        print(f"dit {name}: linear layers {kernel_paths()[f'linear.{name}']}")
 
         def window(n: int) -> DiTWindow:
             return DiTWindow(torch.randint(0, 8000, (n,), generator=gen).tolist(),
@@ -62,7 +70,9 @@ def main() -> None:
         for lengths in ([24], [120], [120, 120], [120] * 4):
             windows = [window(n) for n in lengths]
             seconds = timed(lambda: model.dit_windows(windows, 10))
-            print(f"dit {str(dtype).split('.')[-1]:8s} windows {lengths}: {seconds:.3f} s per solve")
+            print(f"dit {name:8s} windows {lengths}: {seconds:.3f} s per solve")
+    if "--solves-only" in sys.argv:
+        return
     mel = torch.randn(model.mel_dim, 208, generator=gen) - 4
     with torch.inference_mode():
         module = timed(lambda: model.vocoder(mel.unsqueeze(0)))

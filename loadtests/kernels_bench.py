@@ -8,7 +8,9 @@ talker (hidden 384, MLP 1024, 8 / 4 heads of 48) at decode batches 1-32 and a 25
 DiT's MLP up-projection with its tanh-GELU fused (``PackedLinear(activation="gelu_tanh")``, 2 x 240 rows, 256 -> 512,
 float32 and bfloat16) against the linear layer then GELU in the same dtype; at 1-2 rows, the packed product against
 ``PackedLinear(plain_max_rows=2)``, which runs those rows as MKL matrix-vector products (the AR engine's
-``gemv_max_rows``). Run it on a quiet machine: it times one call at a time.
+``gemv_max_rows``). Run it on a quiet machine: it times one call at a time. It prints the CPU's capability first
+(``omni_kernels.cpu_capability()``); rows of a dtype whose prepacked product this CPU lacks (bfloat16 without AVX-512
+or AVX-NE-CONVERT) are printed as skipped, with the reason.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import time
 
 import torch
 
-from omni_kernels import (PackedLinear, decode_attention, decode_bias, reference_decode_attention,
-                          reference_linear, reference_linear_gelu)
+from omni_kernels import (PackedLinear, cpu_capability, decode_attention, decode_bias, packing_supported,
+                          packing_unsupported_reason, reference_decode_attention, reference_linear,
+                          reference_linear_gelu)
 
 LINEARS = [  # (what, rows, in, out)
     ("thinker mlp up", 1, 512, 1536), ("thinker mlp up", 8, 512, 1536), ("thinker mlp up", 32, 512, 1536),
@@ -49,6 +52,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=300)
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
+    print("cpu:", cpu_capability().as_dict())
     print(f"{'kernel':<16} {'shape':<34} {'threads':>7} {'reference us':>12} {'kernel us':>10} {'speed-up':>8} "
           f"{'max |diff|':>10}")
     for threads in map(int, args.threads.split(",")):
@@ -72,6 +76,9 @@ def main() -> None:
                           f"{timed(lambda: packed(x), args.reps):>12.1f} {got:>10.1f} "
                           f"{timed(lambda: packed(x), args.reps) / got:>7.2f}x {diff:>10.1e}")
             for (what, rows, n_in, n_out), dtype in itertools.product(FUSED_GELU, (torch.float32, torch.bfloat16)):
+                if not packing_supported(dtype):
+                    print(f"{'linear+gelu':<16} {what} {dtype}: skipped ({packing_unsupported_reason(dtype)})")
+                    continue
                 linear = torch.nn.Linear(n_in, n_out).to(dtype)
                 x = torch.randn(rows, n_in, generator=gen).to(dtype)
                 fused = PackedLinear(linear, batch_hint=256, activation="gelu_tanh")

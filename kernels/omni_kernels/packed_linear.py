@@ -5,8 +5,11 @@ whose weight is a CPU float32/bfloat16 tensor with a ``PackedLinear`` that compu
 on a copy of the weight reordered once into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``,
 the reorder PyTorch's own CPU compiler applies to frozen weights); it returns how many it replaced. Outputs equal
 ``F.linear`` to float rounding, for any number of rows and leading dimensions; the original weight is released
-(kept only with ``plain_max_rows``, below). Modules on other devices or dtypes, and builds of torch without oneDNN,
-are left as they are (``packing_available()``).
+(kept only with ``plain_max_rows``, below). Modules on other devices or dtypes, and modules of a dtype whose prepacked
+product this CPU lacks (``omni_kernels.capability.packing_supported``: bfloat16 needs AVX-512 or AVX-NE-CONVERT; no
+dtype without oneDNN), are left as they are and run ``F.linear``; which path each dtype took is recorded
+(``capability.record_path("linear.<dtype>", ...)``, logged once). ``PackedLinear`` itself refuses such a weight with
+a ``ValueError`` that says why.
 ``PackedLinear(linear, batch_hint, activation="gelu_tanh")`` computes ``reference_linear_gelu`` (tanh-GELU of the
 output) with the activation fused into oneDNN's product: applied to the float32 accumulator before rounding, so in
 bfloat16 it is closer to the float32 result than the two ops in sequence, and it costs one pass instead of two
@@ -33,12 +36,26 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from omni_kernels.capability import onednn_linear_ops, packing_supported, packing_unsupported_reason, record_path
+
 _DTYPES = (torch.float32, torch.bfloat16)
+PACKED_PATH = "prepacked oneDNN product"
+PLAIN_PATH = "F.linear (plain library product)"
 
 
 def packing_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(
-        torch.ops.mkldnn, "_reorder_linear_weight")
+    """Whether this torch build has oneDNN's prepacked linear ops at all (``packing_supported(dtype)`` says whether
+    they run in a dtype on this CPU)."""
+    return onednn_linear_ops()
+
+
+def record_linear_path(dtype: torch.dtype) -> bool:
+    """Record (and log once) whether linear layers of ``dtype`` run prepacked here; returns that answer."""
+    supported = packing_supported(dtype)
+    name = str(dtype).removeprefix("torch.")
+    record_path(f"linear.{name}", PACKED_PATH if supported else PLAIN_PATH,
+                None if supported else packing_unsupported_reason(dtype))
+    return supported
 
 
 _ACTIVATIONS = {None: ("none", ""), "gelu_tanh": ("gelu", "tanh")}
@@ -57,6 +74,9 @@ class PackedLinear(torch.nn.Module):
         self._attr, self._algorithm = _ACTIVATIONS[activation]
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
+        if not packing_supported(weight.dtype):
+            raise ValueError(f"PackedLinear cannot prepack a {weight.dtype} weight here: "
+                             f"{packing_unsupported_reason(weight.dtype)}; use the plain nn.Linear")
         self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint),
                              persistent=False)
         self.bias = linear.bias
@@ -82,10 +102,10 @@ def _packable(module: torch.nn.Module) -> bool:
 
 
 def pack_linears(module: torch.nn.Module, batch_hint: int = 32, plain_max_rows: int = 0) -> int:
-    if not packing_available():
-        return 0
     targets = [(parent, name, child) for parent in module.modules()
                for name, child in parent.named_children() if _packable(child)]
+    supported = {dtype: record_linear_path(dtype) for dtype in {child.weight.dtype for _, _, child in targets}}
+    targets = [t for t in targets if supported[t[2].weight.dtype]]
     for parent, name, child in targets:
         setattr(parent, name, PackedLinear(child, batch_hint, plain_max_rows=plain_max_rows))
     return len(targets)

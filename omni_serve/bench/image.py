@@ -422,6 +422,7 @@ def _engine_runs(cfg: ImageBenchConfig, requests: list[ImageRequest], model: str
 
 def run_image_bench(cfg: ImageBenchConfig) -> BenchOutcome:
     from omni_serve.bench.image_report import build_image_report, format_image_table, write_image_report
+    from omni_serve.bench.machine import machine_info
 
     requests = build_image_workload(cfg)
     model = cfg.model or asyncio.run(discover_model(cfg.url))
@@ -431,6 +432,7 @@ def run_image_bench(cfg: ImageBenchConfig) -> BenchOutcome:
              "uncached runs send cache.mode=off"]
     if cfg.endpoint == "edits":
         notes.append(f"edits: each request edits its own {cfg.input_size} input image (conditioning at ~1 MP)")
+    machine = machine_info(cfg.url)
     runs = _engine_runs(cfg, requests, model)
     if cfg.stop_server_pid is not None:
         from omni_serve.bench.server import stop_server
@@ -442,7 +444,7 @@ def run_image_bench(cfg: ImageBenchConfig) -> BenchOutcome:
         runs.append(DiffusersImageBaseline(cfg.checkpoint, cfg.threads, edits=cfg.endpoint == "edits",
                                            dtype=cfg.baseline_dtype).run(
             requests, warmup=cfg.warmup, progress_every=cfg.progress_every))
-    report = build_image_report(runs, config=cfg.model_dump(mode="json"), notes=notes)
+    report = build_image_report(runs, config={**cfg.model_dump(mode="json"), "machine": machine}, notes=notes)
     json_path, png_path = write_image_report(report, runs, cfg.out)
     return BenchOutcome(report=report, json_path=json_path, png_path=png_path, table=format_image_table(report),
                         runs=runs)

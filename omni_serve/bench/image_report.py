@@ -28,6 +28,7 @@ import os
 import time
 from typing import Any
 
+from omni_serve.bench.machine import machine_section
 from omni_serve.bench.report import _ms, _num, _ratio, _table, stats, summarize
 
 PARITY_TOLERANCE = 2  # uint8 levels
@@ -186,7 +187,7 @@ def format_image_table(report: dict[str, Any]) -> str:
     notes = report["notes"] + [f"{s['label']}: {n}" for s in report["runs"] for n in s["notes"]]
     if notes:
         out += ["", "Notes"] + [f"  - {n}" for n in notes]
-    return "\n".join(out)
+    return "\n".join(out + machine_section(report["config"].get("machine")))
 
 
 def plot_image_report(runs: list, report: dict[str, Any], path: str) -> str:

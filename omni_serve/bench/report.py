@@ -32,6 +32,7 @@ import os
 import time
 from typing import Any
 
+from omni_serve.bench.machine import machine_section
 from omni_serve.bench.records import EXACT_TOKEN_SOURCES, RequestRecord, RunResult
 
 METRICS = ("ttft", "ttfp", "itl", "e2e", "rtf")
@@ -258,7 +259,7 @@ def format_table(report: dict[str, Any]) -> str:
     notes = report["notes"] + [f"{s['label']}: {n}" for s in runs for n in s["notes"]]
     if notes:
         out += ["", "Notes"] + [f"  - {n}" for n in notes]
-    return "\n".join(out)
+    return "\n".join(out + machine_section(report["config"].get("machine")))
 
 
 def _x_kind(runs: list[RunResult]) -> str:

@@ -268,12 +268,15 @@ def _calibration(cfg: BenchConfig, extra: dict[str, Any], phase: str, notes: lis
 
 
 def run_bench(cfg: BenchConfig) -> BenchOutcome:
+    from omni_kernels import kernel_paths
+
+    from omni_serve.bench.machine import machine_info
     from omni_serve.bench.report import build_report, format_table, write_report
 
     requests = build_workload(cfg.workload())
     runs: list[RunResult] = []
     notes: list[str] = []
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"machine": machine_info(cfg.url if cfg.mode == "omni" else None)}
     _calibration(cfg, extra, "engine", notes)
     if cfg.mode == "omni":
         engine_runs, engine_notes = _engine_omni_runs(cfg, requests)
@@ -298,6 +301,7 @@ def run_bench(cfg: BenchConfig) -> BenchOutcome:
         extra["threads_used"] = threads
         prompts = text_prompts(cfg.checkpoint, requests, cfg.system_prompt)
         runs += _engine_text_runs(cfg, prompts, threads)
+        extra["machine"]["stages"]["this process"] = kernel_paths()
         _calibration(cfg, extra, "baseline", notes)
         for system in cfg.baselines or ["cb"]:
             if system == "cb":

@@ -229,8 +229,10 @@ def run_baseline(cfg: SpeechBenchConfig, texts: list[str]) -> SpeechPoint:
 
 def run_speech_bench(cfg: SpeechBenchConfig) -> dict:
     from omni_serve.bench.calibration import calibrate, drift_note
+    from omni_serve.bench.machine import machine_info
 
     texts = cfg.texts()
+    machine = machine_info(cfg.url)
     calibration = {"engine": round(calibrate(), 5)} if cfg.calibrate and cfg.baseline == "hf" else {}
     points = run_engine(cfg, texts)
     if cfg.stop_server_pid is not None:
@@ -247,7 +249,7 @@ def run_speech_bench(cfg: SpeechBenchConfig) -> dict:
     baseline = run_baseline(cfg, texts) if cfg.baseline == "hf" else None
     rows = [p.summary() for p in points] + ([baseline.summary()] if baseline else [])
     report = {"config": cfg.model_dump(), "points": rows, "ratios": {}, "calibration_s": calibration,
-              "notes": notes}
+              "notes": notes, "machine": machine}
     if baseline is not None:
         base = baseline.summary()["audio_s_per_s"]
         report["ratios"] = {f"engine_c{p.concurrency}_over_hf_audio_s_per_s":
@@ -260,6 +262,8 @@ def run_speech_bench(cfg: SpeechBenchConfig) -> dict:
 
 
 def format_report(report: dict) -> str:
+    from omni_serve.bench.machine import machine_section
+
     cols = ("system", "concurrency", "requests", "failed", "audio_s", "wall_s", "audio_s_per_s", "rtf_mean",
             "ttfp_p50_s", "e2e_p50_s", "ttfp_over_e2e")
     lines = [" | ".join(cols)]
@@ -267,4 +271,5 @@ def format_report(report: dict) -> str:
     lines += [f"{k}: {v}" for k, v in report["ratios"].items()]
     lines += [f"calibration before the {k} runs: {v * 1000:.1f} ms" for k, v in report.get("calibration_s", {}).items()]
     lines += [f"note: {n}" for n in report.get("notes", [])]
+    lines += machine_section(report.get("machine"))
     return "\n".join(lines)

@@ -7,7 +7,10 @@ and builds the stage's declared runner (loading only that stage's weights) and e
   ingress error) aborts the request in the engine and frees its state.
 - ``ready()``: cheap liveness/identity probe used by the ingress' ``/health``, with the engine's stats
   (active requests; for AR stages running/waiting requests and KV block counts) and, under
-  ``data_plane``, the counters of the connectors this replica uses (payloads held, buffer use).
+  ``data_plane``, the counters of the connectors this replica uses (payloads held, buffer use), and under
+  ``kernels`` what this replica's CPU runs (``omni_kernels.cpu_capability``: ISA, bfloat16/prepacked support) and
+  which implementation each of its bfloat16/prepacked paths took, with the reason for a fallback
+  (``omni_kernels.kernel_paths``).
 - ``record_autoscaling_stats()``: Ray Serve's custom-metrics hook, the engine's ``load()`` (utilization,
   backlog, queued, KV use, batch occupancy, diffusion steps in flight); the ``omni_serve.autoscaling``
   policies scale the stage on them.
@@ -63,10 +66,13 @@ class StageDeployment:
             raise
 
     async def ready(self) -> dict[str, Any]:
+        from omni_kernels import cpu_capability, kernel_paths
+
         from omni_serve.transport.base import connector_stats
 
         return {"stage": self.stage, "pid": os.getpid(), **self.engine.stats(), "load": self.engine.load(),
-                "data_plane": connector_stats()}
+                "data_plane": connector_stats(),
+                "kernels": {"cpu": cpu_capability().as_dict(), "paths": kernel_paths()}}
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         return self.engine.load()

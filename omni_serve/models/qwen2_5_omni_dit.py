@@ -186,12 +186,14 @@ class _TimeConditioning:
 
 def _linear(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
             activation: str | None = None) -> torch.nn.Module:
-    """A linear layer on its own ``dtype`` copy of ``weight``, prepacked for oneDNN where that is available;
-    ``activation="gelu_tanh"`` applies tanh-GELU to its output (fused into the product when prepacked)."""
-    from omni_kernels import PackedLinear, packing_available
+    """A linear layer on its own ``dtype`` copy of ``weight``, prepacked for oneDNN where this CPU runs that product
+    in ``dtype`` (``omni_kernels.packing_supported``; the path taken is recorded in the stage's stats), else the
+    plain library layers; ``activation="gelu_tanh"`` applies tanh-GELU to its output (fused into the product when
+    prepacked)."""
+    from omni_kernels import PackedLinear, record_linear_path
 
     lin = linear_from(weight, bias, dtype)
-    if packing_available() and weight.device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
+    if weight.device.type == "cpu" and record_linear_path(dtype):
         return PackedLinear(lin, batch_hint=256, activation=activation)
     return lin if activation is None else torch.nn.Sequential(lin, torch.nn.GELU(approximate="tanh"))
 

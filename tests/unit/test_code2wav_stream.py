@@ -91,7 +91,11 @@ def test_chunking_must_follow_dit_blocks(c2w):
 
 def test_bfloat16_dit_blocks_stay_close_to_float32(c2w, omni_tiny_dir):
     """``dit_dtype=bfloat16`` runs the DiT's blocks on a bfloat16 copy: the mel stays within 1% of float32's, and
-    is not float32's (the option is really on); transformers' own path (``synthesize``) keeps float32 weights."""
+    is not float32's (the option is really on); transformers' own path (``synthesize``) keeps float32 weights. Its
+    linear layers are prepacked where this CPU runs bfloat16 products (``omni_kernels.packing_supported``), else the
+    plain library layers, and the stats record which."""
+    from omni_kernels import PackedLinear, kernel_paths, packing_supported
+
     from omni_serve.models.qwen2_5_omni import DiTWindow
 
     low = OmniCode2Wav(omni_tiny_dir, dit_dtype=torch.bfloat16)
@@ -104,6 +108,10 @@ def test_bfloat16_dit_blocks_stay_close_to_float32(c2w, omni_tiny_dir):
     assert 0 < err < 1e-2, err
     assert all(p.dtype == torch.float32 for p in low.dit.parameters())
     assert low.prepared.dtype == torch.bfloat16
+    packed = packing_supported(torch.bfloat16)
+    assert isinstance(low.prepared.layers[0].qkv, PackedLinear) == packed
+    assert isinstance(low.prepared.layers[0].up_gelu, PackedLinear) == packed
+    assert kernel_paths()["linear.bfloat16"]["path"].startswith("prepacked" if packed else "F.linear")
 
 
 def test_windows_of_different_lengths_in_one_call_equal_each_alone(c2w):

@@ -7,7 +7,10 @@ mix-up the reference would catch (another head grouping, one key too few) fails 
 
 ``PackedLinear`` / ``pack_linears``: equal ``F.linear`` for any row count and leading dimensions, with and without
 bias, in float32 and bfloat16; only CPU float linear layers are swapped, their unpacked weights released, and a
-packed model computes what it did before.
+packed model computes what it did before. bfloat16 tests take the branch of this CPU's capability
+(``omni_kernels.packing_supported``, itself checked against the CPU's flags in ``test_cpu_capability.py``, which
+also reruns this file on a CPU capped to AVX2): the prepacked product where oneDNN runs it, else a refusal that says
+why and the plain layer.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from omni_kernels import (PackedLinear, decode_attention, decode_bias, pack_linears, packing_available,
-                          reference_decode_attention, reference_linear, reference_linear_gelu, reference_tanh_gelu,
-                          tanh_gelu)
+                          packing_supported, reference_decode_attention, reference_linear, reference_linear_gelu,
+                          reference_tanh_gelu, tanh_gelu)
 
 SHAPES = [  # batch, query heads, key/value heads, keys, head dim
     (1, 8, 4, 60, 64), (2, 4, 2, 120, 8), (8, 8, 4, 250, 48), (32, 8, 4, 130, 64), (5, 6, 6, 33, 32), (3, 8, 1, 17, 16),
@@ -106,6 +109,13 @@ def test_decode_attention_on_cuda_equals_sdpa_and_the_cpu():
 
 # -- packed_linear -------------------------------------------------------------------------------------------------
 needs_onednn = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN linear ops")
+PACKED_BF16 = packing_supported(torch.bfloat16)
+
+
+def refused_in_bfloat16(make):
+    """Where this CPU has no prepacked bfloat16 product: ``make()`` raises the error that says so."""
+    with pytest.raises(ValueError, match="cannot prepack a torch.bfloat16 weight here: oneDNN"):
+        make()
 
 
 @needs_onednn
@@ -140,15 +150,22 @@ def test_packed_linear_with_plain_rows_equals_f_linear_and_switches_path_by_row_
 
 @needs_onednn
 def test_packed_linear_keeps_no_plain_copy_in_bfloat16_or_with_an_activation():
-    bf16 = PackedLinear(torch.nn.Linear(64, 64).to(torch.bfloat16), 8, plain_max_rows=2)
     gelu = PackedLinear(torch.nn.Linear(64, 64), 8, activation="gelu_tanh", plain_max_rows=2)
-    assert bf16.plain_weight is None and gelu.plain_weight is None and bf16.plain_max_rows == gelu.plain_max_rows == 0
+    assert gelu.plain_weight is None and gelu.plain_max_rows == 0
+
+    def bf16():
+        return PackedLinear(torch.nn.Linear(64, 64).to(torch.bfloat16), 8, plain_max_rows=2)
+    if not PACKED_BF16:
+        return refused_in_bfloat16(bf16)
+    assert bf16().plain_weight is None and bf16().plain_max_rows == 0
 
 
 @needs_onednn
 def test_packed_linear_in_bfloat16():
     linear = torch.nn.Linear(64, 64).to(torch.bfloat16)
     x = torch.randn(8, 64, dtype=torch.bfloat16)
+    if not PACKED_BF16:
+        return refused_in_bfloat16(lambda: PackedLinear(linear, 8))
     got = PackedLinear(linear, 8)(x)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), reference_linear(x.float(), linear.weight.float(), linear.bias.float()),
@@ -163,6 +180,8 @@ def test_packed_linear_with_fused_gelu_equals_linear_then_gelu(dtype):
     torch.manual_seed(0)
     linear = torch.nn.Linear(96, 160).to(dtype)
     x = torch.randn(2, 37, 96, dtype=dtype)
+    if dtype == torch.bfloat16 and not PACKED_BF16:
+        return refused_in_bfloat16(lambda: PackedLinear(linear, 32, activation="gelu_tanh"))
     got = PackedLinear(linear, 32, activation="gelu_tanh")(x)
     want = reference_linear_gelu(x.float(), linear.weight.float(), linear.bias.float())
     assert got.dtype == dtype and got.shape == want.shape

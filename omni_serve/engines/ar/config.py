@@ -24,7 +24,8 @@ class ARConfig(BaseModel):
     packed_linear: bool = Field(True, description=(
         "Run the model's linear layers on weights prepacked once for oneDNN (CPU, float32/bfloat16; "
         "omni_kernels.pack_linears): 1.1-2.2x faster matrix products at decode batch sizes, outputs equal to "
-        "float rounding. Other devices and dtypes are left as they are."))
+        "float rounding. Other devices and dtypes are left as they are, and so are bfloat16 layers on CPUs "
+        "without oneDNN's bfloat16 product (AVX2-only; the replica logs it, /health shows it under kernels)."))
     gemv_max_rows: int = Field(2, ge=0, description=(
         "With packed_linear, steps of at most this many rows run float32 projections as MKL matrix-vector "
         "products on a second, row-major copy of each weight (1.4-1.7x faster than the packed product at 1-2 "

@@ -49,7 +49,8 @@ class DiTParams(BaseModel):
     packed_linear: bool = Field(True, description=(
         "Run the transformer's linear layers on weights prepacked once for oneDNN (CPU, float32/bfloat16; "
         "omni_kernels.pack_linears): ~10% faster forward in float32 and ~20% in bfloat16 on a 2-core CPU, outputs "
-        "equal to float rounding."))
+        "equal to float rounding. bfloat16 layers stay plain on CPUs without oneDNN's bfloat16 product (AVX2-only; "
+        "logged, and shown in /health under kernels)."))
 
 
 class VAEParams(BaseModel):
