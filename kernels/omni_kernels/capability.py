@@ -65,7 +65,9 @@ def _flag(name: str) -> bool:
         return False
 
 
-def onednn_linear_ops() -> bool:
+def packing_available() -> bool:
+    """Whether this torch build has oneDNN's prepacked linear ops at all (``packing_supported(dtype)`` says whether
+    they run in a dtype on this CPU)."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(
         torch.ops.mkldnn, "_reorder_linear_weight")
 
@@ -80,7 +82,7 @@ def _onednn_bf16() -> bool:
 
 def _probe(dtype: torch.dtype, onednn_bf16: bool) -> str | None:
     """None if the prepacked product works in ``dtype`` here, else why not."""
-    if not onednn_linear_ops():
+    if not packing_available():
         return "this torch build has no oneDNN linear ops"
     if dtype == torch.bfloat16 and not onednn_bf16:
         return ("oneDNN has no bfloat16 product on this CPU (it needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT"
@@ -117,18 +119,18 @@ def cpu_capability() -> CpuCapability:
         unsupported={name: why for name, why in reasons.items() if why is not None})
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
 def packing_supported(dtype: torch.dtype) -> bool:
     """Whether oneDNN's prepacked linear product runs in ``dtype`` on this CPU."""
-    return cpu_capability().packed.get(_dtype_name(dtype), False)
+    return cpu_capability().packed.get(dtype_name(dtype), False)
 
 
 def packing_unsupported_reason(dtype: torch.dtype) -> str | None:
     """Why the prepacked product does not run in ``dtype`` here (None where it does)."""
-    name = _dtype_name(dtype)
+    name = dtype_name(dtype)
     if name not in _PROBE_DTYPES:
         return f"prepacked products are float32/bfloat16 only, not {name}"
     return cpu_capability().unsupported.get(name)
@@ -139,8 +141,8 @@ _paths_lock = threading.Lock()
 
 
 def record_path(what: str, path: str, reason: str | None = None) -> None:
-    """Note that ``what`` (a component, e.g. ``"code2wav.dit linear bfloat16"``) runs ``path``, and why when it is
-    a fallback; logged the first time a component takes a path."""
+    """Note that ``what`` (a component, e.g. ``"linear.bfloat16"``: the process' bfloat16 linear layers) runs
+    ``path``, and why when it is a fallback; logged the first time a component takes a path."""
     entry = {"path": path, **({"reason": reason} if reason else {})}
     with _paths_lock:
         if _paths.get(what) == entry:

@@ -36,24 +36,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from omni_kernels.capability import onednn_linear_ops, packing_supported, packing_unsupported_reason, record_path
+from omni_kernels.capability import (dtype_name, packing_available, packing_supported, packing_unsupported_reason,
+                                     record_path)
 
 _DTYPES = (torch.float32, torch.bfloat16)
 PACKED_PATH = "prepacked oneDNN product"
 PLAIN_PATH = "F.linear (plain library product)"
 
 
-def packing_available() -> bool:
-    """Whether this torch build has oneDNN's prepacked linear ops at all (``packing_supported(dtype)`` says whether
-    they run in a dtype on this CPU)."""
-    return onednn_linear_ops()
-
-
 def record_linear_path(dtype: torch.dtype) -> bool:
     """Record (and log once) whether linear layers of ``dtype`` run prepacked here; returns that answer."""
     supported = packing_supported(dtype)
-    name = str(dtype).removeprefix("torch.")
-    record_path(f"linear.{name}", PACKED_PATH if supported else PLAIN_PATH,
+    record_path(f"linear.{dtype_name(dtype)}", PACKED_PATH if supported else PLAIN_PATH,
                 None if supported else packing_unsupported_reason(dtype))
     return supported
 

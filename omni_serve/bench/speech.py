@@ -26,6 +26,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from omni_serve.bench.machine import machine_info, machine_section
+
 log = logging.getLogger(__name__)
 SAMPLE_RATE = 24000
 WORDS = ("hello world cat dog morning evening river mountain music garden window coffee light story city ocean "
@@ -229,7 +231,6 @@ def run_baseline(cfg: SpeechBenchConfig, texts: list[str]) -> SpeechPoint:
 
 def run_speech_bench(cfg: SpeechBenchConfig) -> dict:
     from omni_serve.bench.calibration import calibrate, drift_note
-    from omni_serve.bench.machine import machine_info
 
     texts = cfg.texts()
     machine = machine_info(cfg.url)
@@ -262,8 +263,6 @@ def run_speech_bench(cfg: SpeechBenchConfig) -> dict:
 
 
 def format_report(report: dict) -> str:
-    from omni_serve.bench.machine import machine_section
-
     cols = ("system", "concurrency", "requests", "failed", "audio_s", "wall_s", "audio_s_per_s", "rtf_mean",
             "ttfp_p50_s", "e2e_p50_s", "ttfp_over_e2e")
     lines = [" | ".join(cols)]
