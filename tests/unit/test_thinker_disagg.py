@@ -108,6 +108,21 @@ async def _put_media(conn, rid, media):
         await conn.put(chunk_key(rid, EDGE_ENCODER_THINKER, 0), MediaEmbeddings(**media))
 
 
+def hold_until_all_ready(engine, n: int) -> None:
+    """``engine`` computes nothing until ``n`` requests are in it, each with rows to compute (its hand-off
+    arrived): they reach its scheduler in one step whatever the machine's speed, not as they trickle in."""
+    has_work, opened = engine.has_work, False
+
+    def gated() -> bool:  # the worker calls it with the engine's condition held
+        nonlocal opened
+        if not opened:
+            slots = list(engine._slots.values())
+            opened = len(slots) >= n and all(s.program.ready() for s in slots)
+        return opened and has_work()
+
+    engine.has_work = gated
+
+
 async def run_both(rs, jobs: list[tuple[dict, dict]], conn, concurrent: bool = True, prefill_first: bool = False):
     """Each job (request, media) through the aggregated thinker and through prefill -> decode (all at once, or
     one after the other; ``prefill_first``: every prefill ends before any decode call opens, so all hand-offs
@@ -137,6 +152,7 @@ async def run_both(rs, jobs: list[tuple[dict, dict]], conn, concurrent: bool = T
         for req, (_, media) in zip(reqs, jobs):
             await _put_media(conn, req.request_id, media)
         await asyncio.gather(*(_collect(pre, engines["prefill"], r) for r in reqs))
+        hold_until_all_ready(engines["decode"], len(reqs))
         outs = await asyncio.gather(*(_collect(dec, engines["decode"], r) for r in reqs))
         return [await _thinker_result(conn, o, r.request_id, talker[i]) for i, (o, r) in enumerate(zip(outs, reqs))]
 
@@ -231,7 +247,8 @@ def test_preempted_decode_recomputes_and_still_matches(omni_tiny_dir, inputs, tm
              inputs[CASES[i % 3]][1]) for i in range(6)]
     longest = max(len(r.input_ids) for r, _ in jobs) + 16
     assert 28 * 4 >= longest and 6 * longest > 28 * 4  # each fits alone; together they cannot
-    # every hand-off is waiting before decode opens its calls, so they reach decode together (not timing)
+    # every prefill ends before decode opens its calls, and decode computes nothing until all six hand-offs
+    # are in: they reach its scheduler together (not timing)
     _, _, stats = run_case(rs, jobs, tmp_path, atol=BATCH_ROUNDING, prefill_first=True)
     assert stats["decode"]["preemptions"] > 0
     assert stats["decode"]["kv_blocks_free"] == 28
