@@ -15,8 +15,8 @@ import time
 import numpy as np
 import torch
 
-from omni_serve.graphs.qwen2_5_omni.messages import CodecChunk
-from omni_serve.graphs.qwen2_5_omni.replica.code2wav import Code2WavCompute, Code2WavRequest, Code2WavStream
+from omni_serve.families.qwen2_5_omni.messages import CodecChunk
+from omni_serve.families.qwen2_5_omni.replica.code2wav import Code2WavCompute, Code2WavRequest, Code2WavStream
 from omni_serve.models.qwen2_5_omni import DiTWindow, OmniCode2Wav
 
 

@@ -22,7 +22,7 @@ from ceiling_report import timed
 from omni_kernels import cpu_capability, kernel_paths
 from omni_ceiling import run_code2wav_streams
 
-from omni_serve.graphs.qwen2_5_omni.replica.code2wav import Code2WavCompute
+from omni_serve.families.qwen2_5_omni.replica.code2wav import Code2WavCompute
 from omni_serve.models.qwen2_5_omni import DiTWindow, OmniCode2Wav
 
 

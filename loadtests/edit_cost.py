@@ -20,7 +20,7 @@ from diffusers.image_processor import VaeImageProcessor
 from PIL import Image
 
 from omni_serve.bench.image import input_png
-from omni_serve.graphs.qwen_image_edit.frontend import condition_size
+from omni_serve.families.qwen_image_edit.frontend import condition_size
 from omni_serve.models.qwen_image import DenoiseRow, QwenImageDecoder, QwenImageDenoiser
 from omni_serve.models.qwen_image_edit import QwenImageConditionEncoder, QwenImageEditTextEncoder
 

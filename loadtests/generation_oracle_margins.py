@@ -17,9 +17,9 @@ import numpy as np
 from diffusers import QwenImagePipeline
 
 from omni_serve.api.images import ImageGenerationRequest
-from omni_serve.graphs.frontend import RequestContext
-from omni_serve.graphs.local import LocalGraph
-from omni_serve.graphs.qwen_image import FAMILY
+from omni_serve.graph.frontend import RequestContext
+from omni_serve.graph.local import LocalGraph
+from omni_serve.families.qwen_image import FAMILY
 from tests.conftest import tiny_checkpoint
 from tests.image_oracle import latent_distance, response_result
 from tests.integration.test_qwen_image_graph import CASES, case_reference, swapped_references

@@ -28,7 +28,7 @@ import torch
 from ceiling_report import against_bench, ar_seconds_per_request, print_costs, timed, write_report
 
 from omni_serve.engines.ar import ARConfig
-from omni_serve.graphs.glm_image.replica.programs import PriorSequence
+from omni_serve.families.glm_image.replica.programs import PriorSequence
 from omni_serve.models.glm_image import GlmDenoiseRow, GlmImageAR, GlmImageDecoder, GlmImageDenoiser, \
     GlmImageGlyphEncoder
 

@@ -30,8 +30,8 @@ import torch
 from ceiling_report import against_bench, ar_seconds_per_request, print_costs, write_report
 
 from omni_serve.engines.ar import ARConfig, ARSequence
-from omni_serve.graphs.qwen2_5_omni.messages import CodecChunk
-from omni_serve.graphs.qwen2_5_omni.replica.code2wav import Code2WavCompute, Code2WavRequest, Code2WavStream
+from omni_serve.families.qwen2_5_omni.messages import CodecChunk
+from omni_serve.families.qwen2_5_omni.replica.code2wav import Code2WavCompute, Code2WavRequest, Code2WavStream
 from omni_serve.models.qwen2_5_omni import OmniCode2Wav, OmniTalker, OmniThinker
 
 

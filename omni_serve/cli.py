@@ -21,7 +21,7 @@ DEFAULT_GRAPH = "qwen2_5_omni"
 
 
 def _families():
-    from omni_serve.graphs.registry import families
+    from omni_serve.graph.registry import families
 
     return families()
 
@@ -34,7 +34,7 @@ def _checkpoint_writers() -> dict[str, str]:
 
 
 def cmd_make_checkpoint(args) -> int:
-    from omni_serve.graphs.registry import import_path
+    from omni_serve.graph.registry import import_path
 
     print(f"writing {args.size} {args.family} checkpoint to {args.dir} ...", flush=True)
     import_path(_checkpoint_writers()[args.family])(args.dir, args.size, seed=args.seed)
@@ -44,7 +44,7 @@ def cmd_make_checkpoint(args) -> int:
 
 def cmd_graph(args) -> int:
     if args.markdown:
-        from omni_serve.graphs.docs import markdown
+        from omni_serve.graph.docs import markdown
 
         sys.stdout.write(markdown(_families() if args.graph is None else {args.graph: _families()[args.graph]}))
         return 0
@@ -125,7 +125,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_build(args) -> int:
-    from omni_serve.graphs.serve_config import build_serve_config, render
+    from omni_serve.graph.serve_config import build_serve_config, render
 
     values = _parse_overrides(args.overrides)
     if args.config:

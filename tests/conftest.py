@@ -36,7 +36,7 @@ LAST_WRITTEN = {"qwen2_5_omni": "spk_dict.pt"}
 def tiny_checkpoint(family: str) -> str:
     """The tiny checkpoint of a registered family, at its environment variable's path or checkpoints/<family>-tiny,
     written by the family's checkpoint writer if it is missing."""
-    from omni_serve.graphs.registry import families, import_path
+    from omni_serve.graph.registry import families, import_path
 
     env = CHECKPOINT_ENV.get(family, f"OMNI_SERVE_TEST_{family.upper()}_CHECKPOINT")
     path = os.environ.get(env, os.path.join(REPO, "checkpoints", f"{family}-tiny"))

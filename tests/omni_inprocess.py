@@ -15,9 +15,9 @@ import numpy as np
 
 from omni_serve.checkpoints.qwen2_5_omni import TOKEN_ID
 from omni_serve.engines.ar import ARConfig
-from omni_serve.graphs.local import LocalGraph
-from omni_serve.graphs.qwen2_5_omni import FAMILY
-from omni_serve.graphs.qwen2_5_omni.messages import (
+from omni_serve.graph.local import LocalGraph
+from omni_serve.families.qwen2_5_omni import FAMILY
+from omni_serve.families.qwen2_5_omni.messages import (
     AudioDelta, CodecDelta, Code2WavCall, EncoderCall, MediaInputs, MediaLayout, SamplingSettings, TalkerCall,
     TalkerPrompt, TextDelta, ThinkerCall,
 )

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from omni_serve.engines.ar import ARConfig
-from omni_serve.graphs.local import LocalGraph
-from omni_serve.graphs.qwen3_omni import FAMILY
-from omni_serve.graphs.qwen3_omni.messages import (
+from omni_serve.graph.local import LocalGraph
+from omni_serve.families.qwen3_omni import FAMILY
+from omni_serve.families.qwen3_omni.messages import (
     AudioDelta, CodecDelta, Code2WavCall, EncoderCall, MediaInputs, MediaLayout, SamplingSettings, TalkerCall,
     TalkerPrompt, TextDelta, ThinkerCall,
 )

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from omni_serve.graphs.family import Family
-from omni_serve.graphs.graph import EdgeDef, EngineKind, GraphDef, StageDef
-from omni_serve.graphs.messages import Message, Tensor
-from omni_serve.graphs.spec import GraphSpecBase
+from omni_serve.graph.family import Family
+from omni_serve.graph.graph import EdgeDef, EngineKind, GraphDef, StageDef
+from omni_serve.graph.messages import Message, Tensor
+from omni_serve.graph.spec import GraphSpecBase
 
 
 class EchoCall(Message):

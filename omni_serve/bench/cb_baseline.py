@@ -96,7 +96,7 @@ def _im_end(checkpoint_dir: str) -> int:
 
 def text_prompts(checkpoint_dir: str, requests, system_prompt: str | None = None) -> list[list[int]]:
     """Token ids of each workload request exactly as the server's ingress tokenizes it."""
-    from omni_serve.graphs.qwen2_5_omni.spec import SPEECH_SYSTEM_PROMPT
+    from omni_serve.families.qwen2_5_omni.spec import SPEECH_SYSTEM_PROMPT
     from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
 
     proc = OmniInputProcessor(checkpoint_dir)

@@ -27,7 +27,7 @@ def run_engine_text(checkpoint_dir: str, prompts: list[list[int]], max_new_token
     from omni_serve.bench.client import LoadPoint, poisson_arrivals, progress_logger
     from omni_serve.engines.ar import ARConfig, AREngine
     from omni_serve.engines.sampling import SamplingParams
-    from omni_serve.graphs.qwen2_5_omni.replica.programs import ThinkerRequest, ThinkerSequence
+    from omni_serve.families.qwen2_5_omni.replica.programs import ThinkerRequest, ThinkerSequence
     from omni_serve.models.qwen2_5_omni import OmniThinker
 
     if not prompts:

@@ -42,7 +42,7 @@ SAMPLE_RATE = 24000
 
 @dataclass
 class ServerDefaults:
-    """The graph-spec settings the baseline mirrors (defaults read from ``omni_serve.graphs.qwen2_5_omni.spec``)."""
+    """The graph-spec settings the baseline mirrors (defaults read from ``omni_serve.families.qwen2_5_omni.spec``)."""
 
     max_codec_tokens: int
     talker_temperature: float
@@ -55,7 +55,7 @@ class ServerDefaults:
 
     @classmethod
     def from_spec(cls, **overrides) -> "ServerDefaults":
-        from omni_serve.graphs.qwen2_5_omni.spec import Code2WavParams, TalkerParams
+        from omni_serve.families.qwen2_5_omni.spec import Code2WavParams, TalkerParams
 
         t, c = TalkerParams(), Code2WavParams()
         values = dict(max_codec_tokens=t.max_codec_tokens, talker_temperature=t.temperature, talker_top_k=t.top_k,
@@ -97,7 +97,7 @@ class HFBaseline:
         import torch
         from transformers import Qwen2_5OmniForConditionalGeneration
 
-        from omni_serve.graphs.qwen2_5_omni.spec import SPEECH_SYSTEM_PROMPT
+        from omni_serve.families.qwen2_5_omni.spec import SPEECH_SYSTEM_PROMPT
         from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
 
         self.defaults = ServerDefaults.from_spec(max_codec_tokens=cfg.max_codec_tokens, num_steps=cfg.num_steps)
@@ -212,8 +212,8 @@ class Qwen3HFBaseline(HFBaseline):
         import torch
         from transformers import Qwen3OmniMoeForConditionalGeneration
 
-        from omni_serve.graphs.qwen3_omni.params import TalkerParams
-        from omni_serve.graphs.qwen3_omni.spec import SPEECH_SYSTEM_PROMPT
+        from omni_serve.families.qwen3_omni.params import TalkerParams
+        from omni_serve.families.qwen3_omni.spec import SPEECH_SYSTEM_PROMPT
         from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
 
         self.talker = TalkerParams()

@@ -199,12 +199,12 @@ def run_baseline(cfg: SpeechBenchConfig, texts: list[str]) -> SpeechPoint:
     if cfg.graph == "qwen2_5_omni":
         from transformers import Qwen2_5OmniForConditionalGeneration as Model
 
-        from omni_serve.graphs.qwen2_5_omni.spec import SPEECH_SYSTEM_PROMPT as system
+        from omni_serve.families.qwen2_5_omni.spec import SPEECH_SYSTEM_PROMPT as system
         extra = {"token2wav_num_steps": cfg.num_steps, "speaker": cfg.default_voice()}
     else:
         from transformers import Qwen3OmniMoeForConditionalGeneration as Model
 
-        from omni_serve.graphs.qwen3_omni.spec import SPEECH_SYSTEM_PROMPT as system
+        from omni_serve.families.qwen3_omni.spec import SPEECH_SYSTEM_PROMPT as system
         extra = {"speaker": cfg.default_voice().lower()}
     model = Model.from_pretrained(cfg.checkpoint).eval()
     proc = OmniInputProcessor(cfg.checkpoint)

@@ -17,7 +17,7 @@ from typing import Any
 from ray import serve
 from ray.serve.config import BackpressureConfig
 
-from omni_serve.graphs.family import Family
+from omni_serve.graph.family import Family
 
 
 def build_app(family: Family, args: dict[str, Any] | None = None) -> serve.Application:

@@ -3,7 +3,7 @@
 Contract: ``OpenAIIngress(family, graph_spec, **handles)`` loads the family (``module:FAMILY``), validates the
 spec and builds the family's frontend with the spec and the ``StageCalls`` over the stage handles (stage name ->
 handle). Its FastAPI app is built per replica (Serve's ``__serve_build_asgi_app__``) from the frontend's
-``routes`` (``omni_serve.graphs.frontend``), plus ``GET /v1/models``, ``GET /health`` (200 only when every stage
+``routes`` (``omni_serve.graph.frontend``), plus ``GET /v1/models``, ``GET /health`` (200 only when every stage
 answers) and ``GET /metrics`` (this replica's request counters, Prometheus text; the cluster-wide metrics of
 ``omni_serve.metrics`` go through Ray's metrics endpoint). Any other route answers 404 with an OpenAI-style body
 naming the routes served; all errors are OpenAI-style bodies (``omni_serve.api.errors``). ``/docs``, ``/redoc``
@@ -36,9 +36,9 @@ from omni_serve.api.errors import OpenAIError, install_error_handlers, not_found
 from omni_serve.api.guards import ApiKeyAuth, BodyLimit, api_keys
 from omni_serve.api.protocol import ModelCard, ModelList
 from omni_serve.deployments.admission import TIMEOUT_HEADER, InflightLimit, Ticket, request_deadline
-from omni_serve.graphs.calls import StageCalls
-from omni_serve.graphs.frontend import ByteStream, EventStream, RawReply, RequestContext, Route
-from omni_serve.graphs.registry import import_path, load_family
+from omni_serve.graph.calls import StageCalls
+from omni_serve.graph.frontend import ByteStream, EventStream, RawReply, RequestContext, Route
+from omni_serve.graph.registry import import_path, load_family
 from omni_serve.metrics import IngressMetrics, RequestClock, observe_transfers
 
 

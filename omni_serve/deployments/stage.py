@@ -28,7 +28,7 @@ from typing import Any, AsyncIterator
 
 from ray import serve
 
-from omni_serve.graphs.messages import Message
+from omni_serve.graph.messages import Message
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,8 @@ class StageDeployment:
     async def __init__(self, family: str, stage: str, graph_spec: dict[str, Any]):
         import torch
 
-        from omni_serve.graphs.registry import load_family
-        from omni_serve.graphs.runner import build_runner
+        from omni_serve.graph.registry import load_family
+        from omni_serve.graph.runner import build_runner
         from omni_serve.metrics import StageMetrics, observe_transfers
 
         self.stage = stage

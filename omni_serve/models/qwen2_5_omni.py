@@ -17,7 +17,7 @@ Contract (all tensors on the adapter's device; batch dimension 1 unless stated):
 - ``OmniCode2Wav``: DiT + BigVGAN. ``synthesize(codes, voice, seed, ...)`` -> 24 kHz waveform through
   transformers' own whole-sequence path (the DiT's initial noise comes from ``seed``, as a reference call made
   after ``torch.manual_seed(seed)``). Streaming uses ``dit_windows`` (block-aligned windows of several
-  requests in one batched ODE solve) and ``vocode``; see ``graphs/qwen2_5_omni/replica/code2wav.py``.
+  requests in one batched ODE solve) and ``vocode``; see ``families/qwen2_5_omni/replica/code2wav.py``.
 
 No module is subclassed or patched; ``MropeIndex`` borrows transformers' own position-index functions.
 """

@@ -6,7 +6,7 @@ Contract:
   producer is gone) and hands ownership to the caller, which ``free``s it once read;
   ``free_request(request_id)`` drops everything a request left behind (cancellation, errors).
 - Keys are ``chunk_key(request_id, edge, index)``; ``ChunkWriter``/``read_chunks`` turn a key sequence into
-  an ordered stream that ends with a payload whose ``end`` attribute is true (``omni_serve.graphs.messages.
+  an ordered stream that ends with a payload whose ``end`` attribute is true (``omni_serve.graph.messages.
   StreamChunk``), reporting each put/get (backend, bytes, seconds) to the process' transfer observer when one
   is set (metrics).
 - ``auto`` (every edge's default) names no backend of its own: it resolves to the fastest one that reaches every

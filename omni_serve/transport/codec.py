@@ -10,7 +10,7 @@ Contract:
   ``rebuild(doc, area)`` does the same for a header parsed as part of a larger JSON document (the shared-memory
   index file); ``gather`` rebuilds an area from ``Encoded.views()`` that went through an object store.
 - What a payload may be (anything else is refused at put time, ``UnsupportedPayload``): a ``Message``
-  (``omni_serve.graphs.messages``, which registers its base in ``message_types``: transport never imports
+  (``omni_serve.graph.messages``, which registers its base in ``message_types``: transport never imports
   graphs), a ``torch.Tensor`` (strided, a dtype of ``DTYPES``), ``bytes`` / ``bytearray`` (read back as
   ``bytes``), ``str``, ``int``, ``float``, ``bool``, ``None``, and lists, tuples and dicts (``str`` or ``int``
   keys) of these.

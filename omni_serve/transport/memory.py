@@ -1,4 +1,4 @@
-"""In-process connector: payloads stay Python objects in one process (``omni_serve.graphs.local.LocalGraph``).
+"""In-process connector: payloads stay Python objects in one process (``omni_serve.graph.local.LocalGraph``).
 
 Contract: as ``omni_serve.transport.base.Connector``; ``scope = "process"``, so the Serve builder refuses it
 for deployed graphs (their stages are separate processes). ``put`` keeps the object itself (no copy, no

@@ -1,6 +1,6 @@
 """Which pydantic class the data plane carries as typed messages (torch-free, so declarations can import it).
 
-Contract: the graph layer (``omni_serve.graphs.messages``) registers its ``Message`` base with
+Contract: the graph layer (``omni_serve.graph.messages``) registers its ``Message`` base with
 ``register_message_base`` when it is defined; the codec (``omni_serve.transport.codec``) asks
 ``message_base()`` and rebuilds payloads only as subclasses of it that are already imported. Until a base is
 registered, the data plane carries no messages (a process that never imported one has none to receive).

@@ -32,7 +32,7 @@ def ray_serve():
 def omni_app(ray_serve, omni_tiny_dir):
     from ray import serve
 
-    from omni_serve.graphs.qwen2_5_omni import build_app
+    from omni_serve.families.qwen2_5_omni import build_app
 
     serve.run(build_app({
         "checkpoint": omni_tiny_dir,
@@ -54,7 +54,7 @@ DISAGG_STAGES = ("encoder", "thinker_prefill", "thinker_decode", "talker", "code
 def omni_disagg_app(ray_serve, omni_tiny_dir):
     from ray import serve
 
-    from omni_serve.graphs.qwen2_5_omni import build_app
+    from omni_serve.families.qwen2_5_omni import build_app
 
     serve.run(build_app({
         "checkpoint": omni_tiny_dir, "thinker_layout": "disaggregated", "ingress.num_cpus": 0,
@@ -73,7 +73,7 @@ IMAGE_APP_ARGS = {f"stages.{s}.num_cpus": 0 for s in ("text_encoder", "dit", "va
 def image_app(ray_serve, qwen_image_tiny_dir):
     from ray import serve
 
-    from omni_serve.graphs.qwen_image import build_app
+    from omni_serve.families.qwen_image import build_app
 
     serve.run(build_app({"checkpoint": qwen_image_tiny_dir, "default_size": "64x64", "default_steps": 4,
                          "ingress.num_cpus": 0, **IMAGE_APP_ARGS}),
@@ -97,7 +97,7 @@ QWEN3_STAGES = ("encoder", "thinker", "talker", "code2wav")
 def qwen3_app(ray_serve, qwen3_omni_tiny_dir):
     from ray import serve
 
-    from omni_serve.graphs.qwen3_omni import build_app
+    from omni_serve.families.qwen3_omni import build_app
 
     serve.run(build_app({
         "checkpoint": qwen3_omni_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in QWEN3_STAGES},
@@ -114,7 +114,7 @@ GLM_STAGES = ("ar", "text_encoder", "dit", "vae")
 def glm_app(ray_serve, glm_image_tiny_dir):
     from ray import serve
 
-    from omni_serve.graphs.glm_image import build_app
+    from omni_serve.families.glm_image import build_app
 
     serve.run(build_app({"checkpoint": glm_image_tiny_dir, "default_size": "64x64", "default_steps": 3,
                          "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in GLM_STAGES}}),

@@ -19,8 +19,8 @@ import pytest
 import soundfile as sf
 import torch
 
-from omni_serve.graphs.qwen2_5_omni.spec import SPEECH_SYSTEM_PROMPT
-from omni_serve.graphs.qwen3_omni.spec import SPEECH_SYSTEM_PROMPT as QWEN3_SPEECH_SYSTEM_PROMPT
+from omni_serve.families.qwen2_5_omni.spec import SPEECH_SYSTEM_PROMPT
+from omni_serve.families.qwen3_omni.spec import SPEECH_SYSTEM_PROMPT as QWEN3_SPEECH_SYSTEM_PROMPT
 from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
 from tests.integration.conftest import ORACLE, TRANSCRIPT_TOKENS
 from tests.omni_cases import audio_clip

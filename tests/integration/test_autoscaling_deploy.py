@@ -96,7 +96,7 @@ def deployed(cluster, omni_tiny_dir, tmp_path_factory):
 def test_build_writes_a_valid_serve_config_that_serve_deploy_serves(deployed):
     from ray.serve.schema import ServeDeploySchema
 
-    from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
+    from omni_serve.families.qwen2_5_omni.spec import OmniGraphSpec
 
     config = yaml.safe_load(deployed.read_text())
     ServeDeploySchema.model_validate(config)

@@ -47,7 +47,7 @@ def assert_plain_bfloat16_path(base_url: str, stage: str) -> None:
 def omni_bf16_app(ray_serve, omni_tiny_dir):
     from ray import serve
 
-    from omni_serve.graphs.qwen2_5_omni import build_app
+    from omni_serve.families.qwen2_5_omni import build_app
 
     serve.run(build_app({
         "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in OMNI_STAGES},
@@ -63,7 +63,7 @@ def omni_bf16_app(ray_serve, omni_tiny_dir):
 def image_bf16_app(ray_serve, qwen_image_tiny_dir):
     from ray import serve
 
-    from omni_serve.graphs.qwen_image import build_app
+    from omni_serve.families.qwen_image import build_app
 
     stages = ("text_encoder", "dit", "vae")
     serve.run(build_app({

@@ -37,7 +37,7 @@ MOONCAKE = {"data_plane.mooncake.buffer_bytes": 64 << 20, "data_plane.mooncake.g
 def dp_app(ray_serve, omni_tiny_dir):
     from ray import serve
 
-    from omni_serve.graphs.qwen2_5_omni import build_app
+    from omni_serve.families.qwen2_5_omni import build_app
 
     serve.run(build_app({
         "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, **MOONCAKE,

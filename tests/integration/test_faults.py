@@ -43,7 +43,7 @@ def faults_app(request, ray_serve) -> Target:
     from ray import serve
 
     from omni_serve.deployments.builder import build_app
-    from omni_serve.graphs.registry import family
+    from omni_serve.graph.registry import family
     from tests.conftest import tiny_checkpoint
 
     app, model, talker = GRAPHS[request.param]
@@ -117,7 +117,7 @@ def _held_encoder_call(pool: ThreadPoolExecutor, app: str, request_id: str) -> F
     future's result: the exception that ended the call, or None if it ended without one."""
     from ray import serve
 
-    from omni_serve.graphs.qwen2_5_omni.messages import EncoderCall
+    from omni_serve.families.qwen2_5_omni.messages import EncoderCall
 
     gen = serve.get_deployment_handle("encoder", app_name=app).options(stream=True).generate.remote(
         EncoderCall(request_id=request_id))
@@ -138,7 +138,7 @@ def test_killing_a_stage_replica_mid_request_fails_fast_and_the_graph_recovers(f
     past Serve's retry, and that request fails with a 503 because of the kill."""
     import ray
 
-    from omni_serve.graphs.calls import stage_error
+    from omni_serve.graph.calls import stage_error
 
     app = faults_app.app
     _wait_healthy(faults_app.url)

@@ -24,7 +24,7 @@ SLOW = {"ar": {"size": "1024x1024", "num_inference_steps": 1}, "dit": {"size": "
 def glm_faults(ray_serve, glm_image_tiny_dir):
     from ray import serve
 
-    from omni_serve.graphs.glm_image import build_app
+    from omni_serve.families.glm_image import build_app
 
     serve.run(build_app({
         "checkpoint": glm_image_tiny_dir, "default_size": "64x64", "default_steps": 2, "ingress.num_cpus": 0,

@@ -41,7 +41,7 @@ STAGES = ("encoder", "thinker", "talker", "code2wav")
 def hostile(ray_serve, omni_tiny_dir):
     from ray import serve
 
-    from omni_serve.graphs.qwen2_5_omni import build_app
+    from omni_serve.families.qwen2_5_omni import build_app
 
     serve.run(build_app({
         "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, "ingress.api_keys": [KEY],

@@ -49,7 +49,7 @@ class Evil:
 evil = pickle.dumps(Evil())
 with open(os.path.join(own_dir, "evil.pickle"), "wb") as f:  # for the test's control
     f.write(evil)
-tensor = {"v": 1, "p": {"M": "omni_serve.graphs.qwen_image.messages.FinalLatents",
+tensor = {"v": 1, "p": {"M": "omni_serve.families.qwen_image.messages.FinalLatents",
                         "F": {"latents": {"T": ["float32", [1, 16, 64], 0, False]}}}}
 index = lambda pool, payload: json.dumps({"v": 1, "pool": pool, "seg": 1, "nbytes": 4096, "payload": payload}).encode()
 own_index = os.path.join(own_dir, "index")
@@ -108,7 +108,7 @@ def client(ray_serve, qwen_image_tiny_dir):
     """A client of the Qwen-Image graph served with both edges on shared memory."""
     from ray import serve
 
-    from omni_serve.graphs.qwen_image import build_app
+    from omni_serve.families.qwen_image import build_app
 
     args = {"checkpoint": qwen_image_tiny_dir, "default_size": "64x64", "default_steps": 4, "ingress.num_cpus": 0,
             **IMAGE_APP_ARGS, **{f"edges.{e}.connector": "shm" for e in EDGES}}

@@ -23,7 +23,7 @@ BLOCKS, BLOCK_SIZE = 10, 32  # vLLM's CPU attention takes block sizes in multipl
 def pressure_app(ray_serve, omni_tiny_dir):
     from ray import serve
 
-    from omni_serve.graphs.qwen2_5_omni import build_app
+    from omni_serve.families.qwen2_5_omni import build_app
 
     serve.run(build_app({
         "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in STAGES},

@@ -30,7 +30,7 @@ def small_app(request, ray_serve):
     from ray import serve
 
     from omni_serve.deployments.builder import build_app
-    from omni_serve.graphs.registry import family
+    from omni_serve.graph.registry import family
     from tests.conftest import tiny_checkpoint
 
     extra = GRAPHS[request.param]

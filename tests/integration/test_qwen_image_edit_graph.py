@@ -31,7 +31,7 @@ def edit_dir() -> str:
 def edit_app(ray_serve, edit_dir):
     from ray import serve
 
-    from omni_serve.graphs.qwen_image_edit import build_app
+    from omni_serve.families.qwen_image_edit import build_app
 
     serve.run(build_app({"checkpoint": edit_dir, "ingress.num_cpus": 0, "max_input_bytes": 200_000,
                          "max_input_pixels": 500_000,

@@ -8,7 +8,7 @@ import os
 
 import yaml
 
-from omni_serve.graphs.registry import families
+from omni_serve.graph.registry import families
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHART = os.path.join(ROOT, "helm", "omni-serve")

@@ -200,7 +200,7 @@ def test_unexpected_exception_is_500_and_logged(client: TestClient, caplog: pyte
 def test_a_stage_failure_reaches_the_client_as_a_fixed_message_with_the_request_id() -> None:
     from ray.exceptions import RayActorError
 
-    from omni_serve.graphs.calls import stage_error
+    from omni_serve.graph.calls import stage_error
 
     failed = stage_error("thinker", RuntimeError("CUDA error at /secret/path.cu:12"), "chatcmpl-abc")
     assert failed.status_code == 500 and failed.type == "internal_error"

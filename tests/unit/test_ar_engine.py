@@ -13,7 +13,7 @@ from omni_serve.engines.ar.kv_cache import BlockAllocator, block_hashes
 from omni_serve.engines.sampling import SamplingParams
 from omni_serve.engines.stepper import StepEngine
 from omni_serve.engines.base import StageProgram
-from omni_serve.graphs.qwen2_5_omni.replica.programs import ThinkerRequest, ThinkerSequence
+from omni_serve.families.qwen2_5_omni.replica.programs import ThinkerRequest, ThinkerSequence
 from omni_serve.models.qwen2_5_omni import OmniThinker
 from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
 from tests.omni_cases import template_messages
@@ -240,8 +240,8 @@ def test_paged_attention_needs_the_engine():
 
 def test_upstream_failure_fails_the_request_and_frees_its_blocks(omni_tiny_dir):
     """The talker's upstream (thinker chunks) breaks mid-request: the caller gets the error, blocks come back."""
-    from omni_serve.graphs.qwen2_5_omni.messages import TalkerHead, ThinkerStates
-    from omni_serve.graphs.qwen2_5_omni.replica.programs import TalkerRequest, TalkerSequence
+    from omni_serve.families.qwen2_5_omni.messages import TalkerHead, ThinkerStates
+    from omni_serve.families.qwen2_5_omni.replica.programs import TalkerRequest, TalkerSequence
     from omni_serve.models.qwen2_5_omni import OmniTalker
 
     talker = OmniTalker(omni_tiny_dir)

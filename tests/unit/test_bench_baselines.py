@@ -109,8 +109,8 @@ def test_engine_text_side_matches_generate(omni_tiny_dir, prompts, causal_lm):
 
 def test_hf_baseline_mirrors_the_server(omni_tiny_dir):
     from omni_serve.api import protocol as P
-    from omni_serve.graphs.qwen2_5_omni.frontend import OmniFrontend
-    from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
+    from omni_serve.families.qwen2_5_omni.frontend import OmniFrontend
+    from omni_serve.families.qwen2_5_omni.spec import OmniGraphSpec
 
     base = HFBaseline(HFBaselineConfig(checkpoint=omni_tiny_dir, max_codec_tokens=16, num_steps=2, warmup=0,
                                        progress_every=0))
@@ -185,9 +185,9 @@ def test_qwen3_hf_baseline_mirrors_the_qwen3_server(qwen3_omni_tiny_dir):
     is the served graph's (the same greedy generate the oracle tests hold the graph to)."""
     from omni_serve.api import protocol as P
     from omni_serve.bench.hf_baseline import Qwen3HFBaseline
-    from omni_serve.graphs.qwen3_omni.frontend import Qwen3OmniFrontend
-    from omni_serve.graphs.qwen3_omni.params import TalkerParams
-    from omni_serve.graphs.qwen3_omni.spec import Qwen3OmniGraphSpec
+    from omni_serve.families.qwen3_omni.frontend import Qwen3OmniFrontend
+    from omni_serve.families.qwen3_omni.params import TalkerParams
+    from omni_serve.families.qwen3_omni.spec import Qwen3OmniGraphSpec
 
     base = Qwen3HFBaseline(HFBaselineConfig(checkpoint=qwen3_omni_tiny_dir, max_codec_tokens=10, warmup=0,
                                             progress_every=0))

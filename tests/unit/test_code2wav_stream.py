@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from omni_serve.graphs.qwen2_5_omni.messages import CodecChunk
-from omni_serve.graphs.qwen2_5_omni.replica.code2wav import (
+from omni_serve.families.qwen2_5_omni.messages import CodecChunk
+from omni_serve.families.qwen2_5_omni.replica.code2wav import (
     Code2WavCompute, Code2WavRequest, Code2WavStream, check_chunking,
 )
 from omni_serve.models.qwen2_5_omni import OmniCode2Wav

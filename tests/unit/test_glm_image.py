@@ -54,7 +54,7 @@ def _generate_reference(pipe, prompt: str, height: int, width: int) -> list[int]
 def test_ar_tokens_equal_generate_greedy(glm_image_tiny_dir, pipe, num_kv_blocks):
     from omni_serve.engines.ar import ARConfig, AREngine
     from omni_serve.engines.sampling import SamplingParams
-    from omni_serve.graphs.glm_image.replica.programs import PriorSequence
+    from omni_serve.families.glm_image.replica.programs import PriorSequence
     from omni_serve.models.glm_image import GlmImageAR
 
     sizes = [(64, 64), (64, 96), (96, 64), (64, 64)]
@@ -107,9 +107,9 @@ def _reference(pipe, prompt, width, height, steps, guidance, seed, n, pixels=Tru
 
 def test_served_images_equal_the_pipeline_with_six_in_flight(glm_image_tiny_dir, pipe):
     from omni_serve.api.images import ImageGenerationRequest
-    from omni_serve.graphs.frontend import RequestContext
-    from omni_serve.graphs.glm_image import FAMILY
-    from omni_serve.graphs.local import LocalGraph
+    from omni_serve.graph.frontend import RequestContext
+    from omni_serve.families.glm_image import FAMILY
+    from omni_serve.graph.local import LocalGraph
 
     def request(case):
         i, width, height, steps, guidance, seed, n = case

@@ -20,7 +20,7 @@ import torch
 from omni_serve.checkpoints.qwen2_5_omni import TOKEN_ID
 from omni_serve.engines.ar import ARConfig, AREngine
 from omni_serve.engines.sampling import SamplingParams
-from omni_serve.graphs.qwen2_5_omni.replica.programs import ThinkerRequest, ThinkerSequence
+from omni_serve.families.qwen2_5_omni.replica.programs import ThinkerRequest, ThinkerSequence
 from omni_serve.models.qwen2_5_omni import OmniThinker
 from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
 from tests.unit.test_ar_engine import collect

@@ -18,13 +18,13 @@ import pytest
 import torch
 from pydantic import BaseModel, ValidationError
 
-from omni_serve.graphs.calls import StageCalls
-from omni_serve.graphs.graph import EdgeDef, EngineKind, GraphDef, StageDef, untyped_fields
-from omni_serve.graphs.local import LocalGraph
-from omni_serve.graphs.messages import Message, StreamChunk, Tensor
-from omni_serve.graphs.registry import families, import_path
-from omni_serve.graphs.runner import build_runner
-from omni_serve.graphs.spec import EdgeSpec
+from omni_serve.graph.calls import StageCalls
+from omni_serve.graph.graph import EdgeDef, EngineKind, GraphDef, StageDef, untyped_fields
+from omni_serve.graph.local import LocalGraph
+from omni_serve.graph.messages import Message, StreamChunk, Tensor
+from omni_serve.graph.registry import families, import_path
+from omni_serve.graph.runner import build_runner
+from omni_serve.graph.spec import EdgeSpec
 from omni_serve.transport import base
 from omni_serve.transport.memory import MemoryConnector
 
@@ -114,7 +114,7 @@ def test_edge_connectors_are_names_in_the_connector_registry():
 
 def test_a_served_graph_refuses_an_in_process_connector(qwen_image_tiny_dir):
     from omni_serve.deployments.builder import build_app
-    from omni_serve.graphs.serve_config import build_serve_config
+    from omni_serve.graph.serve_config import build_serve_config
 
     args = {"checkpoint": qwen_image_tiny_dir, "edges.dit_vae.connector": "memory"}
     for build in (lambda: build_app(families()["qwen_image"], args), lambda: build_serve_config("qwen_image", args)):
@@ -137,7 +137,7 @@ def test_connectors_of_the_entry_point_group_are_known_everywhere(monkeypatch):
 
 
 def test_a_family_names_its_graph_and_a_graph_without_edges_describes_itself():
-    from omni_serve.graphs.family import Family
+    from omni_serve.graph.family import Family
     from tests.toy_family import GRAPH, ToySpec
 
     with pytest.raises(ValueError, match="give both one name"):
@@ -148,7 +148,7 @@ def test_a_family_names_its_graph_and_a_graph_without_edges_describes_itself():
 
 
 def test_a_plug_in_family_registers_through_an_entry_point(monkeypatch):
-    from omni_serve.graphs import registry
+    from omni_serve.graph import registry
 
     toy = importlib.metadata.EntryPoint(name="toy", value="tests.toy_family:FAMILY", group=registry.ENTRY_POINT_GROUP)
     real = importlib.metadata.entry_points
@@ -180,8 +180,8 @@ def test_the_cli_lists_families_and_shows_a_graph(capsys):
 
 # -- (2) every crossing refuses what is not its declared message ---------------------------------------------
 def test_dicts_are_refused_at_every_crossing(qwen_image_tiny_dir):
-    from omni_serve.graphs.qwen_image import FAMILY
-    from omni_serve.graphs.qwen_image.messages import DecodeCall, FinalLatents
+    from omni_serve.families.qwen_image import FAMILY
+    from omni_serve.families.qwen_image.messages import DecodeCall, FinalLatents
 
     spec = FAMILY.validate({"checkpoint": qwen_image_tiny_dir})
     conn = MemoryConnector()
@@ -270,8 +270,8 @@ def _check_recorded(graph: RecordedGraph) -> dict[str, set[str]]:
 
 def test_image_traffic_carries_only_messages(qwen_image_tiny_dir):
     from omni_serve.api.images import ImageGenerationRequest
-    from omni_serve.graphs.frontend import RequestContext
-    from omni_serve.graphs.qwen_image import FAMILY
+    from omni_serve.graph.frontend import RequestContext
+    from omni_serve.families.qwen_image import FAMILY
 
     async def main():
         graph = RecordedGraph(FAMILY, {"checkpoint": qwen_image_tiny_dir, "default_size": "64x64"})
@@ -290,8 +290,8 @@ def test_image_traffic_carries_only_messages(qwen_image_tiny_dir):
 
 def test_glm_image_traffic_carries_only_messages(glm_image_tiny_dir):
     from omni_serve.api.images import ImageGenerationRequest
-    from omni_serve.graphs.frontend import RequestContext
-    from omni_serve.graphs.glm_image import FAMILY
+    from omni_serve.graph.frontend import RequestContext
+    from omni_serve.families.glm_image import FAMILY
 
     async def main():
         graph = RecordedGraph(FAMILY, {"checkpoint": glm_image_tiny_dir, "default_size": "64x64"})
@@ -307,8 +307,8 @@ def test_glm_image_traffic_carries_only_messages(glm_image_tiny_dir):
 
 
 def test_edit_traffic_carries_only_messages():
-    from omni_serve.graphs.frontend import RequestContext
-    from omni_serve.graphs.qwen_image_edit import FAMILY
+    from omni_serve.graph.frontend import RequestContext
+    from omni_serve.families.qwen_image_edit import FAMILY
     from tests.conftest import tiny_checkpoint
     from tests.unit.test_qwen_image_edit import ImageEditRequest, openai_mask, png, upload
 
@@ -331,8 +331,8 @@ def test_edit_traffic_carries_only_messages():
 @pytest.mark.parametrize("layout", ["aggregated", "disaggregated"])
 def test_omni_traffic_carries_only_messages(omni_tiny_dir, layout):
     from omni_serve.api import protocol as P
-    from omni_serve.graphs.frontend import RequestContext
-    from omni_serve.graphs.qwen2_5_omni import FAMILY
+    from omni_serve.graph.frontend import RequestContext
+    from omni_serve.families.qwen2_5_omni import FAMILY
     from tests.omni_cases import image, png_data_url
 
     async def main():
@@ -363,7 +363,7 @@ def test_omni_traffic_carries_only_messages(omni_tiny_dir, layout):
 def test_the_families_reference_page_is_current():
     import os
 
-    from omni_serve.graphs.docs import markdown
+    from omni_serve.graph.docs import markdown
 
     path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "graphs.md")
     with open(path) as f:

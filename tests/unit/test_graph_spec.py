@@ -9,8 +9,8 @@ import yaml
 from pydantic import ValidationError
 
 from omni_serve.autoscaling import ENGINE_LOAD_POLICY, STAGE_RATIO_POLICY
-from omni_serve.graphs.qwen2_5_omni import build_spec
-from omni_serve.graphs.spec import STAGE_ENV, apply_overrides
+from omni_serve.families.qwen2_5_omni import build_spec
+from omni_serve.graph.spec import STAGE_ENV, apply_overrides
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "omni_serve", "configs", "qwen2_5_omni.yaml")
 DISAGG_CONFIG = os.path.join(os.path.dirname(CONFIG), "qwen2_5_omni_disagg.yaml")
@@ -84,7 +84,7 @@ def test_thinker_layout_chooses_the_deployed_stages(omni_tiny_dir):
     assert dis.text_stage() == "thinker_decode" and dis.thinker_params().default_max_tokens == 9
     assert dis.edges.thinker_prefill_thinker_decode.connector == "shm"
     # every deployed stage has a runner and the edge field the runners resolve
-    from omni_serve.graphs.qwen2_5_omni import GRAPH
+    from omni_serve.families.qwen2_5_omni import GRAPH
 
     assert set(dis.deployed_stages()) | set(agg.deployed_stages()) <= {s.name for s in GRAPH.stages if s.runner}
     assert hasattr(dis.edges, GRAPH.stage("thinker_decode").reads[0])
@@ -116,7 +116,7 @@ def shipped_app(config_file: str, import_path: str) -> dict:
 
 @pytest.mark.parametrize("config_file, layout", [(CONFIG, "aggregated"), (DISAGG_CONFIG, "disaggregated")])
 def test_shipped_serve_config_validates(omni_tiny_dir, config_file, layout):
-    app = shipped_app(config_file, "omni_serve.graphs.qwen2_5_omni:build_app")
+    app = shipped_app(config_file, "omni_serve.families.qwen2_5_omni:build_app")
     spec = build_spec({**app["args"], "checkpoint": omni_tiny_dir})
     assert spec.thinker_layout == layout
     assert spec.ingress.num_cpus + sum(getattr(spec.stages, s).num_cpus for s in spec.deployed_stages()) <= 2
@@ -126,9 +126,9 @@ IMAGE_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "omni_serve",
 
 
 def test_shipped_qwen_image_config_validates_and_fits_two_cores(qwen_image_tiny_dir):
-    from omni_serve.graphs.qwen_image import build_spec as build_image_spec
+    from omni_serve.families.qwen_image import build_spec as build_image_spec
 
-    app = shipped_app(IMAGE_CONFIG, "omni_serve.graphs.qwen_image:build_app")
+    app = shipped_app(IMAGE_CONFIG, "omni_serve.families.qwen_image:build_app")
     spec = build_image_spec({**app["args"], "checkpoint": qwen_image_tiny_dir})
     total = spec.ingress.num_cpus + sum(getattr(spec.stages, s).num_cpus for s in spec.stages.model_fields)
     assert total <= 2
@@ -143,7 +143,7 @@ def test_shipped_qwen_image_config_validates_and_fits_two_cores(qwen_image_tiny_
     ({"checkpoint": "x", "stages.dit.params.cache.mode": "fastest"}, "mode"),
 ])
 def test_bad_image_specs_fail_clearly(args, match):
-    from omni_serve.graphs.qwen_image import build_spec as build_image_spec
+    from omni_serve.families.qwen_image import build_spec as build_image_spec
 
     with pytest.raises((ValidationError, ValueError), match=match):
         build_image_spec(args)
@@ -177,7 +177,7 @@ def test_env_var_numbers_and_booleans_become_text(omni_tiny_dir):
 
 
 def test_image_stage_overrides_keep_the_stage_defaults():
-    from omni_serve.graphs.qwen_image.spec import QwenImageGraphSpec
+    from omni_serve.families.qwen_image.spec import QwenImageGraphSpec
 
     spec = QwenImageGraphSpec.model_validate(apply_overrides({"checkpoint": "/x", "stages.dit.num_cpus": 0}))
     assert spec.stages.dit.num_cpus == 0 and spec.stages.dit.engine.torch_threads == 2
@@ -187,9 +187,9 @@ GLM_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "omni_serve", "
 
 
 def test_shipped_glm_image_config_is_the_defaults_fits_two_cores_and_scales_on_engine_load(glm_image_tiny_dir):
-    from omni_serve.graphs.glm_image.spec import GlmImageGraphSpec
+    from omni_serve.families.glm_image.spec import GlmImageGraphSpec
 
-    app = shipped_app(GLM_CONFIG, "omni_serve.graphs.glm_image:build_app")
+    app = shipped_app(GLM_CONFIG, "omni_serve.families.glm_image:build_app")
     spec = GlmImageGraphSpec.model_validate({**app["args"], "checkpoint": glm_image_tiny_dir})
     assert spec == GlmImageGraphSpec(checkpoint=glm_image_tiny_dir)  # "the explicit values ARE the defaults"
     total = spec.ingress.num_cpus + sum(getattr(spec.stages, s).num_cpus for s in type(spec.stages).model_fields)

@@ -25,9 +25,9 @@ import yaml
 from pydantic import ValidationError
 
 from omni_serve import cli
-from omni_serve.graphs.registry import families
-from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
-from omni_serve.graphs.spec import StageSpec
+from omni_serve.graph.registry import families
+from omni_serve.families.qwen2_5_omni.spec import OmniGraphSpec
+from omni_serve.graph.spec import StageSpec
 
 from tests.unit.helm_chart_support import (
     CASES,
@@ -301,7 +301,7 @@ def test_autoscaling_configs_validate_as_ray_autoscaling_config(renders, case):
 
 def test_generated_checkpoint_init_container_runs_the_cli(renders, monkeypatch):
     calls = []
-    import omni_serve.graphs.registry as registry
+    import omni_serve.graph.registry as registry
 
     monkeypatch.setattr(registry, "import_path", lambda path: lambda out, size, seed: calls.append((out, size, seed)))
     for case, family in (("cpu-demo", "qwen2_5_omni"), ("qwen-image", "qwen_image")):

@@ -7,7 +7,7 @@ from collections import defaultdict
 
 import pytest
 
-from omni_serve.graphs.spec import StageSpec
+from omni_serve.graph.spec import StageSpec
 
 from tests.unit.helm_chart_support import (
     CASES,
@@ -116,7 +116,7 @@ def test_placement_check_catches_unschedulable_layouts(chart):
 
 def _check_shm_edges(render) -> None:
     """`shm` needs producer and consumer on one node: both pinned to one group that has a single pod."""
-    from omni_serve.graphs.registry import families
+    from omni_serve.graph.registry import families
 
     spec, candidates, groups = _placement(render)
     (graph,) = [f.graph for f in families().values() if type(spec) is f.spec]

@@ -1,8 +1,8 @@
 """The package's layers hold: no lower layer imports an upper one, and the ingress process loads no model code.
 
 Layers, top to bottom (a module may import its own layer and any layer below; function-level imports count):
-tools (cli, bench) > checkpoint writers > families (``omni_serve.graphs.<family>``) > deployments > the generic
-graph framework (``omni_serve.graphs.*`` modules) > model adapters > engines > metrics, autoscaling > api,
+tools (cli, bench) > checkpoint writers > families (``omni_serve.graph.<family>``) > deployments > the generic
+graph framework (``omni_serve.graph.*`` modules) > model adapters > engines > metrics, autoscaling > api,
 transport, request ids > settings, torchvision_compat. Inside a family, only ``replica/`` (what stage replicas run) may import the
 family's replica code; everything else of the family is ingress-side or declaration.
 """
@@ -21,11 +21,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PACKAGE = os.path.join(ROOT, "omni_serve")
 
 RANKS = {
-    "cli": 9, "bench": 9,
-    "checkpoints": 8,
-    "families": 7,
+    "cli": 10, "bench": 10,
+    "checkpoints": 9,
+    "families": 8,
+    "kits": 7,
     "deployments": 6,
-    "graphs": 5,
+    "graph": 5,
     "models": 4,
     "engines": 3,
     "metrics": 2, "autoscaling": 2,
@@ -36,11 +37,13 @@ RANKS = {
 
 def _layer(module: str) -> str:
     parts = module.split(".")
-    if len(parts) == 1:
-        return "omni_serve"
-    if parts[1] == "graphs" and len(parts) > 2 and os.path.isdir(os.path.join(PACKAGE, "graphs", parts[2])):
-        return "families"
-    return parts[1]
+    return "omni_serve" if len(parts) == 1 else parts[1]
+
+
+def _package(module: str) -> str | None:
+    """The family or kit ``module`` belongs to (``families.qwen_image``, ``kits.diffusion``), else None."""
+    parts = module.split(".")
+    return ".".join(parts[1:3]) if len(parts) > 2 and parts[1] in ("families", "kits") else None
 
 
 def _modules() -> dict[str, str]:
@@ -68,7 +71,7 @@ def _imports(path: str) -> list[tuple[int, str]]:
 
 def test_every_top_level_module_has_a_layer():
     tops = {m.split(".")[1] for m in _modules() if "." in m}
-    assert tops - {"graphs"} <= set(RANKS), f"give these a layer in RANKS: {tops - set(RANKS)}"
+    assert tops <= set(RANKS), f"give these a layer in RANKS: {tops - set(RANKS)}"
 
 
 def test_no_lower_layer_imports_an_upper_one():
@@ -82,10 +85,23 @@ def test_no_lower_layer_imports_an_upper_one():
     assert not bad, "\n".join(bad)
 
 
-def test_only_a_familys_replica_code_imports_its_replica_code():
+def test_no_family_imports_another_family_and_no_kit_another_kit():
     bad = []
     for module, path in _modules().items():
-        if _layer(module) != "families" or ".replica" in module:
+        own = _package(module)
+        if own is None:
+            continue
+        for line, target in _imports(path):
+            other = _package(target)
+            if other is not None and other != own and _layer(target) == _layer(module):
+                bad.append(f"{module}:{line} imports {target}")
+    assert not bad, "\n".join(bad)
+
+
+def test_only_replica_code_imports_replica_code():
+    bad = []
+    for module, path in _modules().items():
+        if _package(module) is None or ".replica" in module:
             continue
         bad += [f"{module}:{line} imports {t}" for line, t in _imports(path) if ".replica" in t]
     assert not bad, "\n".join(bad)
@@ -98,8 +114,8 @@ def test_only_a_familys_replica_code_imports_its_replica_code():
 INGRESS_PROBE = r"""
 import json, sys
 from omni_serve.deployments import ingress
-from omni_serve.graphs.calls import StageCalls
-from omni_serve.graphs.registry import families, import_path
+from omni_serve.graph.calls import StageCalls
+from omni_serve.graph.registry import families, import_path
 
 checkpoints = json.loads(sys.argv[1])
 adapters = set()
@@ -115,7 +131,7 @@ print(json.dumps({"modules": sorted(sys.modules), "adapters": sorted(adapters)})
 def _forbidden(module: str, adapters: set[str]) -> bool:
     parts = module.split(".")
     return (module in adapters
-            or (module.startswith("omni_serve.graphs.") and ".replica" in module)
+            or (_package(module) is not None and ".replica" in module)
             or (module.startswith("omni_serve.engines.") and module not in (
                 "omni_serve.engines.ar", "omni_serve.engines.ar.config",  # settings only (pydantic)
                 "omni_serve.engines.vllm_engine", "omni_serve.engines.vllm_engine.config"))
@@ -126,7 +142,7 @@ def _forbidden(module: str, adapters: set[str]) -> bool:
 
 
 def test_the_ingress_process_loads_no_model_code(omni_tiny_dir, qwen_image_tiny_dir):
-    from omni_serve.graphs.registry import families
+    from omni_serve.graph.registry import families
 
     checkpoints = {"qwen2_5_omni": omni_tiny_dir, "qwen_image": qwen_image_tiny_dir}
     checkpoints.update({name: _tiny(name) for name in families() if name not in checkpoints})
@@ -146,9 +162,9 @@ def _tiny(name: str) -> str:
     return tiny_checkpoint(name)
 
 
-@pytest.mark.parametrize("module", ["omni_serve.graphs.spec", "omni_serve.graphs.registry", "omni_serve.cli"])
+@pytest.mark.parametrize("module", ["omni_serve.graph.spec", "omni_serve.graph.registry", "omni_serve.cli"])
 def test_specs_registry_and_cli_load_without_torch(module):
-    code = f"import sys, {module}; from omni_serve.graphs.registry import families; families(); " \
+    code = f"import sys, {module}; from omni_serve.graph.registry import families; families(); " \
            "print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

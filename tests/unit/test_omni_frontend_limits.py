@@ -18,8 +18,8 @@ from omni_serve.api.errors import OpenAIError
 
 @pytest.fixture(scope="module")
 def frontend(omni_tiny_dir):
-    from omni_serve.graphs.qwen2_5_omni.frontend import OmniFrontend
-    from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
+    from omni_serve.families.qwen2_5_omni.frontend import OmniFrontend
+    from omni_serve.families.qwen2_5_omni.spec import OmniGraphSpec
 
     spec = OmniGraphSpec.model_validate({"checkpoint": omni_tiny_dir, "limits": {
         "max_prompt_chars": 1000, "max_media_parts": 3, "max_total_image_pixels": 100 * 100}})

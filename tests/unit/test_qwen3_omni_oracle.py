@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from omni_serve.engines.ar import ARConfig
-from omni_serve.graphs.qwen3_omni.replica.code2wav import Code2WavCompute, Code2WavRequest, Code2WavStream
-from omni_serve.graphs.qwen3_omni.messages import CodecChunk
+from omni_serve.families.qwen3_omni.replica.code2wav import Code2WavCompute, Code2WavRequest, Code2WavStream
+from omni_serve.families.qwen3_omni.messages import CodecChunk
 from omni_serve.models.qwen3_omni import Qwen3OmniCode2Wav
 from omni_serve.models.qwen3_omni_vocoder import VocoderStream
 from tests.omni_cases import ALL_CASES, CASES, VIDEO_CASES, reference_inputs, serve_inputs

@@ -17,11 +17,11 @@ from PIL import Image
 from starlette.datastructures import Headers, UploadFile
 
 from omni_serve.api.errors import OpenAIError
-from omni_serve.graphs.frontend import RequestContext
-from omni_serve.graphs.local import LocalGraph
-from omni_serve.graphs.qwen_image_edit import FAMILY
-from omni_serve.graphs.qwen_image_edit.frontend import ImageEditRequest, condition_size
-from omni_serve.graphs.qwen_image_edit.messages import FinalLatents
+from omni_serve.graph.frontend import RequestContext
+from omni_serve.graph.local import LocalGraph
+from omni_serve.families.qwen_image_edit import FAMILY
+from omni_serve.families.qwen_image_edit.frontend import ImageEditRequest, condition_size
+from omni_serve.families.qwen_image_edit.messages import FinalLatents
 from omni_serve.models.qwen_image_edit import EditPromptProcessor
 from omni_serve.transport.memory import MemoryConnector
 from tests.conftest import tiny_checkpoint

@@ -11,9 +11,9 @@ from ray.serve.schema import ServeDeploySchema
 
 from omni_serve.autoscaling import STAGE_RATIO_POLICY
 from omni_serve.cli import main
-from omni_serve.graphs.qwen2_5_omni.spec import OmniGraphSpec
-from omni_serve.graphs.qwen_image.spec import QwenImageGraphSpec
-from omni_serve.graphs.serve_config import build_serve_config
+from omni_serve.families.qwen2_5_omni.spec import OmniGraphSpec
+from omni_serve.families.qwen_image.spec import QwenImageGraphSpec
+from omni_serve.graph.serve_config import build_serve_config
 
 RATIO = {"policy_function": STAGE_RATIO_POLICY, "policy_kwargs": {
     "ratios": [{"stage": "talker", "per": "thinker", "min": 0.5, "max": 2}]}}
@@ -32,7 +32,7 @@ def test_build_writes_a_serve_deploy_config_with_the_whole_spec(omni_tiny_dir, t
     ServeDeploySchema.model_validate(config)
     assert config["http_options"] == {"host": "0.0.0.0", "port": 8100}
     (app,) = config["applications"]
-    assert app["import_path"] == "omni_serve.graphs.qwen2_5_omni:build_app"
+    assert app["import_path"] == "omni_serve.families.qwen2_5_omni:build_app"
     assert app["autoscaling_policy"] == RATIO
     spec = OmniGraphSpec.model_validate(app["args"])
     assert spec.checkpoint == os.path.abspath(omni_tiny_dir)  # made absolute: it exists here

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from omni_serve.checkpoints.qwen2_5_omni import TOKEN_ID
-from omni_serve.graphs.qwen2_5_omni import FAMILY
-from omni_serve.graphs.qwen2_5_omni.messages import (
+from omni_serve.families.qwen2_5_omni import FAMILY
+from omni_serve.families.qwen2_5_omni.messages import (
     MediaEmbeddings, MediaLayout, PrefillDone, SamplingSettings, TalkerPrompt, TextDelta, ThinkerCall,
 )
-from omni_serve.graphs.runner import StageIO, build_runner
+from omni_serve.graph.runner import StageIO, build_runner
 from omni_serve.models.qwen2_5_omni import OmniEncoder
 from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
 from omni_serve.transport.base import chunk_key, read_chunks

@@ -23,7 +23,7 @@ def cluster(monkeypatch, nodes: int | None, mooncake: bool = True) -> None:
 
 
 def test_auto_is_a_known_name_and_every_edge_defaults_to_it():
-    from omni_serve.graphs.spec import EdgeSpec
+    from omni_serve.graph.spec import EdgeSpec
 
     assert "auto" in known_connectors()
     assert EdgeSpec().connector == "auto"
@@ -78,7 +78,7 @@ def test_the_choice_is_made_once_per_process(monkeypatch):
 
 
 def test_builder_spec_names_concrete_backends_only_when_it_sees_the_cluster(monkeypatch, omni_tiny_dir):
-    from omni_serve.graphs.qwen2_5_omni import FAMILY
+    from omni_serve.families.qwen2_5_omni import FAMILY
 
     spec = FAMILY.validate({"checkpoint": omni_tiny_dir, "edges.thinker_talker.connector": "ray"})
     cluster(monkeypatch, None)  # a builder without Ray (serve run module:app): the replicas choose

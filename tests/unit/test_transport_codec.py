@@ -14,7 +14,7 @@ import pytest
 import torch
 from pydantic import BaseModel
 
-from omni_serve.graphs.messages import Message, StreamChunk, Tensor
+from omni_serve.graph.messages import Message, StreamChunk, Tensor
 from omni_serve.transport import codec
 from omni_serve.transport.base import DataPlaneError
 from omni_serve.transport.codec import RefusedPayload, UnsupportedPayload
@@ -129,7 +129,7 @@ def test_a_pickle_is_not_a_header_and_is_never_loaded(tmp_path):
 def test_a_class_name_is_looked_up_never_imported(tmp_path, monkeypatch):
     """A header naming a module that is importable but not imported: refused, and the module stays unloaded."""
     (tmp_path / "canary_module.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n"
-                                               "from omni_serve.graphs.messages import Message\n"
+                                               "from omni_serve.graph.messages import Message\n"
                                                "class Evil(Message):\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     for name in ("canary_module.Evil", "os.system", "builtins.eval", "pydantic.BaseModel", Message.__module__):

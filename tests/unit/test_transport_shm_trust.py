@@ -16,7 +16,7 @@ import threading
 import pytest
 import torch
 
-from omni_serve.graphs.messages import StreamChunk
+from omni_serve.graph.messages import StreamChunk
 from omni_serve.transport import shm
 from omni_serve.transport.codec import RefusedPayload, UnsupportedPayload
 from omni_serve.transport.shm import SharedMemoryConnector, UnsafeSharedMemory, tree_path

@@ -15,8 +15,8 @@ import torch
 
 from omni_serve.engines.vllm_engine import compat
 from omni_serve.engines.vllm_engine.tap import TAP_KEY, TapError, TapRows, _publish, external_request_id
-from omni_serve.graphs.qwen2_5_omni.frontend import raw_media
-from omni_serve.graphs.qwen2_5_omni.replica.vllm_thinker import collapse_placeholders, vllm_media
+from omni_serve.families.qwen2_5_omni.frontend import raw_media
+from omni_serve.families.qwen2_5_omni.replica.vllm_thinker import collapse_placeholders, vllm_media
 
 
 # -- tap ---------------------------------------------------------------------------------------------------
@@ -123,14 +123,14 @@ def test_raw_media_round_trips_to_vllms_multimodal_data():
 
 # -- spec and graph ----------------------------------------------------------------------------------------
 def _spec(**values):
-    from omni_serve.graphs.qwen2_5_omni import FAMILY
+    from omni_serve.families.qwen2_5_omni import FAMILY
 
     return FAMILY.parse({"checkpoint": "unused", **values})
 
 
 def test_backend_vllm_selects_the_vllm_layout_without_an_encoder(monkeypatch):
     from omni_serve.engines.vllm_engine.config import VLLM_PYTHON_ENV
-    from omni_serve.graphs.qwen2_5_omni.graph import GRAPH
+    from omni_serve.families.qwen2_5_omni.graph import GRAPH
 
     monkeypatch.setenv(VLLM_PYTHON_ENV, "/opt/vllm/bin/python")
     spec = _spec(**{"stages.thinker.engine.backend": "vllm"})

@@ -1,0 +1,30 @@
+"""GLM-Image as a stage graph: AR visual tokens -> DiT denoising loop -> VAE, behind ``POST /v1/images/generations``.
+
+The family plug-in (``omni_serve.graph.family``): ``FAMILY`` names the graph declaration (``graph``), the spec
+(``spec``), the ingress-side frontend (``frontend``) and the checkpoint writer; replica-side code lives in
+``replica/``. ``build_app(args)`` is the Serve entry point: ``serve run omni_serve.families.glm_image:build_app
+checkpoint=DIR`` or ``omni-serve serve --graph glm_image checkpoint=DIR``; see docs/glm_image.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omni_serve.graph.family import Family
+from omni_serve.families.glm_image.graph import GRAPH
+from omni_serve.families.glm_image.spec import GlmImageGraphSpec
+
+FAMILY = Family(
+    name="glm_image", module=__name__, graph=GRAPH, spec=GlmImageGraphSpec,
+    description="GLM-Image text-to-image: an autoregressive model writes visual tokens that condition a DiT "
+                "denoising loop (with T5 glyph embeddings of quoted text), then a VAE decoder.",
+    frontend="omni_serve.families.glm_image.frontend:GlmImageFrontend",
+    checkpoint_marker="vision_language_encoder/config.json",
+    checkpoint_writer="omni_serve.checkpoints.glm_image:make_checkpoint",
+)
+
+
+def build_app(args: dict[str, Any] | None = None):
+    from omni_serve.deployments.builder import build_app as build
+
+    return build(FAMILY, args)

@@ -1,0 +1,72 @@
+"""Per-stage settings of the Qwen2.5-Omni graph (the ``params`` of each stage's spec section)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from omni_serve.graph.spec import StageSpec
+
+
+class ThinkerParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    default_max_tokens: int = Field(256, ge=1, description="Text tokens generated when a request sets no limit.")
+    max_model_len: int | None = Field(None, ge=16, description="Prompt + output token limit; default: the model's.")
+    default_temperature: float = Field(1.0, ge=0, le=2, description="Temperature when the request sets none.")
+
+
+class TalkerParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_codec_tokens: int = Field(1024, ge=1, description="Codec tokens per response at most (50 per second of audio).")
+    temperature: float = Field(0.9, ge=0, description="Codec sampling temperature (0: greedy). Requests with temperature 0 decode greedily.")
+    top_k: int = Field(40, ge=0, description="Codec top-k (0: off).")
+    top_p: float = Field(0.8, gt=0, le=1, description="Codec top-p.")
+    repetition_penalty: float = Field(1.05, gt=0, description="Codec repetition penalty (as transformers' generate).")
+
+
+class Code2WavParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    num_steps: int = Field(10, ge=1, le=64, description="Flow-matching ODE steps of the DiT.")
+    guidance_scale: float = Field(0.5, ge=0, description="Classifier-free guidance scale of the DiT.")
+    sway_coefficient: float = Field(-1.0, description="Sway sampling coefficient of the ODE time grid.")
+    first_chunk_codes: int = Field(12, ge=1, description=(
+        "Codec tokens in the first synthesized audio chunk (small = early first audio). Chunk sizes and "
+        "contexts are multiples of the DiT block (block_size / repeats codes: 12 for Qwen2.5-Omni)."))
+    chunk_codes: int = Field(96, ge=1, description="Codec tokens per later audio chunk.")
+    left_context_codes: int = Field(12, ge=0, description="Codes before a chunk the DiT sees (seam accuracy).")
+    right_context_codes: int = Field(12, ge=0, description=(
+        "Codes after a chunk the DiT sees; a chunk waits for them (or the end of speech)."))
+    vocoder_context_frames: int = Field(8, ge=0, description="Mel frames of context on each side of a vocoder chunk.")
+    max_batch: int = Field(16, ge=1, description=(
+        "Windows of different requests solved in one DiT call (any lengths: packed end to end)."))
+    dit_dtype: Literal["float32", "bfloat16"] = Field("float32", description=(
+        "dtype of the DiT's transformer blocks. float32 (the default) is transformers' token2wav, which the oracle "
+        "holds the stage to. bfloat16 runs the blocks on a bfloat16 copy (ODE state, solver, input and output "
+        "layers stay float32): on CPUs with AMX (Sapphire Rapids and later) the DiT is ~2.4x faster, the mel "
+        "within ~7e-4 of float32's (relative max; loadtests/code2wav_cost.py). On CPUs without oneDNN's bfloat16 "
+        "product (AVX2-only) the blocks run on plain bfloat16 layers: the same answer, slower than float32 (the "
+        "replica logs it, /health shows it under kernels)."))
+
+
+class EncoderStage(StageSpec):
+    pass
+
+
+class ThinkerStage(StageSpec):
+    params: ThinkerParams = Field(default_factory=ThinkerParams, description="Thinker settings.")
+
+
+class ThinkerPrefillStage(StageSpec):
+    pass
+
+
+class TalkerStage(StageSpec):
+    params: TalkerParams = Field(default_factory=TalkerParams, description="Talker settings.")
+
+
+class Code2WavStage(StageSpec):
+    params: Code2WavParams = Field(default_factory=Code2WavParams, description="code2wav settings.")

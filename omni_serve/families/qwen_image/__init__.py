@@ -1,0 +1,35 @@
+"""Qwen-Image as a stage graph: text_encoder -> dit (denoising loop) -> vae, behind ``POST /v1/images/generations``.
+
+The family plug-in (``omni_serve.graph.family``): ``FAMILY`` names the graph declaration (``graph``), the spec
+(``spec``), the ingress-side frontend (``frontend``), and the checkpoint writer; replica-side code lives in
+``replica/``. ``build_app(args)`` is the Serve entry point: ``serve run omni_serve.families.qwen_image:build_app
+checkpoint=DIR``, ``omni-serve serve --graph qwen_image checkpoint=DIR``, or a Serve config file
+(``applications[].import_path`` + ``args``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omni_serve.graph.family import Family
+from omni_serve.families.qwen_image.graph import GRAPH
+from omni_serve.families.qwen_image.spec import QwenImageGraphSpec
+
+FAMILY = Family(
+    name="qwen_image", module=__name__, graph=GRAPH, spec=QwenImageGraphSpec,
+    description="Qwen-Image text-to-image: Qwen2.5-VL text encoder, MMDiT denoising loop, VAE decoder.",
+    frontend="omni_serve.families.qwen_image.frontend:QwenImageFrontend",
+    checkpoint_marker="model_index.json",
+    checkpoint_writer="omni_serve.checkpoints.qwen_image:make_checkpoint",
+)
+
+
+def build_spec(args: dict[str, Any] | None) -> QwenImageGraphSpec:
+    """Validate ``args``; the checkpoint path is made absolute so every replica finds it whatever its cwd."""
+    return FAMILY.validate(args)
+
+
+def build_app(args: dict[str, Any] | None = None):
+    from omni_serve.deployments.builder import build_app as build
+
+    return build(FAMILY, args)

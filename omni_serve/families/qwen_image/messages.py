@@ -1,0 +1,86 @@
+"""What crosses the Qwen-Image graph's boundaries (see ``omni_serve.graph.messages``).
+
+Calls (ingress -> stage): ``TextEncodeCall`` (text_encoder), ``DenoiseCall`` (dit), ``DecodeCall`` (vae).
+Outputs (stage -> ingress): ``PromptEncoded``, ``DenoiseDone`` (step counts for the response's metrics),
+``ImagesEncoded`` (the encoded images, and with ``DecodeCall.return_latents`` the latents they were decoded from).
+Edge payloads: ``PromptEmbeds`` (text_encoder -> dit: prompt and negative-prompt embeddings, [L, D] each),
+``FinalLatents`` (dit -> vae: packed latents [n, S, 4C]).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from omni_serve.graph.messages import Message, Tensor
+
+
+class CacheSettings(Message):
+    """cache-dit settings of one request (the stage's defaults with the request's overrides)."""
+
+    mode: Literal["off", "dbcache", "taylorseer"] = "off"
+    fn_compute_blocks: int = 1
+    bn_compute_blocks: int = 0
+    residual_diff_threshold: float = 0.08
+    max_warmup_steps: int = 2
+    max_cached_steps: int = -1
+    max_continuous_cached_steps: int = -1
+    taylorseer_order: int = 1
+
+
+# -- calls ---------------------------------------------------------------------------------------------------
+class TextEncodeCall(Message):
+    request_id: str
+    prompt: str
+    negative_prompt: str | None = None  # encoded only when true CFG runs
+
+
+class DenoiseCall(Message):
+    request_id: str
+    n: int = Field(ge=1)
+    height: int = Field(ge=1)
+    width: int = Field(ge=1)
+    num_steps: int = Field(ge=1)
+    seed: int
+    true_cfg_scale: float = 1.0  # CFG runs when > 1 and negative embeddings arrive
+    guidance_scale: float | None = None  # guidance-distilled transformers only
+    cache: CacheSettings | None = None  # None: no cache acceleration
+
+
+class DecodeCall(Message):
+    request_id: str
+    height: int = Field(ge=1)
+    width: int = Field(ge=1)
+    output_format: Literal["png", "jpeg", "webp"] = "png"
+    return_latents: bool = False  # also send back the final latents the images were decoded from
+
+
+# -- outputs -------------------------------------------------------------------------------------------------
+class PromptEncoded(Message):
+    prompt_tokens: int
+
+
+class DenoiseDone(Message):
+    num_steps: int
+    true_cfg: bool
+    cached_steps: int
+    computed_steps: int
+
+
+class ImagesEncoded(Message):
+    images: list[bytes]
+    # return_latents: each image's final packed latents [S, 4C] (the DiT -> VAE payload, before the decode) as
+    # little-endian float32 bytes, all of shape ``latent_shape``
+    latents: list[bytes] = []
+    latent_shape: list[int] = []
+
+
+# -- edge payloads -------------------------------------------------------------------------------------------
+class PromptEmbeds(Message):
+    prompt_embeds: Tensor
+    negative_embeds: Tensor | None = None
+
+
+class FinalLatents(Message):
+    latents: Tensor

@@ -1,0 +1,78 @@
+"""Stage runners of the Qwen-Image graph (hosted by ``omni_serve.deployments.stage.StageDeployment``).
+
+Each stage runs a ``BatchEngine`` (see ``programs``) on the adapter its declaration names (``graph.GRAPH``).
+Per request a runner builds the program from the stage's call (small metadata: text, sizes, seeds, settings)
+and the edges declared for the stage carry the tensors (``text_encoder_dit``: prompt embeddings, ``dit_vae``:
+final latents).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator
+
+from omni_serve.families.qwen_image.messages import (
+    CacheSettings, DecodeCall, DenoiseCall, ImagesEncoded, TextEncodeCall,
+)
+from omni_serve.families.qwen_image.replica import programs as P
+from omni_serve.graph.runner import StageRunner
+
+
+class TextEncoderRunner(StageRunner):
+    def batch_compute(self):
+        return self.model.encode
+
+    async def run(self, engine, call: TextEncodeCall) -> AsyncIterator:
+        texts = [call.prompt] + ([call.negative_prompt] if call.negative_prompt is not None else [])
+        program = P.TextEncodeProgram(texts, [self.model.token_count(t) for t in texts])
+        async for out in self.drive(engine, call.request_id, program, writes="text_encoder_dit"):
+            yield out
+
+
+class DiTRunner(StageRunner):
+    work_unit = "diffusion_steps"
+
+    def adapter_options(self):
+        return {"packed_linear": self.stage_spec.params.packed_linear}
+
+    def load(self):
+        model = super().load()
+        cache = self.stage_spec.params.cache
+        self.cache = None
+        if cache.mode != "off" or cache.allow_request_override:
+            from omni_serve.families.qwen_image.replica.cache import DiTCache
+
+            self.cache = DiTCache(model, cache.settings())
+        return model
+
+    def batch_compute(self):
+        return P.DenoiseCompute(self.model)
+
+    def cache_session(self, settings: CacheSettings | None, num_images: int):
+        if settings is None or settings.mode == "off":
+            return None
+        if self.cache is None:
+            raise ValueError("cache acceleration is off on this stage")
+        return self.cache.session(settings, num_images)
+
+    async def run(self, engine, call: DenoiseCall) -> AsyncIterator:
+        program = P.DenoiseProgram(self.model, call, self.cache_session(call.cache, call.n))
+        async for out in self.drive(engine, call.request_id, program, reads="text_encoder_dit", writes="dit_vae"):
+            yield out
+
+
+class VAERunner(StageRunner):
+    def adapter_options(self):
+        p = self.stage_spec.params
+        return {"tile_min_pixels": p.tile_min_pixels, "tile_stride_pixels": p.tile_stride_pixels}
+
+    def batch_compute(self):
+        return P.DecodeCompute(self.model)
+
+    async def run(self, engine, call: DecodeCall) -> AsyncIterator:
+        program = P.DecodeProgram(call.height, call.width)
+        async for out in self.drive(engine, call.request_id, program, reads="dit_vae"):
+            # Encoding (zlib, GIL released) runs in a worker thread so the VAE engine keeps decoding.
+            images = await asyncio.to_thread(P.encode_images, out.pixels, call.output_format)
+            latents, shape = P.encode_latents(program.latents) if call.return_latents else ([], [])
+            yield ImagesEncoded(images=images, latents=latents, latent_shape=shape)

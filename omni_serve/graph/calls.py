@@ -1,0 +1,178 @@
+"""The ingress' side of a graph: a request's stage calls, opened at once and merged, typed, always cleaned up.
+
+Contract: ``StageCalls(graph, spec, open_call, probe, connector=None)``; ``StageCalls.over_serve(graph, spec,
+handles)`` builds it over Ray Serve handles (``omni_serve.graph.local`` builds it over in-process runners).
+Edges use the connectors the spec names (``edges.<edge>.connector``), or ``connector`` for all.
+- ``put(request_id, edge, payload)``: writes a payload on an edge the ingress feeds (``GraphDef.ingress_writes``),
+  e.g. a request's preprocessed media; the payload must be the edge's declared type.
+- ``stream(request_id, calls, timeout_s, inputs=None)``: puts ``inputs`` (edge -> payload, as ``put``), opens
+  one streaming call per entry of ``calls`` (stage name -> the stage's declared call message) and yields
+  ``(stage, output)`` in arrival order until every call ended. Each
+  output must be one of the stage's declared output types. A stage failure raises an ``OpenAIError`` naming the
+  stage: 503 with Retry-After when the stage's replica died or is unavailable, 500 when the stage failed on the
+  request; passing the deadline raises a 504. Whatever ends the iteration (success,
+  error, the client going away, a failure while putting the inputs or opening the calls), every open call is
+  cancelled (which aborts the request in the stage's engine) and the request's data-plane payloads are freed on
+  every connector the deployed graph uses.
+- ``health()``: each deployed stage's ``ready()`` answer, or ``{"error": ...}`` for one that does not answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Protocol
+
+from omni_serve.api.errors import OpenAIError, internal_error
+from omni_serve.graph.graph import INGRESS, GraphDef
+from omni_serve.graph.messages import Message
+from omni_serve.transport.base import Connector, chunk_key, get_connector, observed_put
+
+log = logging.getLogger(__name__)
+
+
+class StageCall(Protocol):
+    """One open streaming call: its outputs as they come; ``cancel()`` aborts it (Serve's response generator)."""
+
+    def __aiter__(self) -> AsyncIterator[Message]: ...
+
+    def cancel(self) -> None: ...
+
+
+def short_error(exc: BaseException) -> str:
+    """The last line of an exception's text (Ray wraps remote errors in long tracebacks)."""
+    text = str(exc).strip().splitlines()
+    return text[-1][:300] if text else type(exc).__name__
+
+
+def _replica_lost_errors() -> tuple[type[BaseException], ...]:
+    from ray.exceptions import NodeDiedError, RayActorError, WorkerCrashedError
+    from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
+
+    return (RayActorError, WorkerCrashedError, NodeDiedError, ReplicaUnavailableError, DeploymentUnavailableError,
+            BackPressureError)
+
+
+def stage_error(stage: str, exc: BaseException, request_id: str) -> OpenAIError:
+    """The client's error for a failed stage call: 503 with Retry-After when the stage's replica died or is
+    unavailable (a retry reaches a healthy one), 500 when the stage failed on the request itself. The message is
+    fixed (stage and request id): what went wrong inside the stage goes to the log, never to the client."""
+    if isinstance(exc, _replica_lost_errors()):
+        return OpenAIError(f"Stage {stage} is temporarily unavailable (its replica was lost or is overloaded); "
+                           f"retry the request (request {request_id}).", status_code=503,
+                           type="service_unavailable", code="stage_unavailable", headers={"Retry-After": "1"})
+    return internal_error(f"Stage {stage} failed on request {request_id}; the details are in the server log.")
+
+
+class StageCalls:
+    def __init__(self, graph: GraphDef, spec: Any, open_call: Callable[[str, Message], StageCall],
+                 probe: Callable[[str], Awaitable[dict[str, Any]]], connector: Connector | None = None):
+        self.graph, self.spec = graph, spec
+        self._open, self._probe = open_call, probe
+        self.stages = [s.name for s in graph.deployed(spec.layout())]
+        links = graph.links(spec.layout())
+        if connector is None:
+            self._edge_connector = {link.edge: get_connector(spec.edge_spec(link.edge).connector, spec.data_plane)
+                                    for link in links}
+        else:  # one connector for every edge (in-process graphs)
+            self._edge_connector = {link.edge: connector for link in links}
+        # Every connector the deployed graph uses: a request's payloads are freed on each when it ends.
+        self.connectors: list[Connector] = list({id(c): c for c in self._edge_connector.values()}.values())
+        self._ingress_edges = {link.edge for link in links if link.writer == INGRESS}
+
+    @classmethod
+    def over_serve(cls, graph: GraphDef, spec: Any, handles: Mapping[str, Any]) -> "StageCalls":
+        """Calls over Ray Serve deployment handles (stage name -> handle of its deployment)."""
+        async def probe(stage: str) -> dict[str, Any]:
+            return await handles[stage].ready.remote()
+
+        return cls(graph, spec, lambda stage, call: handles[stage].options(stream=True).generate.remote(call), probe)
+
+    async def put(self, request_id: str, edge: str, payload: Message) -> None:
+        if edge not in self._ingress_edges:
+            raise ValueError(f"the ingress writes no edge {edge!r} in this graph (it writes {sorted(self._ingress_edges)})")
+        expected = self.graph.edge(edge).payload
+        if not isinstance(payload, expected):
+            raise TypeError(f"edge {edge} carries {expected.__name__}, not {type(payload).__name__}")
+        await observed_put(self._edge_connector[edge], chunk_key(request_id, edge, 0), payload)
+
+    def _check_call(self, stage: str, call: Message) -> None:
+        if stage not in self.stages:
+            raise ValueError(f"stage {stage!r} is not deployed in this graph (deployed: {self.stages})")
+        expected = self.graph.stage(stage).call
+        if not isinstance(call, expected):
+            raise TypeError(f"stage {stage} takes {expected.__name__}, not {type(call).__name__}")
+
+    async def stream(self, request_id: str, calls: Mapping[str, Message], timeout_s: float,
+                     inputs: Mapping[str, Message] | None = None) -> AsyncIterator[tuple[str, Message]]:
+        opened: dict[str, StageCall] = {}
+        try:
+            for stage, call in calls.items():
+                self._check_call(stage, call)
+            for edge, payload in (inputs or {}).items():
+                await self.put(request_id, edge, payload)
+            for stage, call in calls.items():
+                opened[stage] = self._open(stage, call)
+        except BaseException:
+            for gen in opened.values():
+                gen.cancel()
+            await asyncio.shield(self.free(request_id))
+            raise
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(stage, gen):
+            try:
+                async for out in gen:
+                    await queue.put((stage, out))
+                await queue.put((stage, None))
+            except BaseException as exc:  # noqa: BLE001 - surfaced to the request
+                await queue.put((stage, exc))
+
+        tasks = [asyncio.create_task(pump(s, g)) for s, g in opened.items()]
+        open_calls = set(opened)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while open_calls:
+                remaining = deadline - time.monotonic()
+                try:
+                    stage, item = await asyncio.wait_for(queue.get(), max(remaining, 0.001))
+                except asyncio.TimeoutError:
+                    raise OpenAIError(f"The request timed out (request {request_id}).", status_code=504,
+                                      type="timeout", code="timeout") from None
+                if item is None:
+                    open_calls.discard(stage)
+                elif isinstance(item, BaseException):
+                    log.error("request %s: stage %s failed: %r", request_id, stage, item)
+                    raise stage_error(stage, item, request_id)
+                elif not isinstance(item, self.graph.stage(stage).outputs):
+                    log.error("request %s: stage %s sent a %s, not one of its declared outputs",
+                              request_id, stage, type(item).__name__)
+                    raise internal_error(f"Stage {stage} sent an unexpected output (request {request_id}).")
+                else:
+                    yield stage, item
+        finally:
+            for gen in opened.values():
+                gen.cancel()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            # Shielded: a second cancellation (the client went away while this runs) must not cut the freeing
+            # short between taking the request's directory entries and releasing their payloads.
+            await asyncio.shield(self.free(request_id))
+
+    async def free(self, request_id: str) -> None:
+        """Drop everything the request left on the data plane (every connector of the graph)."""
+        for connector in self.connectors:
+            try:
+                await connector.free_request(request_id)
+            except Exception:  # noqa: BLE001 - never mask the request's own outcome
+                log.exception("request %s: freeing %s data-plane payloads failed", request_id, connector.name)
+
+    async def health(self, timeout_s: float = 5.0) -> dict[str, Any]:
+        async def probe(stage):
+            try:
+                return stage, await asyncio.wait_for(self._probe(stage), timeout_s)
+            except Exception as exc:  # noqa: BLE001
+                return stage, {"error": short_error(exc)}
+        return dict(await asyncio.gather(*(probe(s) for s in self.stages)))

@@ -1,0 +1,182 @@
+"""Replica-side code of one stage: load its model, make its engine, run one request per call, typed.
+
+Contract: a family's stage runner subclasses ``StageRunner`` and implements ``run(engine, call)``: turn the
+call (the stage's declared call message) into a program, pump its input edge into the program and its outputs
+to its output edge (``drive``), and yield the outputs meant for the ingress. ``build_runner(family, stage, spec)``
+builds the runner the declaration names; it loads the stage's model adapter (``load()``; override
+``adapter_options()`` for extra arguments) and ``make_engine()`` builds the engine of the declared kind (batch
+stages provide ``batch_compute()``). Runners hold no per-request state; programs do.
+
+``handle(engine, call)`` is the checked entry point the hosts use (the Serve deployment, ``LocalGraph``): the
+call must be an instance of the stage's call type (re-validated, since it crossed a process boundary) and
+every output one of the stage's declared output types; anything else fails the request with ``TypeError``.
+
+``StageIO`` is a stage's view of the data plane: the connector of each edge it reads or writes (the spec's
+``edges.<edge>.connector``, or one connector for all, e.g. in tests), payloads checked against the edge's
+declared type on both sides.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, AsyncIterator
+
+from omni_serve.engines.base import StageProgram
+from omni_serve.engines.loop import LoopEngine
+from omni_serve.graph.family import Family
+from omni_serve.graph.graph import EdgeDef, EngineKind, GraphDef, StageDef
+from omni_serve.graph.messages import Message
+from omni_serve.graph.registry import import_path
+from omni_serve.transport.base import ChunkWriter, Connector, chunk_key, get_connector, observed_get, read_chunks
+
+
+class StageIO:
+    def __init__(self, graph: GraphDef, stage: StageDef, spec: Any, connector: Connector | None = None):
+        self.graph, self.stage, self.spec = graph, stage, spec
+        self.timeout_s = spec.data_timeout()
+        self._connector = connector
+
+    def connector(self, edge: str) -> Connector:
+        if self._connector is not None:
+            return self._connector
+        return get_connector(self.spec.edge_spec(edge).connector, self.spec.data_plane)
+
+    def _edge(self, edge: str, direction: str) -> EdgeDef:
+        if edge not in getattr(self.stage, direction):
+            raise ValueError(f"stage {self.stage.name} does not {direction[:-1]} edge {edge!r}")
+        return self.graph.edge(edge)
+
+    def _checked(self, edge: EdgeDef, payload: Any) -> Message:
+        if not isinstance(payload, edge.payload):
+            raise TypeError(f"edge {edge.name} carries {edge.payload.__name__}, not {type(payload).__name__}")
+        return edge.payload.model_validate(payload)
+
+    async def read_one(self, edge: str, request_id: str) -> Message:
+        """The single payload of a request on ``edge`` (freed once read)."""
+        e = self._edge(edge, "reads")
+        conn, key = self.connector(edge), chunk_key(request_id, edge, 0)
+        payload = await observed_get(conn, key, self.timeout_s)
+        await conn.free(key)
+        return self._checked(e, payload)
+
+    async def stream(self, edge: str, request_id: str) -> AsyncIterator[Message]:
+        """A request's chunks on ``edge`` in order, until the last (a one-payload edge: that payload)."""
+        e = self._edge(edge, "reads")
+        if not e.stream:
+            yield await self.read_one(edge, request_id)
+            return
+        async for payload in read_chunks(self.connector(edge), request_id, edge, self.timeout_s):
+            yield self._checked(e, payload)
+
+    async def streams(self, edges: tuple[str, ...], request_id: str) -> AsyncIterator[Message]:
+        """``stream`` of each edge in turn."""
+        for edge in edges:
+            async for payload in self.stream(edge, request_id):
+                yield payload
+
+    def writer(self, edge: str, request_id: str) -> "EdgeWriter":
+        return EdgeWriter(self._edge(edge, "writes"), self.connector(edge), request_id)
+
+
+class EdgeWriter:
+    """Writes one request's payloads on one edge (one payload, or a chunk stream)."""
+
+    def __init__(self, edge: EdgeDef, connector: Connector, request_id: str):
+        self.edge = edge
+        self._chunks = ChunkWriter(connector, request_id, edge.name)
+
+    def accepts(self, item: Any) -> bool:
+        return isinstance(item, self.edge.payload)
+
+    async def write(self, payload: Message) -> None:
+        if not self.accepts(payload):
+            raise TypeError(f"edge {self.edge.name} carries {self.edge.payload.__name__}, not {type(payload).__name__}")
+        if not self.edge.stream and self._chunks.index:
+            raise RuntimeError(f"edge {self.edge.name} carries one payload per request")
+        await self._chunks.write(payload)
+
+
+class StageRunner(abc.ABC):
+    def __init__(self, graph: GraphDef, stage: StageDef, spec: Any, io: StageIO | None = None):
+        self.graph, self.stage, self.spec = graph, stage, spec
+        self.stage_spec = spec.stage_spec(stage.name)
+        self.engine_spec = self.stage_spec.engine
+        self.io = io or StageIO(graph, stage, spec)
+        self.model = self.load()
+
+    # -- what a family overrides ------------------------------------------------------------------------
+    def adapter_options(self) -> dict[str, Any]:
+        """Extra keyword arguments of the stage's adapter (besides checkpoint, dtype, device)."""
+        return {}
+
+    def load(self):
+        """The stage's model: its declared adapter on the checkpoint."""
+        e = self.engine_spec
+        return import_path(self.stage.adapter)(self.spec.checkpoint, dtype=e.torch_dtype(), device=e.device,
+                                               **self.adapter_options())
+
+    def batch_compute(self):
+        """Batch stages: the engine's ``compute(payloads) -> results``."""
+        raise NotImplementedError(f"stage {self.stage.name} declares a batch engine but no batch_compute()")
+
+    def max_batch(self) -> int:
+        """Batch stages: payloads per compute call (the stage's ``params.max_batch``)."""
+        return self.stage_spec.params.max_batch
+
+    work_unit: str | None = None  # batch stages: what programs' work_left() counts (load reporting)
+
+    @abc.abstractmethod
+    def run(self, engine: LoopEngine, call: Message) -> AsyncIterator[Message]: ...
+
+    # -- generic ------------------------------------------------------------------------------------------
+    def modules(self) -> dict[str, Any]:
+        return self.model.modules
+
+    def make_engine(self) -> LoopEngine:
+        s, name = self.engine_spec, self.stage.name
+        if self.stage.engine is EngineKind.AR:
+            from omni_serve.engines.ar import AREngine
+
+            return AREngine(name, self.model, s.ar, max_active=s.max_active_requests, torch_threads=s.torch_threads)
+        if self.stage.engine is EngineKind.BATCH:
+            from omni_serve.engines.batch import BatchEngine
+
+            return BatchEngine(name, self.batch_compute(), max_batch=self.max_batch(),
+                               max_active=s.max_active_requests, torch_threads=s.torch_threads,
+                               work_unit=self.work_unit)
+        from omni_serve.engines.stepper import StepEngine
+
+        return StepEngine(name, max_active=s.max_active_requests, torch_threads=s.torch_threads)
+
+    async def handle(self, engine: LoopEngine, call: Message) -> AsyncIterator[Message]:
+        if not isinstance(call, self.stage.call):
+            raise TypeError(f"stage {self.stage.name} takes {self.stage.call.__name__}, not {type(call).__name__}")
+        async for out in self.run(engine, self.stage.call.model_validate(call)):
+            if not isinstance(out, self.stage.outputs):
+                raise TypeError(f"stage {self.stage.name} produced a {type(out).__name__}, not one of its declared "
+                                f"outputs {[t.__name__ for t in self.stage.outputs]}")
+            yield out
+
+    async def drive(self, engine: LoopEngine, request_id: str, program: StageProgram, *,
+                    reads: str | tuple[str, ...] | None = None, writes: str | None = None) -> AsyncIterator[Message]:
+        """Run ``program``: feed it the payloads of ``reads`` (an edge, or several read one after the other) as
+        they arrive, write what it emits of ``writes``' payload type to that edge, and yield the rest."""
+        inputs = None
+        if reads is not None:
+            inputs = self.io.streams((reads,) if isinstance(reads, str) else reads, request_id)
+        writer = self.io.writer(writes, request_id) if writes is not None else None
+        async for out in engine.generate(request_id, program, inputs):
+            if writer is not None and writer.accepts(out):
+                await writer.write(out)
+            else:
+                yield out
+
+
+def build_runner(family: Family, stage: str, spec: Any, connector: Connector | None = None) -> StageRunner:
+    """The runner the family declares for ``stage``, on ``spec`` (a validated spec, or its values)."""
+    if not isinstance(spec, family.spec):
+        spec = family.spec.model_validate(spec)
+    stage_def = family.graph.stage(stage)
+    io = StageIO(family.graph, stage_def, spec, connector)
+    runner = stage_def.runner_for(spec.stage_spec(stage).engine.backend)
+    return import_path(runner)(family.graph, stage_def, spec, io)
