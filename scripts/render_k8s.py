@@ -7,7 +7,7 @@ Kubernetes manifests in k8s/ (the chart is their single source).
     .venv/bin/python scripts/render_k8s.py --check  # exit 1 if a committed file differs from a fresh render
 
 The chart's graph table (``helm/omni-serve/graphs.yaml``: each family's Serve import path, checkpoint family and
-stage names) and the name enums of ``values.schema.json`` come from ``omni_serve.graphs.registry``, so a new
+stage names) and the name enums of ``values.schema.json`` come from ``omni_serve.graph.registry``, so a new
 family needs no hand edit of the chart. Each manifest is ``helm template <release> helm/omni-serve -f <values
 file>`` rendered offline with the Helm SDK of the ``helm-python-sdk`` package (no helm binary, no cluster), every
 object of the release in one file, without NOTES.txt. tests/unit/test_helm_chart.py checks the committed files
@@ -40,7 +40,7 @@ SCHEMA_FILE = os.path.join(CHART, "values.schema.json")
 
 def chart_graphs() -> str:
     """The text of helm/omni-serve/graphs.yaml: the graphs the chart serves, from the family registry."""
-    from omni_serve.graphs.registry import families
+    from omni_serve.graph.registry import families
 
     table = {}
     for name, family in families().items():
@@ -58,7 +58,7 @@ def chart_schema(current: str) -> str:
     """values.schema.json with the graph and stage name enums of the family registry."""
     import json
 
-    from omni_serve.graphs.registry import families
+    from omni_serve.graph.registry import families
 
     schema = json.loads(current)
     schema["properties"]["graph"]["properties"]["name"]["enum"] = list(families())
