@@ -29,8 +29,8 @@ import torch
 from ceiling_report import against_bench, print_costs, timed, write_report
 
 from omni_serve.bench.image import ImageBenchConfig, build_image_workload
-from omni_serve.families.qwen_image.messages import DenoiseCall, PromptEmbeds
-from omni_serve.families.qwen_image.replica.programs import DenoiseCompute, DenoiseProgram
+from omni_serve.kits.diffusion.messages import DenoiseCall, PromptEmbeds
+from omni_serve.kits.diffusion.replica.programs import DenoiseCompute, DenoiseProgram
 from omni_serve.models.qwen_image import QwenImageDecoder, QwenImageDenoiser, QwenImageTextEncoder
 
 NEGATIVE = " "

@@ -1,6 +1,6 @@
 """Speech test helpers: the prompt the speech endpoint builds, and transformers' thinker forced to a reply.
 
-``speech_prompt`` is what ``/v1/audio/speech`` builds (``omni_serve.families.qwen2_5_omni.audio_endpoints``): a
+``speech_prompt`` is what ``/v1/audio/speech`` builds (``omni_serve.kits.omni.audio_endpoints``): a
 system turn and a user turn holding the text; the forced reply is the text's tokens and ``<|im_end|>``.
 ``ForcedThinker`` (the speech benchmark's, ``omni_serve.bench.speech``) replaces a transformers Omni model's
 ``thinker.generate`` with one forward over the prompt and the forced reply, shaped as generate's output, so the

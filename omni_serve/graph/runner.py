@@ -30,6 +30,9 @@ from omni_serve.graph.registry import import_path
 from omni_serve.transport.base import ChunkWriter, Connector, chunk_key, get_connector, observed_get, read_chunks
 
 
+DECLARED = object()  # ``StageRunner.drive``'s default: the edges the stage declares
+
+
 class StageIO:
     def __init__(self, graph: GraphDef, stage: StageDef, spec: Any, connector: Connector | None = None):
         self.graph, self.stage, self.spec = graph, stage, spec
@@ -158,9 +161,23 @@ class StageRunner(abc.ABC):
             yield out
 
     async def drive(self, engine: LoopEngine, request_id: str, program: StageProgram, *,
-                    reads: str | tuple[str, ...] | None = None, writes: str | None = None) -> AsyncIterator[Message]:
+                    reads: str | tuple[str, ...] | None | object = DECLARED,
+                    writes: str | None | object = DECLARED) -> AsyncIterator[Message]:
         """Run ``program``: feed it the payloads of ``reads`` (an edge, or several read one after the other) as
-        they arrive, write what it emits of ``writes``' payload type to that edge, and yield the rest."""
+        they arrive, write what it emits of ``writes``' payload type to that edge, and yield the rest.
+
+        Args:
+            reads: the edges to feed the program from; by default those the stage declares (``StageDef.reads``).
+                None: the program gets no inputs through ``drive`` (the runner fed it already).
+            writes: the edge to write to; by default the one the stage declares (None if it declares none;
+                a stage declaring several must name one). None: everything is yielded.
+        """
+        if reads is DECLARED:
+            reads = self.stage.reads or None
+        if writes is DECLARED:
+            if len(self.stage.writes) > 1:
+                raise ValueError(f"stage {self.stage.name} writes {self.stage.writes}: name the edge drive writes")
+            writes = self.stage.writes[0] if self.stage.writes else None
         inputs = None
         if reads is not None:
             inputs = self.io.streams((reads,) if isinstance(reads, str) else reads, request_id)

@@ -98,7 +98,7 @@ class QwenImageDenoiser:
         self.guidance_embeds = bool(self.transformer.config.guidance_embeds)
         self.modules = {"transformer": self.transformer}
         # The uncached forward; cache acceleration patches ``transformer.forward`` and points this at the
-        # original (see ``omni_serve.families.qwen_image.replica.cache``).
+        # original (see ``omni_serve.kits.diffusion.replica.cache``).
         self.plain_forward = self.transformer
         self.packed = PackedForward(self.transformer) if supports(self.transformer) else None
         if packed_linear:

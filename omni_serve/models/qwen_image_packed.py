@@ -19,7 +19,7 @@ The blocks' submodules are called directly, not the block modules: hooks registe
 attention-backend switches, do not apply here (omni_serve registers none; cache-dit's caching runs through
 ``row_cache`` below).
 
-``row_cache`` (optional, ``omni_serve.families.qwen_image.replica.cache.RowCache``) makes the forward DBCache-aware
+``row_cache`` (optional, ``omni_serve.kits.diffusion.replica.cache.RowCache``) makes the forward DBCache-aware
 per row group: the first ``Fn`` blocks run on every row, ``row_cache.decide`` then picks the rows that compute the
 middle blocks (the others take their cached residuals), and the last ``Bn`` blocks run on every row again.
 """

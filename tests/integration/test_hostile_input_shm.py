@@ -49,7 +49,7 @@ class Evil:
 evil = pickle.dumps(Evil())
 with open(os.path.join(own_dir, "evil.pickle"), "wb") as f:  # for the test's control
     f.write(evil)
-tensor = {"v": 1, "p": {"M": "omni_serve.families.qwen_image.messages.FinalLatents",
+tensor = {"v": 1, "p": {"M": "omni_serve.kits.diffusion.messages.FinalLatents",
                         "F": {"latents": {"T": ["float32", [1, 16, 64], 0, False]}}}}
 index = lambda pool, payload: json.dumps({"v": 1, "pool": pool, "seg": 1, "nbytes": 4096, "payload": payload}).encode()
 own_index = os.path.join(own_dir, "index")

@@ -109,7 +109,7 @@ def test_engine_text_side_matches_generate(omni_tiny_dir, prompts, causal_lm):
 
 def test_hf_baseline_mirrors_the_server(omni_tiny_dir):
     from omni_serve.api import protocol as P
-    from omni_serve.families.qwen2_5_omni.frontend import OmniFrontend
+    from omni_serve.families.qwen2_5_omni.frontend import Qwen25OmniFrontend as OmniFrontend
     from omni_serve.families.qwen2_5_omni.spec import OmniGraphSpec
 
     base = HFBaseline(HFBaselineConfig(checkpoint=omni_tiny_dir, max_codec_tokens=16, num_steps=2, warmup=0,

@@ -181,7 +181,7 @@ def test_the_cli_lists_families_and_shows_a_graph(capsys):
 # -- (2) every crossing refuses what is not its declared message ---------------------------------------------
 def test_dicts_are_refused_at_every_crossing(qwen_image_tiny_dir):
     from omni_serve.families.qwen_image import FAMILY
-    from omni_serve.families.qwen_image.messages import DecodeCall, FinalLatents
+    from omni_serve.kits.diffusion.messages import DecodeCall, FinalLatents
 
     spec = FAMILY.validate({"checkpoint": qwen_image_tiny_dir})
     conn = MemoryConnector()

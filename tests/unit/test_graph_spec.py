@@ -9,7 +9,9 @@ import yaml
 from pydantic import ValidationError
 
 from omni_serve.autoscaling import ENGINE_LOAD_POLICY, STAGE_RATIO_POLICY
-from omni_serve.families.qwen2_5_omni import build_spec
+from omni_serve.families.qwen2_5_omni import FAMILY
+
+build_spec = FAMILY.validate
 from omni_serve.graph.spec import STAGE_ENV, apply_overrides
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "omni_serve", "configs", "qwen2_5_omni.yaml")
@@ -126,10 +128,10 @@ IMAGE_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "omni_serve",
 
 
 def test_shipped_qwen_image_config_validates_and_fits_two_cores(qwen_image_tiny_dir):
-    from omni_serve.families.qwen_image import build_spec as build_image_spec
+    from omni_serve.families.qwen_image import FAMILY as IMAGE
 
     app = shipped_app(IMAGE_CONFIG, "omni_serve.families.qwen_image:build_app")
-    spec = build_image_spec({**app["args"], "checkpoint": qwen_image_tiny_dir})
+    spec = IMAGE.validate({**app["args"], "checkpoint": qwen_image_tiny_dir})
     total = spec.ingress.num_cpus + sum(getattr(spec.stages, s).num_cpus for s in spec.stages.model_fields)
     assert total <= 2
     opts = spec.stages.dit.deployment_options("dit")
@@ -143,10 +145,10 @@ def test_shipped_qwen_image_config_validates_and_fits_two_cores(qwen_image_tiny_
     ({"checkpoint": "x", "stages.dit.params.cache.mode": "fastest"}, "mode"),
 ])
 def test_bad_image_specs_fail_clearly(args, match):
-    from omni_serve.families.qwen_image import build_spec as build_image_spec
+    from omni_serve.families.qwen_image import FAMILY as IMAGE
 
     with pytest.raises((ValidationError, ValueError), match=match):
-        build_image_spec(args)
+        IMAGE.validate(args)
 
 
 def test_overriding_some_keys_of_a_stage_keeps_its_other_defaults(omni_tiny_dir):

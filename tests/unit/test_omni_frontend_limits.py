@@ -18,7 +18,7 @@ from omni_serve.api.errors import OpenAIError
 
 @pytest.fixture(scope="module")
 def frontend(omni_tiny_dir):
-    from omni_serve.families.qwen2_5_omni.frontend import OmniFrontend
+    from omni_serve.families.qwen2_5_omni.frontend import Qwen25OmniFrontend as OmniFrontend
     from omni_serve.families.qwen2_5_omni.spec import OmniGraphSpec
 
     spec = OmniGraphSpec.model_validate({"checkpoint": omni_tiny_dir, "limits": {

@@ -139,7 +139,7 @@ def test_a_truncated_video_is_a_400():
 # -- the frontend ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def frontend(omni_tiny_dir):
-    from omni_serve.families.qwen2_5_omni.frontend import OmniFrontend
+    from omni_serve.families.qwen2_5_omni.frontend import Qwen25OmniFrontend as OmniFrontend
     from omni_serve.families.qwen2_5_omni.spec import OmniGraphSpec
 
     spec = OmniGraphSpec.model_validate({"checkpoint": omni_tiny_dir, "video": {"max_seconds": 5}})

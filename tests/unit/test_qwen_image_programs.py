@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from omni_serve.engines.batch import BatchEngine
-from omni_serve.families.qwen_image.messages import DenoiseCall, FinalLatents, PromptEmbeds
-from omni_serve.families.qwen_image.replica import programs as P
+from omni_serve.kits.diffusion.messages import DenoiseCall, FinalLatents, PromptEmbeds
+from omni_serve.kits.diffusion.replica import programs as P
 from omni_serve.models.qwen_image import QwenImageDecoder, QwenImageDenoiser, QwenImageTextEncoder
 from tests.image_oracle import LATENT_ATOL, Result, assert_matches, assert_swaps_fail, pipeline_result
 
@@ -170,7 +170,7 @@ def test_abort_between_steps_leaves_others_intact(parts):
 
 
 def _cache_settings(mode, threshold=0.5, warmup=1):
-    from omni_serve.families.qwen_image.spec import CacheSpec
+    from omni_serve.kits.diffusion.params import CacheSpec
 
     return CacheSpec(mode=mode, residual_diff_threshold=threshold, max_warmup_steps=warmup).settings()
 
@@ -178,7 +178,7 @@ def _cache_settings(mode, threshold=0.5, warmup=1):
 @pytest.fixture(scope="module")
 def cached_parts(qwen_image_tiny_dir):
     """A second denoiser with cache-dit enabled (its plain forward stays uncached)."""
-    from omni_serve.families.qwen_image.replica.cache import DiTCache
+    from omni_serve.kits.diffusion.replica.cache import DiTCache
 
     dn = QwenImageDenoiser(qwen_image_tiny_dir)
     return dn, DiTCache(dn, _cache_settings("dbcache"))

@@ -15,7 +15,7 @@ import torch
 
 from omni_serve.engines.vllm_engine import compat
 from omni_serve.engines.vllm_engine.tap import TAP_KEY, TapError, TapRows, _publish, external_request_id
-from omni_serve.families.qwen2_5_omni.frontend import raw_media
+from omni_serve.kits.omni.frontend import raw_media
 from omni_serve.families.qwen2_5_omni.replica.vllm_thinker import collapse_placeholders, vllm_media
 
 

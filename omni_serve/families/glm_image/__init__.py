@@ -8,8 +8,7 @@ checkpoint=DIR`` or ``omni-serve serve --graph glm_image checkpoint=DIR``; see d
 
 from __future__ import annotations
 
-from typing import Any
-
+from omni_serve.deployments.entry import serve_builder
 from omni_serve.graph.family import Family
 from omni_serve.families.glm_image.graph import GRAPH
 from omni_serve.families.glm_image.spec import GlmImageGraphSpec
@@ -23,8 +22,4 @@ FAMILY = Family(
     checkpoint_writer="omni_serve.checkpoints.glm_image:make_checkpoint",
 )
 
-
-def build_app(args: dict[str, Any] | None = None):
-    from omni_serve.deployments.builder import build_app as build
-
-    return build(FAMILY, args)
+build_app = serve_builder(FAMILY)

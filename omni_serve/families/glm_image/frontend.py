@@ -1,6 +1,6 @@
 """Ingress side of the GLM-Image graph: ``POST /v1/images/generations`` -> stage calls -> OpenAI response.
 
-Contract: ``GlmImageFrontend(spec, stages)`` serves one route with Qwen-Image's request and response shapes and
+Contract: ``GlmImageFrontend(spec, stages)`` serves one route with the diffusion kit's request and response shapes and
 checks (size, count, steps, prompt length: 400s before any stage is called). It opens the four stage calls at
 once (ar, text_encoder, dit, vae: each finds its input on the data plane by key) and returns the images with
 their step metrics. Whatever ends the request, every stage call is cancelled and the request's payloads freed
@@ -24,7 +24,7 @@ from omni_serve.graph.calls import StageCalls
 from omni_serve.graph.frontend import Frontend, RequestContext, Route
 from omni_serve.families.glm_image.messages import DecodeCall, GlmDenoiseCall, PriorCall, PriorDone, TextEncodeCall
 from omni_serve.families.glm_image.spec import GlmImageGraphSpec
-from omni_serve.families.qwen_image.frontend import ImageRequestChecks, collect_images, image_response
+from omni_serve.kits.diffusion.frontend import ImageRequestChecks, collect_images, image_response
 from omni_serve.models.glm_image_layout import GRID_FACTOR
 from omni_serve.request_ids import new_request_id
 

@@ -5,7 +5,7 @@ conditioned on them (and on the glyphs of the prompt's quoted text), the VAE dec
     ingress -> text_encoder -> dit
 
 The AR stage and the glyph encoder run side by side; the DiT starts once both have written their payload.
-The glyph encoder (diffusers' ``text_encoder``, a T5 over quoted text) runs Qwen-Image's runner and program.
+The glyph encoder (diffusers' ``text_encoder``, a T5 over quoted text) runs the diffusion kit's runner and program.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ GRAPH = GraphDef(
                  # AR is ~19% faster at batch 8.
                  defaults={"num_cpus": 0.5, "engine": {"ar": {"packed_linear": False}}}),
         StageDef("text_encoder", "Quoted text of the prompt -> glyph embeddings (T5).",
-                 "omni_serve.families.qwen_image.replica.runners:TextEncoderRunner", EngineKind.BATCH,
+                 "omni_serve.kits.diffusion.replica.runners:TextEncoderRunner", EngineKind.BATCH,
                  f"{ADAPTERS}:GlmImageGlyphEncoder", call=M.TextEncodeCall, outputs=(M.PromptEncoded,),
                  writes=("text_encoder_dit",), spec=TextEncoderStage, defaults={"num_cpus": 0.25}),
         StageDef("dit", "Denoising loop (GlmImageTransformer2DModel) conditioned on the visual tokens, step-level "

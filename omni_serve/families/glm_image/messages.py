@@ -1,10 +1,10 @@
 """What crosses the GLM-Image graph's boundaries (see ``omni_serve.graph.messages``).
 
-Calls (ingress -> stage): ``PriorCall`` (ar), ``GlmDenoiseCall`` (dit), and Qwen-Image's ``TextEncodeCall``
+Calls (ingress -> stage): ``PriorCall`` (ar), ``GlmDenoiseCall`` (dit), and the diffusion kit's ``TextEncodeCall``
 (text_encoder: the glyph encoder; the negative prompt is ``""`` under CFG) and ``DecodeCall`` (vae).
-Outputs (stage -> ingress): ``PriorDone`` (prompt and generated token counts), and Qwen-Image's ``PromptEncoded``,
+Outputs (stage -> ingress): ``PriorDone`` (prompt and generated token counts), and the diffusion kit's ``PromptEncoded``,
 ``DenoiseDone`` and ``ImagesEncoded``.
-Edge payloads: ``PriorTokens`` (ar -> dit: the DiT's prior token ids, one per DiT image token), Qwen-Image's
+Edge payloads: ``PriorTokens`` (ar -> dit: the DiT's prior token ids, one per DiT image token), the diffusion kit's
 ``PromptEmbeds`` (text_encoder -> dit: the prompt's glyph embeddings and, under CFG, those of ``""``) and
 ``FinalLatents`` (dit -> vae: latents ``[n, C, h, w]``).
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from omni_serve.graph.messages import Message, Tensor
-from omni_serve.families.qwen_image.messages import (  # noqa: F401 - this graph's messages, importable from here
-    DecodeCall, DenoiseDone, FinalLatents, ImagesEncoded, PromptEmbeds, PromptEncoded, TextEncodeCall,
+from omni_serve.kits.diffusion.messages import (  # noqa: F401 - this graph's messages, importable from here
+    BaseDenoiseCall, DecodeCall, DenoiseDone, FinalLatents, ImagesEncoded, PromptEmbeds, PromptEncoded, TextEncodeCall,
 )
 
 
@@ -28,13 +28,7 @@ class PriorCall(Message):
     seed: int  # the AR samples with it (the pipeline seeds torch with it before generate)
 
 
-class GlmDenoiseCall(Message):
-    request_id: str
-    n: int = Field(ge=1)
-    height: int = Field(ge=1)
-    width: int = Field(ge=1)
-    num_steps: int = Field(ge=1)
-    seed: int
+class GlmDenoiseCall(BaseDenoiseCall):
     guidance_scale: float = 1.0  # CFG runs when > 1
 
 

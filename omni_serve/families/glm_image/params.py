@@ -1,11 +1,11 @@
 """Per-stage settings of the GLM-Image graph (the ``params`` of each stage's spec section). The AR stage's engine
-settings (KV cache, batch) are its ``engine.ar``; the text encoder's are Qwen-Image's."""
+settings (KV cache, batch) are its ``engine.ar``; the text encoder's are the diffusion kit's."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from omni_serve.families.qwen_image.params import TextEncoderStage  # noqa: F401 - the glyph encoder's section
+from omni_serve.kits.diffusion.params import TextEncoderStage  # noqa: F401 - the glyph encoder's section
 from omni_serve.graph.spec import StageSpec
 
 

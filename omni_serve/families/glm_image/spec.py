@@ -9,7 +9,7 @@ from omni_serve.families.glm_image.graph import GRAPH
 from omni_serve.families.glm_image.params import (  # noqa: F401 - the spec's section types, importable from here
     ARParams, ARStage, DiTParams, DiTStage, TextEncoderStage, VAEParams, VAEStage,
 )
-from omni_serve.families.qwen_image.spec import size_dimensions
+from omni_serve.kits.diffusion.spec import size_dimensions
 from omni_serve.graph.spec import GraphSpecBase
 
 GlmImageStages = GRAPH.stages_model("GlmImageStages")

@@ -10,8 +10,7 @@ file (``applications[].import_path`` + ``args``); see ``omni_serve/configs/qwen2
 
 from __future__ import annotations
 
-from typing import Any
-
+from omni_serve.deployments.entry import serve_builder
 from omni_serve.graph.family import Family
 from omni_serve.families.qwen2_5_omni.graph import GRAPH
 from omni_serve.families.qwen2_5_omni.spec import OmniGraphSpec
@@ -19,18 +18,9 @@ from omni_serve.families.qwen2_5_omni.spec import OmniGraphSpec
 FAMILY = Family(
     name="qwen2_5_omni", module=__name__, graph=GRAPH, spec=OmniGraphSpec,
     description="Qwen2.5-Omni thinker-talker: text, audio and image in; text and speech out.",
-    frontend="omni_serve.families.qwen2_5_omni.frontend:OmniFrontend",
+    frontend="omni_serve.families.qwen2_5_omni.frontend:Qwen25OmniFrontend",
     checkpoint_marker="config.json",
     checkpoint_writer="omni_serve.checkpoints.qwen2_5_omni:make_checkpoint",
 )
 
-
-def build_spec(args: dict[str, Any] | None) -> OmniGraphSpec:
-    """Validate ``args``; the checkpoint path is made absolute so every replica finds it whatever its cwd."""
-    return FAMILY.validate(args)
-
-
-def build_app(args: dict[str, Any] | None = None):
-    from omni_serve.deployments.builder import build_app as build
-
-    return build(FAMILY, args)
+build_app = serve_builder(FAMILY)

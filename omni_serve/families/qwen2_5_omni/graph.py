@@ -17,6 +17,7 @@ from omni_serve.families.qwen2_5_omni.params import (
     Code2WavStage, EncoderStage, TalkerStage, ThinkerPrefillStage, ThinkerStage,
 )
 
+KIT_RUNNERS = "omni_serve.kits.omni.replica.runners"
 RUNNERS = "omni_serve.families.qwen2_5_omni.replica.runners"
 ADAPTERS = "omni_serve.models.qwen2_5_omni"
 VLLM_RUNNERS = "omni_serve.families.qwen2_5_omni.replica.vllm_thinker"
@@ -28,7 +29,7 @@ GRAPH = GraphDef(
     layouts=(AGGREGATED, DISAGGREGATED, AGGREGATED_VLLM),
     ingress_writes=("ingress_encoder", "ingress_thinker"),
     stages=(
-        StageDef("encoder", "Audio + vision towers.", f"{RUNNERS}:EncoderRunner", EngineKind.STEP,
+        StageDef("encoder", "Audio + vision towers.", f"{KIT_RUNNERS}:EncoderRunner", EngineKind.STEP,
                  f"{ADAPTERS}:OmniEncoder", call=M.EncoderCall, reads=("ingress_encoder",),
                  writes=("encoder_thinker",), spec=EncoderStage, defaults={"num_cpus": 0.25}, layouts=NATIVE_LAYOUTS),
         StageDef("thinker", "Text decoder (autoregressive): prompt and generation. Deployed in the aggregated "

@@ -1,4 +1,5 @@
-"""Per-stage settings of the Qwen2.5-Omni graph (the ``params`` of each stage's spec section)."""
+"""Per-stage settings of the Qwen2.5-Omni graph (the ``params`` of each stage's spec section): the Omni kit's
+encoder and thinker sections, and this family's talker and code2wav."""
 
 from __future__ import annotations
 
@@ -7,14 +8,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from omni_serve.graph.spec import StageSpec
-
-
-class ThinkerParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    default_max_tokens: int = Field(256, ge=1, description="Text tokens generated when a request sets no limit.")
-    max_model_len: int | None = Field(None, ge=16, description="Prompt + output token limit; default: the model's.")
-    default_temperature: float = Field(1.0, ge=0, le=2, description="Temperature when the request sets none.")
+from omni_serve.kits.omni.params import (  # noqa: F401 - the encoder and thinker sections, importable from here
+    EncoderStage, ThinkerParams, ThinkerPrefillStage, ThinkerStage,
+)
 
 
 class TalkerParams(BaseModel):
@@ -50,18 +46,6 @@ class Code2WavParams(BaseModel):
         "within ~7e-4 of float32's (relative max; loadtests/code2wav_cost.py). On CPUs without oneDNN's bfloat16 "
         "product (AVX2-only) the blocks run on plain bfloat16 layers: the same answer, slower than float32 (the "
         "replica logs it, /health shows it under kernels)."))
-
-
-class EncoderStage(StageSpec):
-    pass
-
-
-class ThinkerStage(StageSpec):
-    params: ThinkerParams = Field(default_factory=ThinkerParams, description="Thinker settings.")
-
-
-class ThinkerPrefillStage(StageSpec):
-    pass
 
 
 class TalkerStage(StageSpec):

@@ -10,8 +10,7 @@ or a Serve config file (see ``omni_serve/configs/qwen3_omni.yaml``).
 
 from __future__ import annotations
 
-from typing import Any
-
+from omni_serve.deployments.entry import serve_builder
 from omni_serve.graph.family import Family
 from omni_serve.families.qwen3_omni.graph import GRAPH
 from omni_serve.families.qwen3_omni.spec import Qwen3OmniGraphSpec
@@ -24,13 +23,4 @@ FAMILY = Family(
     checkpoint_writer="omni_serve.checkpoints.qwen3_omni:make_checkpoint",
 )
 
-
-def build_spec(args: dict[str, Any] | None) -> Qwen3OmniGraphSpec:
-    """Validate ``args``; the checkpoint path is made absolute so every replica finds it whatever its cwd."""
-    return FAMILY.validate(args)
-
-
-def build_app(args: dict[str, Any] | None = None):
-    from omni_serve.deployments.builder import build_app as build
-
-    return build(FAMILY, args)
+build_app = serve_builder(FAMILY)

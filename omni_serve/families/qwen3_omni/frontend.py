@@ -1,5 +1,5 @@
-"""Ingress side of the Qwen3-Omni graph: the Qwen-Omni chat frontend (``omni_serve.families.qwen2_5_omni.frontend``,
-same OpenAI surface, validation, streaming and cancellation) on a Qwen3-Omni checkpoint.
+"""Ingress side of the Qwen3-Omni graph: the Omni kit's chat frontend (``omni_serve.kits.omni.frontend``: the
+OpenAI surface, validation, streaming and cancellation) on a Qwen3-Omni checkpoint.
 
 What differs is read from the checkpoint: the processor (``Qwen3OmniMoeProcessor``, with its own audio token
 arithmetic), the voices (``talker_config.speaker_id``: name -> codec speaker id), and the
@@ -10,7 +10,7 @@ for the talker's M-RoPE). Codec ids returned with ``return_token_ids`` are the f
 from __future__ import annotations
 
 from omni_serve.graph.messages import Message
-from omni_serve.families.qwen2_5_omni.frontend import OmniFrontend, Prepared
+from omni_serve.kits.omni.frontend import OmniFrontend, Prepared
 from omni_serve.families.qwen3_omni.messages import CodecDelta, TalkerCall, TalkerPrompt
 from omni_serve.families.qwen3_omni.spec import SPEECH_SYSTEM_PROMPT
 from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor

@@ -15,6 +15,7 @@ from omni_serve.families.qwen3_omni.params import (
     Code2WavStage, EncoderStage, TalkerStage, ThinkerPrefillStage, ThinkerStage,
 )
 
+KIT_RUNNERS = "omni_serve.kits.omni.replica.runners"
 RUNNERS = "omni_serve.families.qwen3_omni.replica.runners"
 ADAPTERS = "omni_serve.models.qwen3_omni"
 AGGREGATED, DISAGGREGATED = "aggregated", "disaggregated"
@@ -24,7 +25,7 @@ GRAPH = GraphDef(
     layouts=(AGGREGATED, DISAGGREGATED),
     ingress_writes=("ingress_encoder",),
     stages=(
-        StageDef("encoder", "Audio + vision towers (with the deepstack features).", f"{RUNNERS}:EncoderRunner",
+        StageDef("encoder", "Audio + vision towers (with the deepstack features).", f"{KIT_RUNNERS}:EncoderRunner",
                  EngineKind.STEP, f"{ADAPTERS}:Qwen3OmniEncoder", call=M.EncoderCall, reads=("ingress_encoder",),
                  writes=("encoder_thinker",), spec=EncoderStage, defaults={"num_cpus": 0.25}),
         StageDef("thinker", "MoE text decoder (autoregressive): prompt and generation. Deployed in the aggregated "

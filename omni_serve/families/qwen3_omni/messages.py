@@ -1,6 +1,6 @@
 """What crosses the Qwen3-Omni graph's boundaries (see ``omni_serve.graph.messages``).
 
-The calls, the thinker's outputs and the media/hand-off payloads are Qwen2.5-Omni's (same meaning, re-exported
+The calls, the thinker's outputs and the media/hand-off payloads are the Omni kit's (same meaning, re-exported
 here); what differs is the talker side:
 - ``ThinkerCall.talker`` (``TalkerPrompt``): ``voice_token`` is the tts bos token, ``tts_end_token`` /
   ``tts_pad_token`` the tts eos / pad tokens (thinker ids whose embeddings the talker's prompt uses);
@@ -21,7 +21,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from omni_serve.graph.messages import Message, StreamChunk, Tensor
-from omni_serve.families.qwen2_5_omni.messages import (  # noqa: F401 - the shared messages, importable from here
+from omni_serve.kits.omni.messages import (  # noqa: F401 - the shared messages, importable from here
     AudioDelta, Code2WavCall, EncoderCall, MediaEmbeddings, MediaInputs, MediaLayout, PrefillDone, PromptHandoff,
     SamplingSettings, TalkerPrompt, TextDelta, ThinkerCall,
 )

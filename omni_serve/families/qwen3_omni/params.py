@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from omni_serve.families.qwen2_5_omni.params import (  # noqa: F401 - the same thinker and encoder sections
+from omni_serve.kits.omni.params import (  # noqa: F401 - the same thinker and encoder sections
     EncoderStage, ThinkerParams, ThinkerPrefillStage, ThinkerStage,
 )
 from omni_serve.graph.spec import StageSpec

@@ -13,7 +13,7 @@ from pydantic import Field
 
 from omni_serve.graph.graph import GraphDef
 from omni_serve.families.qwen3_omni.graph import AGGREGATED, DISAGGREGATED, GRAPH
-from omni_serve.families.qwen2_5_omni.spec import OmniAudioSpec, OmniMediaSpec, ThinkerTalkerSpec
+from omni_serve.kits.omni.spec import OmniAudioSpec, OmniMediaSpec, ThinkerTalkerSpec
 from omni_serve.graph.spec import GraphSpecBase
 
 # The system prompt Qwen3-Omni's model card uses for spoken answers.

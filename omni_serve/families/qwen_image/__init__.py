@@ -1,16 +1,15 @@
 """Qwen-Image as a stage graph: text_encoder -> dit (denoising loop) -> vae, behind ``POST /v1/images/generations``.
 
 The family plug-in (``omni_serve.graph.family``): ``FAMILY`` names the graph declaration (``graph``), the spec
-(``spec``), the ingress-side frontend (``frontend``), and the checkpoint writer; replica-side code lives in
-``replica/``. ``build_app(args)`` is the Serve entry point: ``serve run omni_serve.families.qwen_image:build_app
+(``spec``), the ingress-side frontend (``frontend``), and the checkpoint writer; its stages run the diffusion
+kit's replica code (``omni_serve.kits.diffusion.replica``) on Qwen-Image's adapters. ``build_app(args)`` is the Serve entry point: ``serve run omni_serve.families.qwen_image:build_app
 checkpoint=DIR``, ``omni-serve serve --graph qwen_image checkpoint=DIR``, or a Serve config file
 (``applications[].import_path`` + ``args``).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+from omni_serve.deployments.entry import serve_builder
 from omni_serve.graph.family import Family
 from omni_serve.families.qwen_image.graph import GRAPH
 from omni_serve.families.qwen_image.spec import QwenImageGraphSpec
@@ -23,13 +22,4 @@ FAMILY = Family(
     checkpoint_writer="omni_serve.checkpoints.qwen_image:make_checkpoint",
 )
 
-
-def build_spec(args: dict[str, Any] | None) -> QwenImageGraphSpec:
-    """Validate ``args``; the checkpoint path is made absolute so every replica finds it whatever its cwd."""
-    return FAMILY.validate(args)
-
-
-def build_app(args: dict[str, Any] | None = None):
-    from omni_serve.deployments.builder import build_app as build
-
-    return build(FAMILY, args)
+build_app = serve_builder(FAMILY)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from omni_serve.graph.graph import EdgeDef, EngineKind, GraphDef, StageDef
-from omni_serve.families.qwen_image import messages as M
-from omni_serve.families.qwen_image.params import DiTStage, TextEncoderStage, VAEStage
+from omni_serve.kits.diffusion import messages as M
+from omni_serve.kits.diffusion.params import DiTStage, TextEncoderStage, VAEStage
 
-RUNNERS = "omni_serve.families.qwen_image.replica.runners"
+RUNNERS = "omni_serve.kits.diffusion.replica.runners"
 ADAPTERS = "omni_serve.models.qwen_image"
 
 GRAPH = GraphDef(

@@ -1,16 +1,15 @@
 """Qwen-Image-Edit as a stage graph: the input image conditions the prompt encoder and, through the VAE encoder,
 every DiT step; behind ``POST /v1/images/edits``.
 
-The family plug-in (``omni_serve.graph.family``), built on Qwen-Image's: its DiT and VAE decoder are Qwen-Image's
-adapters and programs, its request checks Qwen-Image's. ``build_app(args)`` is the Serve entry point:
+The family plug-in (``omni_serve.graph.family``), built on the diffusion kit's: its DiT and VAE decoder are the diffusion kit's
+adapters and programs, its request checks the diffusion kit's. ``build_app(args)`` is the Serve entry point:
 ``serve run omni_serve.families.qwen_image_edit:build_app checkpoint=DIR`` or ``omni-serve serve --graph
 qwen_image_edit checkpoint=DIR``; see docs/qwen_image_edit.md.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+from omni_serve.deployments.entry import serve_builder
 from omni_serve.graph.family import Family
 from omni_serve.families.qwen_image_edit.graph import GRAPH
 from omni_serve.families.qwen_image_edit.spec import QwenImageEditGraphSpec
@@ -20,12 +19,8 @@ FAMILY = Family(
     description="Qwen-Image-Edit image editing: the input image through Qwen2.5-VL's vision tower and the VAE "
                 "encoder conditions the MMDiT denoising loop.",
     frontend="omni_serve.families.qwen_image_edit.frontend:QwenImageEditFrontend",
-    checkpoint_marker="processor/preprocessor_config.json",  # what Qwen-Image's checkpoints lack
+    checkpoint_marker="processor/preprocessor_config.json",  # what the diffusion kit's checkpoints lack
     checkpoint_writer="omni_serve.checkpoints.qwen_image_edit:make_checkpoint",
 )
 
-
-def build_app(args: dict[str, Any] | None = None):
-    from omni_serve.deployments.builder import build_app as build
-
-    return build(FAMILY, args)
+build_app = serve_builder(FAMILY)

@@ -2,7 +2,7 @@
 stage calls -> OpenAI image response.
 
 Contract: ``QwenImageEditFrontend(spec, stages)`` serves ``images_edits(body, ctx)``. It validates the request
-(Qwen-Image's limits on size, count, steps, prompt length and cache; one input image, its file size and pixel
+(the diffusion kit's limits on size, count, steps, prompt length and cache; one input image, its file size and pixel
 count checked before it is decoded; 400s are raised before any stage is called), resizes the input image to its
 conditioning size as diffusers' ``QwenImageEditPipeline`` does (the input's aspect ratio at ~1 MP, multiples of
 32, its ``VaeImageProcessor.resize``; aspect ratios beyond 200:1, which its prompt encoder cannot take, are a 400),
@@ -36,7 +36,7 @@ from omni_serve.api.images import CacheOptions, ImageGenerationRequest, ImageGen
 from omni_serve.api.media import decode_image_bytes, read_upload
 from omni_serve.graph.calls import StageCalls
 from omni_serve.graph.frontend import Frontend, RequestContext, Route
-from omni_serve.families.qwen_image.frontend import ImageRequestChecks, collect_images, image_response
+from omni_serve.kits.diffusion.frontend import ImageRequestChecks, collect_images, image_response
 from omni_serve.families.qwen_image_edit.messages import (
     DecodeCall, EditDenoiseCall, EncodeImageCall, InpaintMask, InputImage, TextEncodeCall,
 )

@@ -5,7 +5,7 @@ and the VAE encoder, whose latents condition every DiT step; the VAE decodes the
     ingress -> vae_encoder  -> dit
     ingress ------------------> dit   (inpainting: the mask)
 
-The DiT and VAE decoder run Qwen-Image's code (its adapters; the VAE stage is Qwen-Image's runner).
+The DiT and VAE decoder run the diffusion kit's code (its adapters; the VAE stage is the diffusion kit's runner).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ GRAPH = GraphDef(
                  call=M.EditDenoiseCall, outputs=(M.DenoiseDone,),
                  reads=("text_encoder_dit", "vae_encoder_dit", "ingress_dit"),
                  writes=("dit_vae",), spec=DiTStage, defaults={"num_cpus": 0.75, "engine": {"torch_threads": 2}}),
-        StageDef("vae", "Latents -> pixels.", "omni_serve.families.qwen_image.replica.runners:VAERunner",
+        StageDef("vae", "Latents -> pixels.", "omni_serve.kits.diffusion.replica.runners:VAERunner",
                  EngineKind.BATCH, f"{IMAGE_ADAPTERS}:QwenImageDecoder", call=M.DecodeCall,
                  outputs=(M.ImagesEncoded,), reads=("dit_vae",), spec=VAEStage, defaults={"num_cpus": 0.25}),
     ),

@@ -1,8 +1,8 @@
-"""What crosses the Qwen-Image-Edit graph's boundaries (see ``omni_serve.graph.messages``); Qwen-Image's messages
-(``omni_serve.families.qwen_image.messages``) where the stages are the same.
+"""What crosses the Qwen-Image-Edit graph's boundaries (see ``omni_serve.graph.messages``); the diffusion kit's messages
+(``omni_serve.kits.diffusion.messages``) where the stages are the same.
 
 Calls (ingress -> stage): ``TextEncodeCall`` (text_encoder), ``EncodeImageCall`` (vae_encoder),
-``EditDenoiseCall`` (dit: Qwen-Image's ``DenoiseCall`` plus the conditioning size), ``DecodeCall`` (vae).
+``EditDenoiseCall`` (dit: the diffusion kit's ``DenoiseCall`` plus the conditioning size), ``DecodeCall`` (vae).
 Outputs (stage -> ingress): ``PromptEncoded``, ``DenoiseDone``, ``ImagesEncoded``.
 Edge payloads: ``InputImage`` (ingress -> text_encoder and ingress -> vae_encoder: the input image, already
 resized to the conditioning size, uint8 [H, W, 3]), ``InpaintMask`` (ingress -> dit, inpainting only: the
@@ -15,7 +15,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from omni_serve.graph.messages import Message, Tensor
-from omni_serve.families.qwen_image.messages import (  # noqa: F401 - this graph's messages, importable from here
+from omni_serve.kits.diffusion.messages import (  # noqa: F401 - this graph's messages, importable from here
     CacheSettings, DecodeCall, DenoiseCall, DenoiseDone, FinalLatents, ImagesEncoded, PromptEmbeds, PromptEncoded,
     TextEncodeCall,
 )

@@ -1,10 +1,10 @@
-"""Per-stage settings of the Qwen-Image-Edit graph: Qwen-Image's, plus the VAE encoder's."""
+"""Per-stage settings of the Qwen-Image-Edit graph: the diffusion kit's, plus the VAE encoder's."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from omni_serve.families.qwen_image.params import (  # noqa: F401 - this graph's sections, importable from here
+from omni_serve.kits.diffusion.params import (  # noqa: F401 - this graph's sections, importable from here
     CacheSpec, DiTParams, DiTStage, TextEncoderParams, TextEncoderStage, VAEParams, VAEStage,
 )
 from omni_serve.graph.spec import StageSpec

@@ -1,5 +1,5 @@
-"""The Qwen-Image-Edit graph spec: Qwen-Image's request limits and defaults, the input image's limits, and the
-``stages``/``edges`` sections derived from the graph declaration (overridable from Python, CLI or YAML).
+"""The Qwen-Image-Edit graph spec: the image graph's request limits and defaults (``omni_serve.kits.diffusion``),
+the input image's limits, and the ``stages``/``edges`` sections derived from the graph declaration (overridable from Python, CLI or YAML).
 
 ``default_size`` may be ``auto`` (the default): an edit without ``size`` comes out at the input image's
 conditioning size, the input's aspect ratio at ~1 MP in multiples of 32, as diffusers' pipeline does.
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from omni_serve.families.qwen_image.spec import QwenImageGraphSpec
 from omni_serve.families.qwen_image_edit.graph import GRAPH
+from omni_serve.kits.diffusion.spec import ImageGraphSpec
 
 QwenImageEditStages = GRAPH.stages_model("QwenImageEditStages")
 QwenImageEditEdges = GRAPH.edges_model("QwenImageEditEdges")
 
 
-class QwenImageEditGraphSpec(QwenImageGraphSpec):
+class QwenImageEditGraphSpec(ImageGraphSpec):
     size_words = ("auto",)
 
     checkpoint: str = Field(..., description="Local Qwen-Image-Edit checkpoint directory (diffusers layout).")

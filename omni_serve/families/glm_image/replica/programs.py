@@ -1,4 +1,4 @@
-"""Per-request programs of the GLM-Image stages that are its own (the glyph encoder and the VAE run Qwen-Image's).
+"""Per-request programs of the GLM-Image stages that are its own (the glyph encoder and the VAE run the diffusion kit's).
 
 - ``PriorSequence`` (AR engine): the prompt's rows, then one visual token per step, sampled with the request's
   seeded sampler (or greedily) and fed back at the position transformers' ``generate`` gives it. When the target

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from omni_serve.engines.batch import BatchProgram
 from omni_serve.families.qwen2_5_omni.messages import CodecChunk
+from omni_serve.kits.omni.replica.streams import StreamedInput, WaveChunk
 from omni_serve.models.qwen2_5_omni import DiTWindow, OmniCode2Wav
 
 
@@ -42,14 +42,6 @@ class Code2WavRequest:
     left_context_codes: int = 12
     right_context_codes: int = 12
     vocoder_context_frames: int = 8
-
-
-@dataclass
-class WaveChunk:
-    """One synthesized chunk, handed to the code2wav runner in-process (it encodes it for the client)."""
-
-    audio: np.ndarray  # float32 samples, 24 kHz
-    num_codes: int
 
 
 @dataclass
@@ -71,11 +63,10 @@ def check_chunking(model: OmniCode2Wav, req: Code2WavRequest) -> None:
                              f"({unit} codes = block_size / repeats) (contexts may be 0)")
 
 
-class Code2WavStream(BatchProgram):
+class Code2WavStream(StreamedInput, BatchProgram):
     def __init__(self, model: OmniCode2Wav, req: Code2WavRequest):
         self.model, self.req = model, req
         self.codes: list[int] = []
-        self.upstream_done = False
         self.start = 0  # codes whose audio was emitted
         self.generator = torch.Generator().manual_seed(req.seed)
         self.noise = torch.empty(0, model.mel_dim)
@@ -84,15 +75,10 @@ class Code2WavStream(BatchProgram):
         self.done = False
         self._pending_end = 0
 
-    def feed(self, item: CodecChunk) -> None:
-        self.codes.extend(item.codes)
-        if item.end:
-            self.upstream_done = True
+    def take(self, chunk: CodecChunk) -> None:
+        self.codes.extend(chunk.codes)
 
-    def close_input(self) -> None:
-        self.upstream_done = True
-
-    def release(self) -> None:
+    def drop_inputs(self) -> None:
         self.noise = self.mel_tail = None
 
     def _chunk_end(self) -> int:
@@ -131,7 +117,7 @@ class Code2WavStream(BatchProgram):
     def complete(self, result) -> list[WaveChunk]:
         if result is None:
             self.done = True
-            return [] if self.emitted else [WaveChunk(np.zeros(0, dtype=np.float32), 0)]
+            return [] if self.emitted else [WaveChunk.empty()]
         wav, chunk_mel = result
         self.mel_tail = torch.cat([self.mel_tail, chunk_mel], dim=1)[:, -self.req.vocoder_context_frames:]
         n = self._pending_end - self.start

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from omni_serve.engines.batch import BatchProgram
-from omni_serve.families.qwen2_5_omni.replica.code2wav import WaveChunk
+from omni_serve.kits.omni.replica.streams import StreamedInput, WaveChunk
 from omni_serve.families.qwen3_omni.messages import CodecChunk
 from omni_serve.models.qwen3_omni import Qwen3OmniCode2Wav
 from omni_serve.models.qwen3_omni_vocoder import VocoderStream
@@ -46,26 +45,20 @@ class _Job:
     drop: int  # samples of the output that belong to the block's context (not this chunk's)
 
 
-class Code2WavStream(BatchProgram):
+class Code2WavStream(StreamedInput, BatchProgram):
     def __init__(self, model: Qwen3OmniCode2Wav, req: Code2WavRequest):
         self.model, self.req = model, req
         self.frames: list[list[int]] = []
-        self.upstream_done = False
         self.fed = 0  # frames fed (their audio emitted, but for the part of the last one that is not final)
         self.stream: VocoderStream | None = None
         self.emitted = False
         self.done = False
         self._pending_end = 0
 
-    def feed(self, item: CodecChunk) -> None:
-        self.frames.extend(item.frames)
-        if item.end:
-            self.upstream_done = True
+    def take(self, chunk: CodecChunk) -> None:
+        self.frames.extend(chunk.frames)
 
-    def close_input(self) -> None:
-        self.upstream_done = True
-
-    def release(self) -> None:
+    def drop_inputs(self) -> None:
         self.frames = []
         self.stream = None
 
@@ -99,7 +92,7 @@ class Code2WavStream(BatchProgram):
     def complete(self, result) -> list[WaveChunk]:
         if result is None:
             self.done = True
-            return [] if self.emitted else [WaveChunk(np.zeros(0, dtype=np.float32), 0)]
+            return [] if self.emitted else [WaveChunk.empty()]
         n = self._pending_end - self.fed
         self.fed = self._pending_end
         self.emitted = True

@@ -1,8 +1,8 @@
 """Per-request state machines of the Qwen3-Omni thinker and talker (run by the AR engine).
 
-``Qwen3ThinkerSequence`` is Qwen2.5-Omni's thinker program (roles, chunked prefill, preemption, the prefill ->
-decode hand-off, stops and text deltas: ``omni_serve.families.qwen2_5_omni.replica.programs``) with Qwen3-Omni's
-prompt and talker inputs:
+``Qwen3ThinkerSequence`` is the Omni kit's thinker program (roles, chunked prefill, preemption, the prefill ->
+decode hand-off, stops and text deltas: ``omni_serve.kits.omni.replica.thinker``) with Qwen3-Omni's prompt and
+talker inputs:
 - input rows carry the deepstack features of image and video tokens (``Qwen3OmniThinker``'s row layout);
 - the talker reads, per prompt row of the user turns, the thinker's input embedding (text rows) or its hidden
   state after ``accept_hidden_layer`` (media rows: the only hidden states the engine is asked for), the
@@ -23,12 +23,12 @@ from dataclasses import dataclass
 
 import torch
 
-from omni_serve.engines.ar.sequence import ARSequence
 from omni_serve.engines.sampling import Sampler, SamplingParams
-from omni_serve.families.qwen2_5_omni.replica.programs import ThinkerRole, ThinkerSequence, rope_kwargs
 from omni_serve.families.qwen3_omni.messages import (
     CodecChunk, CodecDelta, MediaEmbeddings, MediaLayout, TalkerHead, ThinkerStates,
 )
+from omni_serve.kits.omni.replica.streams import StreamedSequence
+from omni_serve.kits.omni.replica.thinker import OmniThinkerSequence, ThinkerRole, rope_kwargs
 from omni_serve.models.qwen3_omni import CodeFrame, FrameCodes, Qwen3OmniTalker
 
 ASSISTANT_HEAD_ROWS = 4  # <|im_start|> assistant \n + the first generated token: the talker prompt's text part
@@ -51,7 +51,7 @@ def assistant_start(ids: list[int], im_start: int, assistant: int) -> int:
     raise ValueError("the prompt has no assistant turn for the talker to speak")
 
 
-class Qwen3ThinkerSequence(ThinkerSequence):
+class Qwen3ThinkerSequence(OmniThinkerSequence):
     chunk_type = ThinkerStates
 
     def _needs_hidden(self) -> bool:
@@ -116,7 +116,7 @@ class TalkerRequest:
     return_frames: bool = True  # also output CodecDelta (the frames, for the ingress)
 
 
-class Qwen3TalkerSequence(ARSequence):
+class Qwen3TalkerSequence(StreamedSequence):
     """Codec frames from the thinker's vectors (see the module doc)."""
 
     wants_hidden = True  # the code predictor starts from the talker's last hidden state
@@ -128,36 +128,24 @@ class Qwen3TalkerSequence(ARSequence):
         self.predictor_sampler = Sampler(req.predictor_sampling)
         self.head: TalkerHead | None = None
         self.text: list[torch.Tensor] = []  # thinker vectors of the assistant turn: prompt rows, then fed-back tokens
-        self.upstream_done = False
         self.history: list[int] = []  # first-codebook codes drawn (repetition penalty)
         self.unsent: list[list[int]] = []
         self.sent_any = False
         self.steps = 0  # first-codebook codes drawn
         self.delta = 0
         self.next_codes: torch.Tensor | None = None  # the last frame's embedding, waiting for its text vector
-        self.fresh = False
 
-    def feed(self, item: ThinkerStates) -> None:
-        if item.head is not None:
-            self.head = item.head
-            self.text.extend(item.head.assistant.unbind(0))
-        if item.states is not None:
-            self.text.extend(item.states.unbind(0))
-        if item.end:
-            self.upstream_done = True
-        self.fresh = True
+    def take(self, chunk: ThinkerStates) -> None:
+        if chunk.head is not None:
+            self.head = chunk.head
+            self.text.extend(chunk.head.assistant.unbind(0))
+        if chunk.states is not None:
+            self.text.extend(chunk.states.unbind(0))
 
-    def close_input(self) -> None:
-        self.upstream_done = True
-        self.fresh = True
-
-    def release(self) -> None:
+    def drop_inputs(self) -> None:
         self.text = []
         self.head = None
         self.next_codes = None
-
-    def ready(self) -> bool:
-        return not self.done and (self.fresh or self.num_pending() > 0)
 
     def _text_vector(self, step: int) -> torch.Tensor | None:
         """The thinker vector talker step ``step`` adds: the assistant turn's row ``4 + step``, then tts eos,

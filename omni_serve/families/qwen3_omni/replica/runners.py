@@ -1,7 +1,7 @@
 """Stage runners of the Qwen3-Omni graph (hosted by ``omni_serve.deployments.stage.StageDeployment``).
 
-The encoder and thinker runners are Qwen2.5-Omni's (``omni_serve.families.qwen2_5_omni.replica.runners``) on
-Qwen3-Omni's adapters and thinker program; the talker and code2wav runners build Qwen3-Omni's programs
+The encoder runner is the Omni kit's (``omni_serve.kits.omni.replica.runners``, named by the graph directly) and
+the thinker runners the kit's on Qwen3-Omni's adapters and thinker program; the talker and code2wav runners build Qwen3-Omni's programs
 (``programs.py``, ``code2wav.py``). Each turns its call into a program, reads its input edge and writes its
 output edge; tensors travel through the connector, never in handle arguments.
 """
@@ -13,24 +13,21 @@ from typing import AsyncIterator
 import numpy as np
 
 from omni_serve.engines.sampling import SamplingParams, is_greedy
-from omni_serve.families.qwen2_5_omni.replica import runners as qwen2_5
 from omni_serve.families.qwen3_omni.messages import AudioDelta, Code2WavCall, TalkerCall
 from omni_serve.families.qwen3_omni.replica.code2wav import Code2WavCompute, Code2WavRequest, Code2WavStream
 from omni_serve.families.qwen3_omni.replica.programs import Qwen3TalkerSequence, Qwen3ThinkerSequence, TalkerRequest
 from omni_serve.graph.runner import StageRunner
+from omni_serve.kits.omni.replica import runners as omni
 
-EncoderRunner = qwen2_5.EncoderRunner
-
-
-class ThinkerRunner(qwen2_5.ThinkerRunner):
+class ThinkerRunner(omni.ThinkerRunner):
     sequence = Qwen3ThinkerSequence
 
 
-class ThinkerPrefillRunner(qwen2_5.ThinkerPrefillRunner):
+class ThinkerPrefillRunner(omni.ThinkerPrefillRunner):
     sequence = Qwen3ThinkerSequence
 
 
-class ThinkerDecodeRunner(qwen2_5.ThinkerDecodeRunner):
+class ThinkerDecodeRunner(omni.ThinkerDecodeRunner):
     sequence = Qwen3ThinkerSequence
 
 
@@ -50,8 +47,7 @@ class TalkerRunner(StageRunner):
             voice_id=voices[call.voice], max_new_tokens=p.max_codec_tokens, sampling=sampling,
             predictor_sampling=predictor, chunk_size=edge.chunk_size, first_chunk_size=edge.first_chunk_size,
             media_layout=call.media_layout, return_frames=call.return_frames))
-        async for out in self.drive(engine, call.request_id, program, reads="thinker_talker",
-                                    writes="talker_code2wav"):
+        async for out in self.drive(engine, call.request_id, program):
             yield out
 
 
@@ -64,6 +60,6 @@ class Code2WavRunner(StageRunner):
         program = Code2WavStream(self.model, Code2WavRequest(
             first_chunk_codes=p.first_chunk_codes, chunk_codes=p.chunk_codes, block_codes=p.block_codes,
             block_left_context=p.block_left_context))
-        async for out in self.drive(engine, call.request_id, program, reads="talker_code2wav"):
+        async for out in self.drive(engine, call.request_id, program):
             # Audio for the client is the response payload itself (bytes), not a data-plane reference.
             yield AudioDelta(samples=np.asarray(out.audio, dtype="<f4").tobytes(), num_codes=out.num_codes)

@@ -1,4 +1,4 @@
-"""Replica-side code of the Qwen-Image-Edit graph: stage runners and the programs Qwen-Image's do not cover.
+"""Replica-side code of the Qwen-Image-Edit graph: stage runners and the programs the diffusion kit's do not cover.
 
 Imported only by the stage replicas (and in-process graphs); the ingress never loads it.
 """

@@ -1,10 +1,11 @@
-"""Per-request programs of the Qwen-Image-Edit stages that differ from Qwen-Image's (``omni_serve.families.qwen_image.
-replica.programs``, whose text encoding, denoising and decoding programs this graph otherwise runs).
+"""Per-request programs of the Qwen-Image-Edit stages that differ from the diffusion kit's
+(``omni_serve.kits.diffusion.replica.programs``, whose text encoding, denoising and decoding programs this graph
+otherwise runs).
 
 - ``ConditionEncodeProgram`` (key: image size, and whether the latents are sampled): the input image, at its
   conditioning size, to its packed latents (``ConditionLatents`` downstream). Same-size images of different
   requests share one VAE call. Inpainting samples the latent distribution with the request's seed.
-- ``EditDenoiseProgram``: Qwen-Image's ``DenoiseProgram`` whose rows carry the input image's latents after the
+- ``EditDenoiseProgram``: the diffusion kit's ``DenoiseProgram`` whose rows carry the input image's latents after the
   noised ones (``condition``; its grid is part of the batching key). It starts once both the prompt embeddings
   and the image latents arrived.
 - ``InpaintDenoiseProgram``: an edit with a mask, as ``QwenImageEditInpaintPipeline``: the schedule is cut to its
@@ -18,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from omni_serve.engines.batch import BatchProgram
-from omni_serve.families.qwen_image.replica.programs import DenoiseProgram
+from omni_serve.kits.diffusion.replica.programs import DenoiseProgram
 from omni_serve.families.qwen_image_edit.messages import (
     ConditionLatents, EditDenoiseCall, InpaintMask, InputImage, PromptEmbeds,
 )

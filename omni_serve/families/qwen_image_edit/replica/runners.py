@@ -1,4 +1,4 @@
-"""Stage runners of the Qwen-Image-Edit graph that differ from Qwen-Image's (the VAE decoder is Qwen-Image's
+"""Stage runners of the Qwen-Image-Edit graph that differ from the diffusion kit's (the VAE decoder is the diffusion kit's
 ``VAERunner``). Each runs the ``BatchEngine`` and adapter its declaration names (``graph.GRAPH``).
 """
 
@@ -8,8 +8,8 @@ from typing import AsyncIterator
 
 from PIL import Image
 
-from omni_serve.families.qwen_image.replica.programs import TextEncodeProgram
-from omni_serve.families.qwen_image.replica.runners import DiTRunner
+from omni_serve.kits.diffusion.replica.programs import TextEncodeProgram
+from omni_serve.kits.diffusion.replica.runners import DiTRunner
 from omni_serve.families.qwen_image_edit.messages import EditDenoiseCall, EncodeImageCall, TextEncodeCall
 from omni_serve.families.qwen_image_edit.replica.programs import (
     ConditionEncodeProgram, EditDenoiseProgram, InpaintDenoiseProgram,
@@ -28,7 +28,7 @@ class EditTextEncoderRunner(StageRunner):
         pil = Image.fromarray(image.pixels.numpy())
         texts = [call.prompt] + ([call.negative_prompt] if call.negative_prompt is not None else [])
         program = TextEncodeProgram([(t, pil) for t in texts], [self.model.token_count(t, *pil.size) for t in texts])
-        async for out in self.drive(engine, call.request_id, program, writes="text_encoder_dit"):
+        async for out in self.drive(engine, call.request_id, program, reads=None):  # image read above
             yield out
 
 
@@ -38,18 +38,17 @@ class ConditionEncoderRunner(StageRunner):
 
     async def run(self, engine, call: EncodeImageCall) -> AsyncIterator:
         program = ConditionEncodeProgram(call.sample_seed)
-        async for out in self.drive(engine, call.request_id, program, reads="ingress_vae_encoder",
-                                    writes="vae_encoder_dit"):
+        async for out in self.drive(engine, call.request_id, program):
             yield out
 
 
 class EditDiTRunner(DiTRunner):
-    """Edits (and, with a strength, inpainting: the mask comes on ingress_dit) on Qwen-Image's denoiser."""
+    """Edits (and, with a strength, inpainting: the mask comes on ingress_dit) on the diffusion kit's denoiser."""
 
     async def run(self, engine, call: EditDenoiseCall) -> AsyncIterator:
         inpaint = call.strength is not None
         program = (InpaintDenoiseProgram if inpaint else EditDenoiseProgram)(
             self.model, call, self.cache_session(call.cache, call.n))
         reads = ("text_encoder_dit", "vae_encoder_dit") + (("ingress_dit",) if inpaint else ())
-        async for out in self.drive(engine, call.request_id, program, reads=reads, writes="dit_vae"):
+        async for out in self.drive(engine, call.request_id, program, reads=reads):
             yield out

@@ -1,4 +1,4 @@
-"""Stage runners of the Qwen-Image graph (hosted by ``omni_serve.deployments.stage.StageDeployment``).
+"""Stage runners of the diffusion stages (hosted by ``omni_serve.deployments.stage.StageDeployment``).
 
 Each stage runs a ``BatchEngine`` (see ``programs``) on the adapter its declaration names (``graph.GRAPH``).
 Per request a runner builds the program from the stage's call (small metadata: text, sizes, seeds, settings)
@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncIterator
 
-from omni_serve.families.qwen_image.messages import (
+from omni_serve.kits.diffusion.messages import (
     CacheSettings, DecodeCall, DenoiseCall, ImagesEncoded, TextEncodeCall,
 )
-from omni_serve.families.qwen_image.replica import programs as P
+from omni_serve.kits.diffusion.replica import programs as P
 from omni_serve.graph.runner import StageRunner
 
 
@@ -25,7 +25,7 @@ class TextEncoderRunner(StageRunner):
     async def run(self, engine, call: TextEncodeCall) -> AsyncIterator:
         texts = [call.prompt] + ([call.negative_prompt] if call.negative_prompt is not None else [])
         program = P.TextEncodeProgram(texts, [self.model.token_count(t) for t in texts])
-        async for out in self.drive(engine, call.request_id, program, writes="text_encoder_dit"):
+        async for out in self.drive(engine, call.request_id, program):
             yield out
 
 
@@ -40,7 +40,7 @@ class DiTRunner(StageRunner):
         cache = self.stage_spec.params.cache
         self.cache = None
         if cache.mode != "off" or cache.allow_request_override:
-            from omni_serve.families.qwen_image.replica.cache import DiTCache
+            from omni_serve.kits.diffusion.replica.cache import DiTCache
 
             self.cache = DiTCache(model, cache.settings())
         return model
@@ -57,7 +57,7 @@ class DiTRunner(StageRunner):
 
     async def run(self, engine, call: DenoiseCall) -> AsyncIterator:
         program = P.DenoiseProgram(self.model, call, self.cache_session(call.cache, call.n))
-        async for out in self.drive(engine, call.request_id, program, reads="text_encoder_dit", writes="dit_vae"):
+        async for out in self.drive(engine, call.request_id, program):
             yield out
 
 
@@ -71,7 +71,7 @@ class VAERunner(StageRunner):
 
     async def run(self, engine, call: DecodeCall) -> AsyncIterator:
         program = P.DecodeProgram(call.height, call.width)
-        async for out in self.drive(engine, call.request_id, program, reads="dit_vae"):
+        async for out in self.drive(engine, call.request_id, program):
             # Encoding (zlib, GIL released) runs in a worker thread so the VAE engine keeps decoding.
             images = await asyncio.to_thread(P.encode_images, out.pixels, call.output_format)
             latents, shape = P.encode_latents(program.latents) if call.return_latents else ([], [])

@@ -1,4 +1,5 @@
-"""Per-request programs of the Qwen-Image stages and the batched computations that serve them.
+"""Per-request programs of the diffusion stages (text encoder, DiT, VAE) and the batched computations that serve
+them.
 
 All three stages run on ``omni_serve.engines.batch.BatchEngine``: each tick, every ready program hands
 over one unit of work with a grouping key, and equal keys are computed in one call.
@@ -19,7 +20,7 @@ over one unit of work with a grouping key, and equal keys are computed in one ca
 - ``DecodeProgram`` (key: image size) -> ``DecodedPixels`` to the runner, which encodes them off the engine thread
   (and, for ``return_latents``, the latents the program decoded: ``encode_latents``).
 
-Programs take their stage's call message and edge payloads (``omni_serve.families.qwen_image.messages``) and
+Programs take their stage's call message and edge payloads (``omni_serve.kits.diffusion.messages``) and
 emit edge payloads (written downstream by the runner) and stage outputs (sent to the ingress).
 """
 
@@ -34,7 +35,7 @@ import torch
 from PIL import Image
 
 from omni_serve.engines.batch import BatchProgram
-from omni_serve.families.qwen_image.messages import DenoiseCall, DenoiseDone, FinalLatents, PromptEmbeds, PromptEncoded
+from omni_serve.kits.diffusion.messages import DenoiseCall, DenoiseDone, FinalLatents, PromptEmbeds, PromptEncoded
 from omni_serve.models.qwen_image import DenoiseRow, QwenImageDecoder, QwenImageDenoiser, combine_cfg
 
 
@@ -90,7 +91,7 @@ class DenoiseProgram(BatchProgram):
         # image-conditioned pipelines: packed image latents [n, S_c, C] appended to every row, on their grid
         self.condition: torch.Tensor | None = None
         self.condition_grid: tuple[int, int] | None = None
-        self.cache_session = cache_session  # omni_serve.families.qwen_image.replica.cache.CacheSession or None
+        self.cache_session = cache_session  # omni_serve.kits.diffusion.replica.cache.CacheSession or None
 
     @property
     def true_cfg(self) -> bool:
@@ -181,7 +182,7 @@ class DenoiseCompute:
         return out
 
     def _forward(self, works: list[DenoiseWork]) -> list[torch.Tensor]:
-        from omni_serve.families.qwen_image.replica.cache import RowCache
+        from omni_serve.kits.diffusion.replica.cache import RowCache
 
         rows, sessions = [], []
         with contextlib.ExitStack() as held:

@@ -24,7 +24,7 @@ import numpy as np
 from omni_serve.api.errors import OpenAIError
 from omni_serve.api.media import encode_wav
 from omni_serve.api.sse import SSE_DONE, sse_error, sse_event
-from omni_serve.families.qwen2_5_omni.messages import AudioDelta, TextDelta
+from omni_serve.kits.omni.messages import AudioDelta, TextDelta
 
 HEADER = "x-omni-stream-format"
 FORMATS = ("openai", "vllm_omni")

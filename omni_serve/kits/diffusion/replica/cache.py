@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omni_serve.families.qwen_image.messages import CacheSettings
+from omni_serve.kits.diffusion.messages import CacheSettings
 from omni_serve.models.qwen_image import DenoiseRow, QwenImageDenoiser
 
 BRANCHES = ("cond", "uncond")

@@ -30,7 +30,7 @@ from omni_serve.api.speech_audio import MEDIA_TYPES, SpeechEncoder, writable_for
 from omni_serve.api.video import read_audio_container
 from omni_serve.api.sse import sse_error, sse_event
 from omni_serve.graph.frontend import ByteStream, EventStream, RawReply, RequestContext
-from omni_serve.families.qwen2_5_omni.messages import AudioDelta, TextDelta
+from omni_serve.kits.omni.messages import AudioDelta, TextDelta
 from omni_serve.request_ids import new_request_id
 
 log = logging.getLogger(__name__)

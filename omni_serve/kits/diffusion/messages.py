@@ -1,4 +1,5 @@
-"""What crosses the Qwen-Image graph's boundaries (see ``omni_serve.graph.messages``).
+"""What crosses a text encoder -> DiT -> VAE graph's boundaries (see ``omni_serve.graph.messages``); the
+diffusion families declare these in their graphs and add their own.
 
 Calls (ingress -> stage): ``TextEncodeCall`` (text_encoder), ``DenoiseCall`` (dit), ``DecodeCall`` (vae).
 Outputs (stage -> ingress): ``PromptEncoded``, ``DenoiseDone`` (step counts for the response's metrics),
@@ -36,13 +37,19 @@ class TextEncodeCall(Message):
     negative_prompt: str | None = None  # encoded only when true CFG runs
 
 
-class DenoiseCall(Message):
+class BaseDenoiseCall(Message):
+    """What every DiT stage's call carries: the request, its image count and size, steps and seed. A family
+    whose guidance differs subclasses this rather than ``DenoiseCall``."""
+
     request_id: str
     n: int = Field(ge=1)
     height: int = Field(ge=1)
     width: int = Field(ge=1)
     num_steps: int = Field(ge=1)
     seed: int
+
+
+class DenoiseCall(BaseDenoiseCall):
     true_cfg_scale: float = 1.0  # CFG runs when > 1 and negative embeddings arrive
     guidance_scale: float | None = None  # guidance-distilled transformers only
     cache: CacheSettings | None = None  # None: no cache acceleration

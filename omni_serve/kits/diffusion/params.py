@@ -1,4 +1,5 @@
-"""Per-stage settings of the Qwen-Image graph (the ``params`` of each stage's spec section)."""
+"""Per-stage settings of the diffusion stages (the ``params`` of each stage's spec section): text encoder, DiT,
+VAE decoder."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from omni_serve.families.qwen_image.messages import CacheSettings
+from omni_serve.kits.diffusion.messages import CacheSettings
 from omni_serve.graph.spec import StageSpec
 
 

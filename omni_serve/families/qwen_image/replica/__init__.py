@@ -1,4 +1,0 @@
-"""Replica-side code of the Qwen-Image graph: stage runners, per-request programs, cache-dit sessions.
-
-Imported only by the stage replicas (and in-process graphs); the ingress never loads it.
-"""

@@ -1,0 +1,401 @@
+"""Ingress side of the Omni graphs: OpenAI chat request -> stage calls -> OpenAI response.
+
+Contract: ``OmniFrontend(spec, stages)`` (subclassed by each Omni family for its checkpoint and talker) serves ``POST /v1/chat/completions`` (``chat_completions``):
+``prepare(request)`` validates and preprocesses (400s are raised here, before any stage is called) and returns a
+``Prepared`` request; then ``complete(p)`` returns a ``ChatCompletionResponse``, or ``stream(p)`` yields SSE lines
+(an ``EventStream``). Per request the frontend opens one streaming call per stage it needs (encoder if media, the
+thinker stages of the spec's layout — ``thinker``, or ``thinker_prefill`` and ``thinker_decode`` with the same
+call — and talker + code2wav for audio) at once: stages find their inputs on the data plane by key, so the talker
+starts on the thinker's first chunk. The text is the ``TextDelta``s of ``spec.text_stage()``. Whatever ends the request
+(completion, error, client gone), ``StageCalls.stream`` cancels every open stage call and frees the request's
+data-plane payloads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import numpy as np
+
+from omni_serve.api import protocol as P
+from omni_serve.api.audio_protocol import SpeechRequest, TranscriptionRequest
+from omni_serve.api.errors import OpenAIError, bad_request
+from omni_serve.api.limits import check_request_size
+from omni_serve.api.media import decode_image_bytes, decode_input_audio, encode_audio, image_url_bytes, probe_image
+from omni_serve.api.video import decode_video, video_url_bytes
+from omni_serve.api.sse import SSE_DONE, sse_error, sse_event
+from omni_serve.graph.calls import StageCalls
+from omni_serve.graph.frontend import EventStream, Frontend, RequestContext, Route
+from omni_serve.graph.messages import Message
+from omni_serve.kits.omni.audio_endpoints import AudioEndpoints
+from omni_serve.kits.omni.messages import (
+    AudioDelta, Code2WavCall, EncoderCall, MediaInputs, MediaLayout, RawMedia, SamplingSettings, TalkerPrompt,
+    TextDelta, ThinkerCall,
+)
+from omni_serve.kits.omni.vllm_omni_stream import FORMATS as STREAM_FORMATS
+from omni_serve.kits.omni.vllm_omni_stream import HEADER as STREAM_FORMAT_HEADER
+from omni_serve.kits.omni.vllm_omni_stream import vllm_omni_chunks
+from omni_serve.metrics import RequestClock
+from omni_serve.models.qwen2_5_omni_layout import SAMPLE_RATE
+from omni_serve.request_ids import new_request_id
+
+AUDIO_TTL_S = 3600
+MAX_ASPECT_RATIO = 200  # the Qwen2-VL image processor's limit (it raises beyond it)
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prepared:
+    request: Any  # the route's request model (a chat completion, a speech or transcription request)
+    request_id: str
+    prompt_len: int
+    thinker: ThinkerCall
+    media: MediaInputs | RawMedia | None  # the encoder's inputs; the decoded media when vLLM runs the thinker
+    voice: str | None  # set when speech is requested
+    audio_format: str | None
+    seed: int
+    return_token_ids: bool = False  # the talker also returns its codec ids
+    created: int = field(default_factory=lambda: int(time.time()))
+    clock: RequestClock = field(default_factory=RequestClock)  # the ingress sets its own (from arrival)
+    timeout_s: float | None = None  # the request's deadline (the ingress sets it; None: the spec's)
+
+
+class OmniFrontend(AudioEndpoints, Frontend):
+    """The Omni chat frontend; a family subclasses it through ``_load_checkpoint``, ``_talker_prompt``,
+    ``_talker_call``, ``_codec_ids`` and ``default_system_prompt``. The audio routes are ``AudioEndpoints``'.
+    ``spec`` is the family's graph spec (``omni_serve.kits.omni.spec``'s sections mixed in)."""
+
+    routes = (Route("/v1/chat/completions", "chat", "chat_completions", P.ChatCompletionRequest,
+                    summary="Chat completion with text and speech output (OpenAI chat.completions)."),
+              Route("/v1/audio/speech", "speech", "audio_speech", SpeechRequest,
+                    summary="Speak a text with one of the model's voices (OpenAI audio.speech)."),
+              Route("/v1/audio/transcriptions", "transcriptions", "audio_transcriptions", TranscriptionRequest,
+                    form=True, summary="Transcribe an audio file (OpenAI audio.transcriptions)."))
+    default_system_prompt: str  # the system prompt the model needs to answer with speech
+    sample_rate = SAMPLE_RATE
+
+    def __init__(self, spec, stages: StageCalls):
+        super().__init__(spec, stages)
+        self._load_checkpoint(spec.checkpoint)
+        if {v.lower() for v in self.voices}.isdisjoint({spec.default_voice.lower()}):
+            raise ValueError(f"default_voice {spec.default_voice!r} not in the checkpoint's voices {sorted(self.voices)}")
+        tparams = spec.thinker_params()
+        self.max_model_len = tparams.max_model_len or self.thinker_cfg.text_config.max_position_embeddings
+        self.raw_media = spec.thinker_backend() == "vllm"  # vLLM preprocesses and encodes media itself
+        eos = self.inputs.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.stop_token_ids = [eos]
+
+    def _load_checkpoint(self, checkpoint: str) -> None:
+        """Set ``inputs`` (the input processor), ``thinker_cfg`` and ``voices`` (name -> what the talker needs)."""
+        raise NotImplementedError
+
+    def _talker_prompt(self, voice: str) -> TalkerPrompt:
+        """The thinker token ids the talker's prompt is built from."""
+        raise NotImplementedError
+
+    def _talker_call(self, p: "Prepared") -> Message:
+        """The talker stage's call for a request that asked for speech."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _codec_ids(out: Message) -> list[int] | None:
+        """The codec ids a talker output carries (``return_token_ids``), or None if it is not one."""
+        raise NotImplementedError
+
+    async def chat_completions(self, body: P.ChatCompletionRequest,
+                               ctx: RequestContext) -> P.ChatCompletionResponse | EventStream:
+        shape = ctx.headers.get(STREAM_FORMAT_HEADER, self.spec.chat_stream_format)
+        if shape not in STREAM_FORMATS:
+            raise bad_request(f"{STREAM_FORMAT_HEADER}: {shape!r} is not a stream format; use one of "
+                              f"{', '.join(STREAM_FORMATS)}.", param=STREAM_FORMAT_HEADER)
+        if shape == "vllm_omni" and not body.transcript_in_content:  # vLLM-Omni's reply: text in content
+            body = body.model_copy(update={"transcript_in_content": True})
+        p = await self.prepare(body)
+        p.clock, p.timeout_s = ctx.clock, ctx.timeout_s
+        if body.stream and shape == "vllm_omni":
+            return EventStream(vllm_omni_chunks(p, self._events(p), self.spec.model_name, self.sample_rate))
+        if body.stream:
+            return EventStream(self.stream(p))
+        return await self.complete(p)
+
+    # -- validation and preprocessing ---------------------------------------------------------------------
+    async def prepare(self, req: P.ChatCompletionRequest) -> Prepared:
+        self._check_model(req.model)
+        voice = None
+        if req.wants_audio():  # without audio options: the graph's default voice, as a WAV
+            asked = req.audio.voice if req.audio else None
+            voice = self._voice(asked or self.spec.default_voice, "audio.voice")
+        check_request_size(req.messages, self.spec.limits)
+        rid = new_request_id("chatcmpl")
+        inputs, audios, images = await self._preprocessed(rid, self._preprocess, req)
+        temperature = req.temperature if req.temperature is not None else \
+            self.spec.thinker_params().default_temperature
+        return self._prepared(
+            req, rid, inputs, audios, images, max_new=req.max_new_tokens(self.spec.thinker_params().default_max_tokens),
+            sampling=dict(temperature=temperature, top_p=req.top_p or 1.0, min_new_tokens=req.min_tokens),
+            seed=req.seed, stop=_stops(req.stop), voice=voice,
+            audio_format=(req.audio.format if req.audio else "wav") if voice else None,
+            return_token_ids=req.return_token_ids)
+
+    def _check_model(self, model: str) -> None:
+        if model != self.spec.model_name:
+            raise bad_request(f"The model {model!r} does not exist; this server serves {self.spec.model_name!r}.",
+                              param="model", code="model_not_found")
+
+    def _voice(self, asked: str, param: str) -> str:
+        """The checkpoint's spelling of voice ``asked`` (matched case-insensitively), or a 400 listing them."""
+        voice = {v.lower(): v for v in self.voices}.get(asked.lower())
+        if voice is None:
+            raise bad_request(f"Unknown voice {asked!r}; available voices: {', '.join(sorted(self.voices))}.",
+                              param=param, code="invalid_value")
+        return voice
+
+    async def _preprocessed(self, rid: str, preprocess, *args):
+        """``preprocess(*args)`` in a thread (decoding, preprocessing and tokenizing are CPU work); a processor
+        failure on media that passed our checks is a 400 pointing at the server log."""
+        try:
+            return await asyncio.to_thread(preprocess, *args)
+        except OpenAIError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the processor failed on media we decoded and checked
+            log.warning("request %s: preprocessing failed", rid, exc_info=exc)
+            raise bad_request(f"Could not process the request's media (request {rid}); the details are in the "
+                              "server log.", param="messages") from None
+
+    def _prepared(self, request, rid: str, inputs, audios, images, *, max_new: int, sampling: dict, seed: int | None,
+                  stop: list[str] = (), voice: str | None = None, audio_format: str | None = None,
+                  forced_reply: list[int] | None = None, return_token_ids: bool = False,
+                  param: str = "messages") -> Prepared:
+        """The thinker call (and what the other stages need) for preprocessed ``inputs``; a 400 when the prompt
+        and ``max_new`` tokens exceed the context."""
+        prompt_len = int(inputs.input_ids.shape[1])
+        if prompt_len + max_new > self.max_model_len:
+            raise bad_request(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{prompt_len + max_new} tokens ({prompt_len} in the prompt, {max_new} in the completion).",
+                param=param, code="context_length_exceeded")
+        seed = seed if seed is not None else random.randrange(2**31)
+        media = raw_media(audios, images) if self.raw_media and (audios or images) else MediaInputs.of(inputs)
+        thinker = ThinkerCall(
+            request_id=rid, input_ids=inputs.input_ids[0].tolist(), max_new_tokens=max_new,
+            sampling=SamplingSettings(seed=seed, **sampling), stop_token_ids=self.stop_token_ids, stop=list(stop),
+            media_layout=MediaLayout.of(inputs), expects_media=media is not None,
+            talker=None if voice is None else self._talker_prompt(voice), forced_reply=forced_reply)
+        return Prepared(request, rid, prompt_len, thinker, media, voice, audio_format, seed,
+                        return_token_ids=return_token_ids)
+
+    def _preprocess(self, req: P.ChatCompletionRequest):
+        """(model inputs, decoded audio clips, decoded images). The inputs' expanded prompt ids are what either
+        thinker backend computes on (vLLM expands the same placeholders itself: the vLLM runner checks it)."""
+        converted, audios, encoded, encoded_videos = self._convert_messages(req.messages)
+        if encoded_videos and self.raw_media:
+            raise bad_request("Video input is not supported with the vLLM thinker backend yet; use the native "
+                              "backend (stages.thinker.engine.backend: native).", param=encoded_videos[0][1])
+        images = [self._checked_image(raw, param) for raw, param in encoded]
+        asked = req.mm_processor_kwargs.use_audio_in_video if req.mm_processor_kwargs is not None else None
+        hear = self.spec.video.use_audio_in_video if asked is None else asked
+        videos = [decode_video(raw, limits=self.spec.video, sample=self.inputs.sample_frames, param=param,
+                               audio_rate=self.inputs.sampling_rate if hear else None)
+                  for raw, param in encoded_videos]
+        silent = [param for (_, param), video in zip(encoded_videos, videos) if hear and video.audio is None]
+        if silent and asked:
+            raise bad_request(f"{silent[0]}: the video has no audio track, but mm_processor_kwargs.use_audio_in_video "
+                              "asks to hear it.", param=silent[0])
+        hear = hear and bool(videos) and not silent  # one setting for the whole prompt (the M-RoPE index's)
+        return self.inputs(converted, audios, images, videos, use_audio_in_video=hear), audios, images
+
+    def _checked_image(self, raw: bytes, param: str):
+        image = decode_image_bytes(raw, max_pixels=self.spec.max_image_pixels, param=param,
+                                   formats=self.spec.limits.image_formats)
+        if max(image.size) / min(image.size) > MAX_ASPECT_RATIO:
+            raise bad_request(f"{param}: image is {image.width}x{image.height}; its aspect ratio must be at most "
+                              f"{MAX_ASPECT_RATIO}.", param=param)
+        return image
+
+    def _convert_messages(self, messages: list[P.ChatMessage]):
+        """(chat-template messages, decoded audio clips, images and videos as (encoded bytes, param)); the images'
+        pixels are counted from their headers, all together, before any is decoded."""
+        out, audios, images, videos = [], [], [], []
+        limits, pixels = self.spec.limits, 0
+        if not any(m.role in ("system", "developer") for m in messages):
+            out.append({"role": "system", "content": [{"type": "text",
+                                                        "text": self.spec.system_prompt or self.default_system_prompt}]})
+        for i, msg in enumerate(messages):
+            role = "system" if msg.role == "developer" else msg.role
+            content = msg.content
+            if content is None:
+                content = []
+            if isinstance(content, str):
+                out.append({"role": role, "content": [{"type": "text", "text": content}]})
+                continue
+            parts = []
+            for j, part in enumerate(content):
+                param = f"messages[{i}].content[{j}]"
+                if part.type == "text":
+                    parts.append({"type": "text", "text": part.text})
+                elif part.type == "input_audio":
+                    audios.append(decode_input_audio(
+                        part.input_audio.data, part.input_audio.format, target_sr=self.inputs.sampling_rate,
+                        max_seconds=self.spec.max_audio_seconds, param=f"{param}.input_audio.data",
+                        max_sample_rate=limits.max_audio_sample_rate, max_channels=limits.max_audio_channels))
+                    parts.append({"type": "audio"})
+                elif part.type == "image_url":
+                    param = f"{param}.image_url.url"
+                    raw = image_url_bytes(part.image_url.url, max_bytes=self.spec.ingress.max_body_bytes, param=param)
+                    width, height = probe_image(raw, max_pixels=self.spec.max_image_pixels, param=param,
+                                                formats=limits.image_formats)
+                    pixels += width * height
+                    if pixels > limits.max_total_image_pixels:
+                        raise bad_request(f"The request's images have more than {limits.max_total_image_pixels} "
+                                          "pixels in all.", param=param)
+                    images.append((raw, param))
+                    parts.append({"type": "image"})
+                elif part.type == "video_url":
+                    param = f"{param}.video_url.url"
+                    videos.append((video_url_bytes(part.video_url.url, max_bytes=self.spec.ingress.max_body_bytes,
+                                                   param=param), param))
+                    parts.append({"type": "video"})
+            if role != "user" and (len(parts) != sum(p["type"] == "text" for p in parts)):
+                raise bad_request(f"Only user messages may contain audio, images or video (message {i} is "
+                                  f"{msg.role}).", param=f"messages[{i}].content")
+            out.append({"role": role, "content": parts})
+        return out, audios, images, videos
+
+    # -- running ------------------------------------------------------------------------------------------
+    def _stage_calls(self, p: Prepared) -> dict[str, Message]:
+        calls: dict[str, Message] = {}
+        if isinstance(p.media, MediaInputs):
+            calls["encoder"] = EncoderCall(request_id=p.request_id)
+        for stage in self.spec.thinker_stages():
+            calls[stage] = p.thinker
+        if p.voice is not None:
+            calls["talker"] = self._talker_call(p)
+            calls["code2wav"] = Code2WavCall(request_id=p.request_id, voice=p.voice, seed=p.seed)
+        return calls
+
+    async def _events(self, p: Prepared) -> AsyncIterator[tuple[str, Message]]:
+        """Merged (stage, output) events of every stage call of the request, as they arrive."""
+        edge = "ingress_thinker" if isinstance(p.media, RawMedia) else "ingress_encoder"
+        inputs = {edge: p.media} if p.media is not None else None
+        async for event in self.stages.stream(p.request_id, self._stage_calls(p),
+                                              p.timeout_s or self.spec.ingress.request_timeout_s, inputs=inputs):
+            yield event
+
+    async def complete(self, p: Prepared) -> P.ChatCompletionResponse:
+        text, tokens, codes, pcm, finish = [], [], [], [], None
+        async for stage, out in self._events(p):
+            if isinstance(out, TextDelta):
+                if out.text:
+                    p.clock.text()
+                text.append(out.text)
+                tokens.extend(out.token_ids)
+                finish = out.finish_reason or finish
+            elif self._codec_ids(out) is not None:
+                codes.extend(self._codec_ids(out))
+            elif isinstance(out, AudioDelta):
+                chunk = _pcm16(out)
+                p.clock.audio(_pcm_seconds(chunk))
+                pcm.append(chunk)
+        transcript = "".join(text)
+        audio = None
+        if p.voice is not None:
+            samples = np.frombuffer(b"".join(pcm), dtype="<i2").astype(np.float32) / 32767.0
+            data = encode_audio(samples, self.sample_rate, p.audio_format)
+            audio = P.ChatCompletionAudio(id=f"audio_{p.request_id}", data=base64.b64encode(data).decode(),
+                                          transcript=transcript, expires_at=int(time.time()) + AUDIO_TTL_S)
+        want_ids = p.request.return_token_ids
+        # OpenAI's shape: with audio, the text is the audio's transcript and content is null
+        content = transcript if audio is None or p.request.transcript_in_content else None
+        choice = P.ChatCompletionChoice(
+            message=P.ChatCompletionMessage(content=content, audio=audio), finish_reason=finish,
+            token_ids=tokens if want_ids else None, codec_ids=codes if want_ids and p.voice else None)
+        usage = P.UsageInfo(prompt_tokens=p.prompt_len, completion_tokens=len(tokens),
+                            total_tokens=p.prompt_len + len(tokens))
+        return P.ChatCompletionResponse(id=p.request_id, created=p.created, model=self.spec.model_name,
+                                        choices=[choice], usage=usage)
+
+    async def stream(self, p: Prepared) -> AsyncIterator[str]:
+        def chunk(delta: P.ChatCompletionDelta, finish=None) -> P.ChatCompletionChunk:
+            return P.ChatCompletionChunk(id=p.request_id, created=p.created, model=self.spec.model_name,
+                                         choices=[P.ChatCompletionChunkChoice(delta=delta, finish_reason=finish)])
+
+        # OpenAI's stream: with audio, each piece of text comes once, as delta.audio.transcript, and content is
+        # null; transcript_in_content moves the pieces to delta.content (never both).
+        transcript_deltas = p.voice is not None and not p.request.transcript_in_content
+        audio_id = f"audio_{p.request_id}"
+        if transcript_deltas:
+            yield sse_event(_with_null_content(chunk(P.ChatCompletionDelta(role="assistant"))))
+        else:
+            yield sse_event(chunk(P.ChatCompletionDelta(role="assistant", content="")))
+        tokens, finish = 0, None
+        try:
+            async for stage, out in self._events(p):
+                if isinstance(out, TextDelta):
+                    tokens += len(out.token_ids)
+                    finish = out.finish_reason or finish
+                    if out.text:
+                        p.clock.text()
+                        yield sse_event(chunk(
+                            P.ChatCompletionDelta(audio=P.DeltaAudio(id=audio_id, transcript=out.text))
+                            if transcript_deltas else P.ChatCompletionDelta(content=out.text)))
+                elif isinstance(out, AudioDelta) and out.samples:
+                    pcm = _pcm16(out)
+                    p.clock.audio(_pcm_seconds(pcm))
+                    # Streamed audio is always raw pcm16 (24 kHz mono), as OpenAI streams it.
+                    yield sse_event(chunk(P.ChatCompletionDelta(audio=P.DeltaAudio(
+                        id=audio_id, data=base64.b64encode(pcm).decode(), expires_at=int(time.time()) + AUDIO_TTL_S))))
+        except OpenAIError as err:
+            p.clock.error = err.type
+            yield sse_error(err)
+            yield SSE_DONE
+            return
+        yield sse_event(chunk(P.ChatCompletionDelta(), finish=finish or "stop"))
+        opts = p.request.stream_options
+        if opts is not None and opts.include_usage:
+            yield sse_event(P.ChatCompletionChunk(
+                id=p.request_id, created=p.created, model=self.spec.model_name, choices=[],
+                usage=P.UsageInfo(prompt_tokens=p.prompt_len, completion_tokens=tokens,
+                                  total_tokens=p.prompt_len + tokens)))
+        yield SSE_DONE
+
+def raw_media(audios: list[np.ndarray], images: list) -> RawMedia:
+    """Decoded clips (16 kHz float32) and images (as RGB pixels), each list concatenated, in prompt order."""
+    import torch
+
+    media = RawMedia()
+    if audios:
+        media.audio = torch.from_numpy(np.concatenate([np.asarray(a, dtype=np.float32) for a in audios]))
+        media.audio_lengths = [len(a) for a in audios]
+    if images:
+        pixels = [np.asarray(im.convert("RGB"), dtype=np.uint8) for im in images]
+        media.images = torch.from_numpy(np.concatenate([p.reshape(-1) for p in pixels]))
+        media.image_sizes = [[p.shape[0], p.shape[1]] for p in pixels]
+    return media
+
+
+def _with_null_content(chunk: P.ChatCompletionChunk) -> dict:
+    """The chunk as JSON with its delta's ``content`` an explicit null (OpenAI's first chunk of an audio reply)."""
+    body = chunk.model_dump(exclude_none=True)
+    body["choices"][0]["delta"]["content"] = None
+    return body
+
+
+def _pcm16(delta: AudioDelta) -> bytes:
+    """The chunk's samples as little-endian int16 (clipped to [-1, 1], scaled by 32767)."""
+    return (np.clip(np.frombuffer(delta.samples, dtype="<f4"), -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def _pcm_seconds(pcm16: bytes) -> float:
+    return len(pcm16) / 2 / SAMPLE_RATE
+
+
+def _stops(stop) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
