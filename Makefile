@@ -8,7 +8,7 @@ CHECKPOINT ?= checkpoints/qwen2_5_omni-tiny
 IMAGE_CHECKPOINT ?= checkpoints/qwen_image-tiny
 PORT ?= 8000
 
-.PHONY: setup vllm-env checkpoint run run-image test unit integration bench bench-image bench-edit bench-speech bench-glm bench-transport soak k8s clean
+.PHONY: setup vllm-env checkpoint run run-image test unit integration bench bench-image bench-edit bench-speech bench-glm bench-transport soak k8s docs clean
 
 $(VENV)/.installed: pyproject.toml
 	scripts/install_system_deps.sh
@@ -104,6 +104,10 @@ soak: setup checkpoint
 # Regenerate k8s/*.yaml from the Helm chart (helm/omni-serve) after changing it: docs/kubernetes.md.
 k8s: setup
 	$(PY) scripts/render_k8s.py
+
+# The docs site (mkdocs, material theme) into site/; tests/unit/test_docs_site.py builds it with --strict.
+docs: setup
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) checkpoints *.egg-info

@@ -4,7 +4,7 @@ Commands (GRAPH: a model family of the registry, ``omni-serve graph`` lists them
   omni-serve make-checkpoint GRAPH --size tiny|small DIR
   omni-serve serve [--graph GRAPH] [--config FILE.yaml] [--api-key KEY] [key=value ...]
   omni-serve build GRAPH [key=value ...] [--config FILE.yaml] [-o serve_config.yaml]
-  omni-serve graph [GRAPH] [--layout L] [--markdown]   (the families, or one graph's stages and edges)
+  omni-serve graph [GRAPH] [--layout L] [--markdown | --config-markdown]   (the families, or one graph's stages and edges)
   omni-serve bench --url URL --checkpoint DIR [--concurrency 1,16] [--mode omni|text|image] ... (see bench --help)
   omni-serve bench transport [--backends auto,shm,ray,mooncake,mooncake_store] [--sizes 4KiB,1MiB,64MiB,512MiB]
 """
@@ -43,6 +43,11 @@ def cmd_make_checkpoint(args) -> int:
 
 
 def cmd_graph(args) -> int:
+    if args.config_markdown:
+        from omni_serve.graph.config_docs import markdown as config_markdown
+
+        sys.stdout.write(config_markdown(_families() if args.graph is None else {args.graph: _families()[args.graph]}))
+        return 0
     if args.markdown:
         from omni_serve.graph.docs import markdown
 
@@ -414,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     gr.add_argument("graph", nargs="?", choices=list(_families()), help="a family (default: list them all)")
     gr.add_argument("--layout", default=None, help="one layout of the graph (default: all)")
     gr.add_argument("--markdown", action="store_true", help="the reference page of docs/graphs.md")
+    gr.add_argument("--config-markdown", action="store_true", help="the config reference, docs/configuration.md")
     gr.set_defaults(func=cmd_graph)
     bn = sub.add_parser("bench", help="benchmark a running endpoint against an in-process transformers baseline",
                         description=BENCH_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)

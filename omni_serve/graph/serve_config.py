@@ -57,7 +57,7 @@ HEADER = """\
 # Ray Serve config for the {graph} graph, written by `omni-serve build` (omni_serve {version}).
 #   serve run {path}           (local: starts Ray and serves; RAY_AUTH_MODE=disabled without Ray auth)
 #   serve deploy {path}        (a running cluster: ray start --head, or KubeRay's serveConfigV2)
-# `args` is the whole graph spec (see README "Graph config reference"); deployment options (replicas,
+# `args` is the whole graph spec (see docs/configuration.md); deployment options (replicas,
 # autoscaling_config, resources) are derived from args.stages: edit them there.
 """
 

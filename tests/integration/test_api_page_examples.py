@@ -1,6 +1,6 @@
-"""The README's Python examples, run as written against the served Qwen2.5-Omni graph.
+"""The API page's Python examples, run as written against the served Qwen2.5-Omni graph.
 
-Every fenced ``python`` block of README.md that talks to the server (``OpenAI(base_url="http://127.0.0.1:8000/v1"``)
+Every fenced ``python`` block of docs/api.md that talks to the server (``OpenAI(base_url="http://127.0.0.1:8000/v1"``)
 and the blocks that continue it run in order in one namespace, in a scratch directory holding the files they open
 (``question.wav``, ``picture.png``, ``clip.mp4``), with the server's address put in place of
 ``http://127.0.0.1:8000``. They must run without an error and write what they say they write. (The ``bash`` blocks
@@ -20,18 +20,18 @@ from PIL import Image
 from tests.omni_cases import audio_clip, video_bytes
 
 pytestmark = pytest.mark.integration
-README = Path(__file__).resolve().parents[2] / "README.md"
+API_PAGE = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 ADDRESS = "http://127.0.0.1:8000"
 
 
 def python_blocks() -> list[str]:
-    """The README's python blocks from the first that makes a client to the last that uses one."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    """The API page's python blocks from the first that makes a client to the last that uses one."""
+    blocks = re.findall(r"```python\n(.*?)```", API_PAGE.read_text(), flags=re.S)
     first = next(i for i, b in enumerate(blocks) if f'OpenAI(base_url="{ADDRESS}/v1"' in b)
     return [b for b in blocks[first:] if "client." in b]
 
 
-def test_the_readme_has_the_examples():
+def test_the_api_page_has_the_examples():
     blocks = python_blocks()
     assert len(blocks) >= 3  # chat (non-streaming and streamed), media input, speech and transcription
     text = "\n".join(blocks)
@@ -40,7 +40,7 @@ def test_the_readme_has_the_examples():
         assert call in text
 
 
-def test_the_readme_python_examples_run(omni_app, tmp_path, monkeypatch, capsys):
+def test_the_api_page_python_examples_run(omni_app, tmp_path, monkeypatch, capsys):
     buf = io.BytesIO()
     sf.write(buf, audio_clip(), 16000, format="WAV")
     (tmp_path / "question.wav").write_bytes(buf.getvalue())
@@ -49,7 +49,7 @@ def test_the_readme_python_examples_run(omni_app, tmp_path, monkeypatch, capsys)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     for block in python_blocks():
-        exec(compile(block.replace(ADDRESS, omni_app), "README.md", "exec"), namespace)  # noqa: S102
+        exec(compile(block.replace(ADDRESS, omni_app), "docs/api.md", "exec"), namespace)  # noqa: S102
     assert sf.info(str(tmp_path / "reply.wav")).samplerate == 24000
     assert (tmp_path / "hello.mp3").stat().st_size > 0 and sf.info(str(tmp_path / "hello.wav")).samplerate == 24000
     printed = capsys.readouterr().out
