@@ -138,7 +138,8 @@ def test_connectors_of_the_entry_point_group_are_known_everywhere(monkeypatch):
 
 def test_a_family_names_its_graph_and_a_graph_without_edges_describes_itself():
     from omni_serve.graph.family import Family
-    from tests.toy_family import GRAPH, ToySpec
+    from tests.toy_family.graph import GRAPH
+    from tests.toy_family.spec import ToySpec
 
     with pytest.raises(ValueError, match="give both one name"):
         Family(name="other", module=__name__, description="x", graph=GRAPH, spec=ToySpec, frontend="m:F",

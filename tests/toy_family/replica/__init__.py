@@ -1,0 +1,1 @@
+"""Replica-side code of the toy graph (stage replicas only)."""
