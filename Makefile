@@ -75,23 +75,23 @@ integration: setup vllm-env checkpoint
 
 # The issue-3 benchmark on the small checkpoint (~20 min on 2 cores): see docs/benchmarks.md.
 bench: setup vllm-env
-	loadtests/run_bench.sh bench_out
+	benchmarks/qwen2_5_omni/run.sh bench_out
 
 # The Qwen-Image benchmark (small checkpoint, float32 and bfloat16, with ceilings, ~12 min): see docs/qwen_image.md.
 bench-image: setup
-	loadtests/run_image_bench.sh bench_image
+	benchmarks/qwen_image/run.sh bench_image
 
 # The image-edit benchmark (Qwen-Image-Edit, small checkpoint, ~10 min): see docs/qwen_image.md.
 bench-edit: setup
-	loadtests/run_edit_bench.sh bench_edit
+	benchmarks/qwen_image_edit/run.sh bench_edit
 
 # The speech benchmark (POST /v1/audio/speech, Qwen2.5-Omni small, ~12 min): see docs/benchmarks.md (Speech).
 bench-speech: setup
-	loadtests/run_bench_speech.sh bench_out
+	benchmarks/qwen2_5_omni/run_speech.sh bench_out
 
 # The GLM-Image benchmark with its ceiling report (small checkpoint, ~3 min): see docs/benchmarks.md#glm-image.
 bench-glm: setup
-	loadtests/run_glm_image_bench.sh bench_out/glm_image
+	benchmarks/glm_image/run.sh bench_out/glm_image
 
 # Data-plane backends (shm, ray, mooncake, mooncake_store) vs memcpy, 4 KiB to 512 MiB: docs/data_plane.md.
 bench-transport: setup
@@ -99,7 +99,7 @@ bench-transport: setup
 
 # The issue-7 soak (10 min steady) and overload (4 min) runs on the tiny checkpoint: docs/reliability.md.
 soak: setup checkpoint
-	loadtests/run_soak.sh soak_out
+	benchmarks/tools/run_soak.sh soak_out
 
 # Regenerate k8s/*.yaml from the Helm chart (helm/omni-serve) after changing it: docs/kubernetes.md.
 k8s: setup

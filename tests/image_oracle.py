@@ -1,11 +1,11 @@
 """The Qwen-Image families' oracle comparison, shared by their unit and integration tests and by
-loadtests/*_oracle_margins.py (which measure the numbers below).
+benchmarks/*/*_oracle_margins.py (which measure the numbers below).
 
 A served image equals diffusers' pipeline (same checkpoint and seed) when its final latents (the packed latents
 before the VAE decode, what the pipeline returns with ``output_type="latent"``) are within ``LATENT_ATOL`` and
 its uint8 pixels within a level or so. Pixels alone cannot tell requests apart on the tiny checkpoints: with
 random weights a swapped prompt moves the image by 1-6 levels, often 1-2. The latents can. Measured on the tiny
-checkpoints (CPU; loadtests/generation_oracle_margins.py and loadtests/edit_oracle_margins.py print them):
+checkpoints (CPU; benchmarks/qwen_image/generation_oracle_margins.py and benchmarks/qwen_image_edit/edit_oracle_margins.py print them):
 
     served vs diffusers (float rounding: thread counts and batch partners change the order of sums)  <= 1.7e-6
     a swapped prompt: generations 3.0e-2 .. 1.4e-1; edits 1.3e-4 .. 4e-4 (the image dominates an edit)

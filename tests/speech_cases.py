@@ -2,7 +2,7 @@
 
 ``speech_prompt`` is what ``/v1/audio/speech`` builds (``omni_serve.kits.omni.audio_endpoints``): a
 system turn and a user turn holding the text; the forced reply is the text's tokens and ``<|im_end|>``.
-``ForcedThinker`` (the speech benchmark's, ``omni_serve.bench.speech``) replaces a transformers Omni model's
+``ForcedThinker`` (the speech benchmark's, ``benchmarks.qwen2_5_omni.speech_baseline``) replaces a transformers Omni model's
 ``thinker.generate`` with one forward over the prompt and the forced reply, shaped as generate's output, so the
 model's own ``generate`` drives its talker and vocoder from exactly those states.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from omni_serve.bench.speech import ForcedThinker
+from benchmarks.qwen2_5_omni.speech_baseline import ForcedThinker
 
 
 def speech_prompt(proc, text: str, system: str):

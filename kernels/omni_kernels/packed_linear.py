@@ -13,17 +13,17 @@ a ``ValueError`` that says why.
 ``PackedLinear(linear, batch_hint, activation="gelu_tanh")`` computes ``reference_linear_gelu`` (tanh-GELU of the
 output) with the activation fused into oneDNN's product: applied to the float32 accumulator before rounding, so in
 bfloat16 it is closer to the float32 result than the two ops in sequence, and it costs one pass instead of two
-(``python loadtests/kernels_bench.py``, 480 rows, 256 -> 512, one thread: 341 us fused against 651 us for
+(``python benchmarks/tools/kernels_bench.py``, 480 rows, 256 -> 512, one thread: 341 us fused against 651 us for
 ``F.linear`` then ``F.gelu`` in bfloat16, 882 against 1273 us in float32).
 ``plain_max_rows=n`` (float32, no activation) keeps the row-major weight too and computes calls of at most ``n`` rows
 with ``F.linear`` on it: for one or two rows MKL's matrix-vector path beats the blocked product
-(``python loadtests/kernels_bench.py --threads 1``: 1.44x on the thinker's MLP at one row, 1.71x on the talker's at
+(``python benchmarks/tools/kernels_bench.py --threads 1``: 1.44x on the thinker's MLP at one row, 1.71x on the talker's at
 two; from 4 rows on the blocked product wins), at the price of a second copy of the weight. In bfloat16 the blocked
 product is faster at every row count, so the option is ignored there.
 
 Why: ``F.linear`` on CPU multiplies by a row-major weight that MKL repacks on every call; a decode step calls
 each projection with a handful of rows, where that repacking is a large share of the call. Measured on this CPU,
-one thread (``python loadtests/kernels_bench.py``): 1.3x faster at 32 rows of a 512x1536 projection, 1.4-1.6x
+one thread (``python benchmarks/tools/kernels_bench.py``): 1.3x faster at 32 rows of a 512x1536 projection, 1.4-1.6x
 at 2-8 rows, 1.14x at 256 rows (a prefill chunk).
 
 Why module replacement and not a subclass or a patched ``nn.Linear.forward``: the decoder's own code calls

@@ -19,15 +19,9 @@ path, printable table, runs); the report is ``omni_serve.bench.image_report``'s.
   (request sent -> response body read; PNG decoding is not timed), the decoded images (uint8 HxWx3 numpy,
   in memory only) and the server's per-image computed / cached step counts. ``warmup`` unmeasured requests
   run first, for the uncached engine and for each cache mode.
-* Baseline ``diffusers`` (``DiffusersImageBaseline``): ``QwenImagePipeline.from_pretrained(checkpoint)`` (for
-  edits ``QwenImageEditPipeline``, with the served graph's prompt processor, as the oracle tests; for a GLM-Image
-  checkpoint ``GlmImagePipeline``, CFG scale ``true_cfg_scale`` as ``guidance_scale``, default 1.5 on both sides) in
-  this process (float32, local files only, progress bar off, ``torch.set_num_threads(threads)`` first),
-  the same requests one at a time after ``warmup`` unmeasured ones, with ``generator =
-  torch.Generator().manual_seed(seed_i)`` (the server draws its noise the same way) and the server's
-  values; without a negative prompt neither side runs CFG, and the baseline gets ``true_cfg_scale=1``
-  then (same result; it only silences diffusers' warning). Images: ``round(np * 255)`` as uint8, as the
-  server's VAE stage does.
+* Baseline ``diffusers``: ``run_image_bench(cfg, baseline)`` calls ``baseline(cfg)`` (the served family's, from its
+  bench plug-in in ``benchmarks/<family>/``) for an ``ImageBaseline`` and runs the same requests through it after the
+  engine runs; ``ImageRequest.pipeline_kwargs`` are the requests' diffusers pipeline arguments.
 * Images/s and requests/s count successful requests over each run's wall time (first start -> last end).
 """
 
@@ -37,12 +31,11 @@ import asyncio
 import base64
 import io
 import logging
-import os
 import random
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal, Protocol
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -318,80 +311,6 @@ async def run_image_load(url: str, requests: list[ImageRequest], model: str | No
                           streaming=False, records=final, cache_mode=mode)
 
 
-# --------------------------------------------------------------------------- diffusers baseline
-
-
-def _pipeline_class_name(checkpoint: str) -> str:
-    import json
-
-    with open(os.path.join(checkpoint, "model_index.json")) as f:
-        return json.load(f)["_class_name"]
-
-
-class DiffusersImageBaseline:
-    """The checkpoint's pipeline in this process, requests one at a time: ``QwenImagePipeline`` (``edits``:
-    ``QwenImageEditPipeline``) or ``GlmImagePipeline`` (its model_index.json says which)."""
-
-    def __init__(self, checkpoint: str, threads: int | None = None, edits: bool = False, dtype: str = "float32"):
-        import torch
-        from diffusers import QwenImageEditPipeline, QwenImagePipeline
-
-        self.threads = threads or os.cpu_count() or 1
-        self.dtype = dtype
-        torch.set_num_threads(self.threads)
-        self.glm = _pipeline_class_name(checkpoint) == "GlmImagePipeline"
-        if self.glm:
-            from diffusers import GlmImagePipeline
-
-            self.pipe = GlmImagePipeline.from_pretrained(checkpoint, local_files_only=True, dtype=getattr(torch, dtype))
-        elif edits:
-            from omni_serve.models.qwen_image_edit import EditPromptProcessor
-
-            # Qwen2VLProcessor needs torchvision (no CPU build here): the served graph's processor, as the oracle
-            self.pipe = QwenImageEditPipeline.from_pretrained(checkpoint, processor=None, local_files_only=True,
-                                                              dtype=getattr(torch, dtype))
-            self.pipe.register_modules(processor=EditPromptProcessor.from_pretrained(checkpoint))
-        else:
-            self.pipe = QwenImagePipeline.from_pretrained(checkpoint, local_files_only=True, dtype=getattr(torch, dtype))
-        self.pipe.set_progress_bar_config(disable=True)
-
-    def run_one(self, req: ImageRequest) -> ImageRecord:
-        import numpy as np
-        import torch
-
-        rec = ImageRecord(index=req.index, cache_mode="off")
-        t0 = time.perf_counter()
-        try:
-            with torch.inference_mode():
-                out = self.pipe(generator=torch.Generator().manual_seed(req.seed), **req.pipeline_kwargs(self.glm))
-            rec.images = list((np.asarray(out.images) * 255).round().astype(np.uint8))
-            rec.num_images = len(rec.images)
-            rec.computed_steps, rec.cached_steps = [req.steps] * rec.num_images, [0] * rec.num_images
-            rec.ok = True
-        except Exception as exc:  # noqa: BLE001 - a failed request is recorded, not fatal
-            rec.error = f"{type(exc).__name__}: {exc}"[:300]
-        rec.e2e_s = time.perf_counter() - t0
-        return rec
-
-    def run(self, requests: list[ImageRequest], warmup: int = 1, progress_every: int = 10,
-            label: str = "diffusers") -> ImageRunResult:
-        for req in requests[:warmup]:
-            self.run_one(req)
-        on_done = progress_logger(label, len(requests), progress_every)
-        records = []
-        t_run = time.perf_counter()
-        for req in requests:
-            start = time.perf_counter() - t_run
-            records.append(self.run_one(req))
-            records[-1].start_s = start
-            on_done(records[-1])
-        wall = time.perf_counter() - t_run
-        note = (f"diffusers {type(self.pipe).__name__} in process, one request at a time, {self.threads} torch threads, "
-                f"{self.dtype}")
-        return ImageRunResult(label=label, system="diffusers", mode="image", concurrency=1, wall_s=wall,
-                              streaming=False, records=records, notes=[note])
-
-
 # --------------------------------------------------------------------------- runner
 
 
@@ -420,7 +339,15 @@ def _engine_runs(cfg: ImageBenchConfig, requests: list[ImageRequest], model: str
     return runs
 
 
-def run_image_bench(cfg: ImageBenchConfig) -> BenchOutcome:
+class ImageBaseline(Protocol):
+    """An in-process image system: the same requests one at a time, after ``warmup`` unmeasured ones."""
+
+    def run(self, requests: list[ImageRequest], warmup: int = 1, progress_every: int = 10) -> ImageRunResult:
+        """One run of every request (``system`` names the baseline, e.g. ``diffusers``)."""
+
+
+def run_image_bench(cfg: ImageBenchConfig,
+                    baseline: Callable[[ImageBenchConfig], ImageBaseline] | None = None) -> BenchOutcome:
     from omni_serve.bench.image_report import build_image_report, format_image_table, write_image_report
     from omni_serve.bench.machine import machine_info
 
@@ -440,10 +367,10 @@ def run_image_bench(cfg: ImageBenchConfig) -> BenchOutcome:
         stop_server(cfg.stop_server_pid)
         notes.append("the server was stopped before the baseline ran")
     if cfg.baseline == "diffusers":
+        if baseline is None:
+            raise ValueError("the diffusers baseline needs the served family's bench (--graph)")
         log.info("loading the diffusers baseline from %s ...", cfg.checkpoint)
-        runs.append(DiffusersImageBaseline(cfg.checkpoint, cfg.threads, edits=cfg.endpoint == "edits",
-                                           dtype=cfg.baseline_dtype).run(
-            requests, warmup=cfg.warmup, progress_every=cfg.progress_every))
+        runs.append(baseline(cfg).run(requests, warmup=cfg.warmup, progress_every=cfg.progress_every))
     report = build_image_report(runs, config={**cfg.model_dump(mode="json"), "machine": machine}, notes=notes)
     json_path, png_path = write_image_report(report, runs, cfg.out)
     return BenchOutcome(report=report, json_path=json_path, png_path=png_path, table=format_image_table(report),

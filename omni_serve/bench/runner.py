@@ -1,17 +1,17 @@
-"""What ``omni-serve bench`` runs: a validated ``BenchConfig`` -> engine runs + baseline runs -> report files.
+"""What ``omni-serve bench`` runs for a chat endpoint: a validated ``BenchConfig`` -> engine runs + the family's
+in-process runs -> report files.
 
-Contract: ``run_bench(cfg) -> BenchOutcome`` (report dict, JSON path, PNG path, printable table).
+Contract: ``run_bench(cfg, systems) -> BenchOutcome`` (report dict, JSON path, PNG path, printable table). ``systems``
+(``InProcessSystems``) is the served family's bench plug-in's (``benchmarks/<family>/``): this module runs no model
+itself and imports no family.
 
 * ``mode="omni"``: every load point (``concurrency`` list, or ``request_rate`` list for open loop) is
-  replayed against ``url`` with the streaming HTTP client; then each baseline in ``baselines`` runs
-  in-process: ``hf`` (``Qwen2_5OmniForConditionalGeneration.generate`` one request at a time), or ``cb``
-  (transformers continuous batching of the thinker; text only, so only with ``audio=False``).
-* ``mode="text"``: thinker-only comparison on the same token-id prompts: each thinker backend of
-  ``thinker_backends`` at every load point, in that order (``native``: ``AREngine`` in process,
-  ``omni_serve.bench.engine_text.run_engine_text``; ``vllm``: vLLM's ``AsyncLLM`` in the vLLM environment's
-  interpreter, ``omni_serve.bench.vllm_text.run_vllm_text``; a failed vLLM subprocess becomes a run of failed
-  requests), then ``cb`` at every load point (and ``hf`` text-only generate if asked). Every system runs with the
-  same CPU threads: ``threads``, else torch's default (all cores); the report's ``config.threads_used`` says which.
+  replayed against ``url`` with the streaming HTTP client; then each baseline in ``baselines`` runs in-process,
+  ``hf`` before ``cb`` (``systems.baseline_runs``).
+* ``mode="text"``: thinker-only comparison on the same token-id prompts (``systems.text_prompts``): the family's
+  engine runs first (``systems.text_engine_runs``: each thinker backend of ``thinker_backends`` at every load
+  point), then each baseline (default ``cb``) at every load point. Every system runs with the same CPU threads:
+  ``threads``, else torch's default (all cores); the report's ``config.threads_used`` says which.
 * ``thinker_backends`` in omni mode names the running server's one thinker backend: it is recorded in the
   report's config and names the engine runs' system: ``engine`` (native) or ``engine_vllm`` (labels
   ``engine c=4`` / ``engine_vllm c=4``), so reports of both servers merge (``report.merge_reports``).
@@ -24,12 +24,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from omni_serve.bench.records import RunResult
-from omni_serve.bench.workload import WorkloadConfig, build_workload
+from omni_serve.bench.workload import BenchRequest, WorkloadConfig, build_workload
 from omni_serve.engines.vllm_engine.config import VllmSettings
 
 DEFAULT_KV_CACHE_GIB: float = VllmSettings.model_fields["kv_cache_gib"].default
@@ -41,8 +41,8 @@ class BenchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mode: Literal["omni", "text"] = Field("omni", description="omni: HTTP engine vs generate; text: thinker only.")
-    graph: Literal["qwen2_5_omni", "qwen3_omni"] = Field("qwen2_5_omni", description=(
-        "The served Omni family (omni mode): its transformers generate is the hf baseline."))
+    graph: str = Field("qwen2_5_omni", description=(
+        "The served family (its bench plug-in runs the in-process systems), recorded in the report."))
     url: str | None = Field(None, description="Base URL of the running server (omni mode).")
     checkpoint: str | None = Field(None, description="Local checkpoint directory for the in-process baselines.")
     model: str | None = Field(None, description="Model name in requests; default: the first of /v1/models.")
@@ -92,9 +92,6 @@ class BenchConfig(BaseModel):
             raise ValueError("concurrency values must be >= 1")
         if self.request_rate is not None and any(r <= 0 for r in self.request_rate):
             raise ValueError("request_rate values must be > 0")
-        if self.graph != "qwen2_5_omni" and (self.mode != "omni" or "cb" in self.baselines):
-            raise ValueError(f"--graph {self.graph} runs in omni mode with the hf baseline (text mode and cb are "
-                             "Qwen2.5-Omni thinker comparisons)")
         if self.mode == "omni" and not self.url:
             raise ValueError("omni mode needs --url (a running omni-serve endpoint)")
         if self.baselines and not self.checkpoint:
@@ -135,6 +132,20 @@ class BenchConfig(BaseModel):
         return [LoadPoint(concurrency=c) for c in self.concurrency]
 
 
+class InProcessSystems(Protocol):
+    """A family's in-process systems, from its bench plug-in: what ``run_bench`` compares the endpoint with."""
+
+    def text_prompts(self, cfg: BenchConfig, requests: list[BenchRequest]) -> list[list[int]]:
+        """Text mode: the token-id prompts of ``requests`` (what the served ingress would prefill)."""
+
+    def text_engine_runs(self, cfg: BenchConfig, prompts: list[list[int]], threads: int) -> list[RunResult]:
+        """Text mode: the family's own engine(s) in process, every load point of ``cfg``."""
+
+    def baseline_runs(self, system: str, cfg: BenchConfig, requests: list[BenchRequest],
+                      prompts: list[list[int]] | None = None) -> list[RunResult]:
+        """The runs of baseline ``system`` (e.g. ``hf``, ``cb``); ``prompts``: text mode's, else None."""
+
+
 @dataclass
 class BenchOutcome:
     report: dict[str, Any]
@@ -170,39 +181,6 @@ def _engine_omni_runs(cfg: BenchConfig, requests) -> tuple[list[RunResult], list
     return runs, notes
 
 
-def _hf_run(cfg: BenchConfig, requests) -> RunResult:
-    from omni_serve.bench.hf_baseline import HFBaselineConfig, run_hf_baseline
-
-    return run_hf_baseline(requests, HFBaselineConfig(
-        checkpoint=cfg.checkpoint, max_codec_tokens=cfg.max_codec_tokens, num_steps=cfg.num_steps,
-        system_prompt=cfg.system_prompt, threads=cfg.threads, warmup=cfg.warmup,
-        progress_every=cfg.progress_every), graph=cfg.graph)
-
-
-def _cb_runs(cfg: BenchConfig, prompts: list[list[int]]) -> list[RunResult]:
-    import torch
-
-    from omni_serve.bench.cb_baseline import cb_cache_sizing, run_transformers_cb, thinker_causal_lm
-
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    from transformers import AutoTokenizer
-
-    model = thinker_causal_lm(cfg.checkpoint, attn_implementation=cfg.cb_attn_implementation)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.checkpoint)
-    runs = []
-    for point in cfg.points():
-        cap = point.concurrency or len(prompts)
-        sizing = cb_cache_sizing(prompts, cfg.max_tokens, cap, page_size=cfg.cb_page_size)
-        log.info("cb run %s: %d requests ...", point.label("cb"), len(prompts))
-        runs.append(run_transformers_cb(model, prompts, cfg.max_tokens, point.concurrency,
-                                        request_rate=point.request_rate, arrival_seed=cfg.seed, sizing=sizing,
-                                        warmup=cfg.warmup > 0, progress_every=cfg.progress_every,
-                                        timeout_s=cfg.timeout_s, tokenizer=tokenizer,
-                                        min_new_tokens=cfg.min_tokens))
-    return runs
-
-
 def _text_threads(cfg: BenchConfig) -> int:
     """The CPU threads of every text-mode system: ``threads``, else torch's default (set for this process)."""
     import torch
@@ -210,45 +188,6 @@ def _text_threads(cfg: BenchConfig) -> int:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     return torch.get_num_threads()
-
-
-def _engine_text_runs(cfg: BenchConfig, prompts: list[list[int]], threads: int) -> list[RunResult]:
-    from omni_serve.bench.engine_text import run_engine_text
-    from omni_serve.bench.vllm_text import VllmTextError, resolve_vllm_python, run_vllm_text
-
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(cfg.checkpoint)
-    python = resolve_vllm_python(cfg.vllm_python) if "vllm" in cfg.thinker_backends else None  # fail before running
-    runs = []
-    for backend in cfg.thinker_backends:
-        for point in cfg.points():
-            common = dict(request_rate=point.request_rate, arrival_seed=cfg.seed, progress_every=cfg.progress_every,
-                          tokenizer=tokenizer, min_new_tokens=cfg.min_tokens, warmup=cfg.warmup > 0)
-            if backend == "native":
-                log.info("engine_text run %s ...", point.label("engine_text"))
-                runs.append(run_engine_text(cfg.checkpoint, prompts, cfg.max_tokens, point.concurrency, **common))
-                continue
-            label = point.label("vllm")
-            log.info("vllm run %s (vLLM in %s) ...", label, python)
-            try:
-                runs.append(run_vllm_text(cfg.checkpoint, prompts, cfg.max_tokens, point.concurrency, label=label,
-                                          python=python, threads=threads, kv_cache_gib=cfg.vllm_kv_cache_gib,
-                                          **common))
-            except VllmTextError as exc:
-                log.error("%s failed: %s", label, exc)
-                runs.append(_failed_vllm_run(label, point, len(prompts), str(exc)))
-    return runs
-
-
-def _failed_vllm_run(label: str, point, n: int, error: str) -> RunResult:
-    from omni_serve.bench.records import RequestRecord
-
-    first = error.splitlines()[0] if error else "the vLLM run failed"
-    return RunResult(label=label, system="vllm", mode="text", concurrency=point.concurrency,
-                     request_rate=point.request_rate, records=[RequestRecord(index=i, error=first[:300])
-                                                               for i in range(n)],
-                     notes=[f"the vLLM subprocess failed: {error[-1500:]}"])
 
 
 def _calibration(cfg: BenchConfig, extra: dict[str, Any], phase: str, notes: list[str]) -> None:
@@ -267,12 +206,14 @@ def _calibration(cfg: BenchConfig, extra: dict[str, Any], phase: str, notes: lis
             notes.append(note)
 
 
-def run_bench(cfg: BenchConfig) -> BenchOutcome:
+def run_bench(cfg: BenchConfig, systems: InProcessSystems | None = None) -> BenchOutcome:
     from omni_kernels import kernel_paths
 
     from omni_serve.bench.machine import machine_info
     from omni_serve.bench.report import build_report, format_table, write_report
 
+    if systems is None and (cfg.baselines or cfg.mode == "text"):
+        raise ValueError(f"the {cfg.graph} bench gave no in-process systems for its baselines or text mode")
     requests = build_workload(cfg.workload())
     runs: list[RunResult] = []
     notes: list[str] = []
@@ -288,26 +229,17 @@ def run_bench(cfg: BenchConfig) -> BenchOutcome:
             stop_server(cfg.stop_server_pid)
             notes.append("the server was stopped before the baselines ran")
         _calibration(cfg, extra, "baseline", notes)
-        if "hf" in cfg.baselines:
-            runs.append(_hf_run(cfg, requests))
-        if "cb" in cfg.baselines:
-            from omni_serve.bench.cb_baseline import text_prompts
-
-            runs += _cb_runs(cfg, text_prompts(cfg.checkpoint, requests, cfg.system_prompt))
+        for system in [s for s in ("hf", "cb") if s in cfg.baselines]:
+            runs += systems.baseline_runs(system, cfg, requests)
     else:
-        from omni_serve.bench.cb_baseline import text_prompts
-
         threads = _text_threads(cfg)
         extra["threads_used"] = threads
-        prompts = text_prompts(cfg.checkpoint, requests, cfg.system_prompt)
-        runs += _engine_text_runs(cfg, prompts, threads)
+        prompts = systems.text_prompts(cfg, requests)
+        runs += systems.text_engine_runs(cfg, prompts, threads)
         extra["machine"]["stages"]["this process"] = kernel_paths()
         _calibration(cfg, extra, "baseline", notes)
         for system in cfg.baselines or ["cb"]:
-            if system == "cb":
-                runs += _cb_runs(cfg, prompts)
-            elif system == "hf":
-                runs.append(_hf_run(cfg, requests))
+            runs += systems.baseline_runs(system, cfg, requests, prompts)
     config = {**cfg.model_dump(mode="json"), **extra}
     report = build_report(runs, config=config, notes=notes)
     json_path, png_path = write_report(report, runs, cfg.out)

@@ -1,12 +1,11 @@
 """``omni-serve bench --mode speech``: text-to-speech (``POST /v1/audio/speech``) against transformers.
 
-Contract: ``run_speech_bench(cfg)`` sends ``cfg.num_requests`` texts (seeded, ``min_words``-``max_words`` words)
-to the running server at every ``concurrency`` (closed loop), streaming raw pcm (``response_format=pcm``,
+Contract: ``run_speech_bench(cfg, baseline)`` sends ``cfg.num_requests`` texts (seeded, ``min_words``-``max_words``
+words) to the running server at every ``concurrency`` (closed loop), streaming raw pcm (``response_format=pcm``,
 greedy codec tokens: ``temperature=0``), and records per request TTFP (first audio byte), E2E and the audio's
 seconds. Then, the server stopped first when ``stop_server_pid`` is given (the baseline gets a quiet machine),
-the ``hf`` baseline speaks the same texts one at a time in process: the family's transformers ``generate`` with
-its thinker forced to the text in one forward (``ForcedThinker``: the most favourable way to drive transformers,
-which has no speech API) and its talker greedy, with the talker's limits of the served graph. Reported per
+the ``hf`` baseline (``baseline(cfg, texts) -> SpeechPoint``, the family's bench plug-in's, e.g.
+``benchmarks.qwen2_5_omni.speech_baseline``) speaks the same texts one at a time in process. Reported per
 system and point: audio seconds per second of wall time, RTF (E2E / audio seconds), TTFP and E2E percentiles,
 TTFP / E2E at concurrency 1, and engine / baseline ratios. Writes ``speech_bench_report.json`` to ``out``.
 """
@@ -21,8 +20,7 @@ import random
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from types import SimpleNamespace
-from typing import Literal
+from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,7 +36,7 @@ class SpeechBenchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: str = Field(description="Base URL of the running server.")
-    graph: Literal["qwen2_5_omni", "qwen3_omni"] = Field("qwen2_5_omni", description="The served Omni family.")
+    graph: str = Field("qwen2_5_omni", description="The served family (its bench plug-in gives the hf baseline).")
     checkpoint: str | None = Field(None, description="The served checkpoint (the baseline loads it).")
     model: str | None = Field(None, description="Model name in requests; default: the first of /v1/models.")
     voice: str | None = Field(None, description="Voice; default: the family's (Chelsie / Ethan).")
@@ -159,77 +157,8 @@ def run_engine(cfg: SpeechBenchConfig, texts: list[str]) -> list[SpeechPoint]:
     return points
 
 
-# -- the baseline: transformers, one request at a time ----------------------------------------------------
-class ForcedThinker:
-    """Replaces a transformers Omni model's ``thinker.generate`` with one forward over the prompt and the forced
-    reply (its last token excluded: generation never feeds it back), shaped as generate's output (``sequences``,
-    per-step ``hidden_states``), so the model's own ``generate`` drives its talker and vocoder from those states."""
-
-    def __init__(self, model, forced: list[int]):
-        self.model, self.forced = model, forced
-
-    def __enter__(self):
-        import torch
-
-        thinker, forced = self.model.thinker, self.forced
-
-        def generate(input_ids, **kwargs):
-            seq = torch.cat([input_ids, torch.tensor([forced])], dim=1)
-            with torch.no_grad():
-                out = thinker(input_ids=seq[:, :-1], attention_mask=torch.ones_like(seq[:, :-1]),
-                              output_hidden_states=True)
-            n = input_ids.shape[1]
-            steps = [tuple(h[:, :n] for h in out.hidden_states)]
-            steps += [tuple(h[:, n + k:n + k + 1] for h in out.hidden_states) for k in range(len(forced) - 1)]
-            return SimpleNamespace(sequences=seq, hidden_states=tuple(steps))
-
-        thinker.generate = generate
-        return self
-
-    def __exit__(self, *exc):
-        del self.model.thinker.generate
-
-
-def run_baseline(cfg: SpeechBenchConfig, texts: list[str]) -> SpeechPoint:
-    import torch
-
-    from omni_serve.models.qwen2_5_omni_inputs import OmniInputProcessor
-
-    torch.set_num_threads(cfg.threads or os.cpu_count() or 1)
-    if cfg.graph == "qwen2_5_omni":
-        from transformers import Qwen2_5OmniForConditionalGeneration as Model
-
-        from omni_serve.families.qwen2_5_omni.spec import SPEECH_SYSTEM_PROMPT as system
-        extra = {"token2wav_num_steps": cfg.num_steps, "speaker": cfg.default_voice()}
-    else:
-        from transformers import Qwen3OmniMoeForConditionalGeneration as Model
-
-        from omni_serve.families.qwen3_omni.spec import SPEECH_SYSTEM_PROMPT as system
-        extra = {"speaker": cfg.default_voice().lower()}
-    model = Model.from_pretrained(cfg.checkpoint).eval()
-    proc = OmniInputProcessor(cfg.checkpoint)
-    im_end = proc.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    texts = texts[:cfg.baseline_requests] if cfg.baseline_requests else texts
-    records = []
-    t_all = time.perf_counter()
-    for text in texts:
-        t0 = time.perf_counter()
-        turns = [{"role": "system", "content": [{"type": "text", "text": system}]},
-                 {"role": "user", "content": [{"type": "text", "text": text}]}]
-        x = proc(turns, [], [])
-        forced = proc.tokenizer.encode(text, add_special_tokens=False) + [im_end]
-        with ForcedThinker(model, forced), torch.no_grad():
-            _, wav = model.generate(**x.reference_kwargs(), talker_do_sample=False,
-                                    talker_max_new_tokens=cfg.max_codec_tokens, **extra)
-        e2e = time.perf_counter() - t0
-        # transformers returns the whole waveform at the end: its first audio is its last
-        records.append(SpeechRecord(ok=True, ttfp_s=e2e, e2e_s=e2e, audio_s=wav.numel() / SAMPLE_RATE))
-    point = SpeechPoint("hf", 1, time.perf_counter() - t_all, records)
-    log.info("hf: %s", point.summary())
-    return point
-
-
-def run_speech_bench(cfg: SpeechBenchConfig) -> dict:
+def run_speech_bench(cfg: SpeechBenchConfig,
+                     baseline: Callable[[SpeechBenchConfig, list[str]], SpeechPoint] | None = None) -> dict:
     from omni_serve.bench.calibration import calibrate, drift_note
 
     texts = cfg.texts()
@@ -247,7 +176,9 @@ def run_speech_bench(cfg: SpeechBenchConfig) -> dict:
         if note:
             log.warning(note)
             notes.append(note)
-    baseline = run_baseline(cfg, texts) if cfg.baseline == "hf" else None
+    if cfg.baseline == "hf" and baseline is None:
+        raise ValueError(f"the {cfg.graph} bench gave no hf speech baseline")
+    baseline = baseline(cfg, texts) if cfg.baseline == "hf" else None
     rows = [p.summary() for p in points] + ([baseline.summary()] if baseline else [])
     report = {"config": cfg.model_dump(), "points": rows, "ratios": {}, "calibration_s": calibration,
               "notes": notes, "machine": machine}

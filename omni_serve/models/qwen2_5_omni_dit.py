@@ -10,7 +10,7 @@ checked against transformers' whole-sequence token2wav by the oracle tests). The
 Why not call the layers: per-op cost dominates at these sizes (a 240-frame window is 480 rows of 256 features on
 the small checkpoint, 36 evaluations per solve), and several ops cost far more than they need to on this CPU. All
 together (one thread, bfloat16, a 120-code window: 0.480 s per solve before, 0.311 s after;
-``loadtests/code2wav_solve_times.py``):
+``benchmarks/qwen2_5_omni/code2wav_solve_times.py``):
 - the time conditioning depends on the ODE time only and is computed once per time value;
 - linear layers run on weights prepacked for oneDNN, q/k/v in one product, tanh-GELU fused into the MLP's first
   product (``omni_kernels.PackedLinear(activation="gelu_tanh")``: 1.9x faster than the two ops in bfloat16);

@@ -22,7 +22,7 @@ What we hand the processor instead of letting it do it, and why (the outputs are
   which the processor supports for callers that decoded it.
 - **Audio padding length (Qwen2.5-Omni).** Its processor pads every clip to the feature extractor's
   ``n_samples`` (300 s, a [128, 30000] tensor per clip: two short clips took ~420 ms against ~4 ms padded to the
-  longest, ``loadtests/omni_inputs_cost.py``). We pass ``max_length`` = the longest clip plus one FFT window:
+  longest, ``benchmarks/qwen2_5_omni/omni_inputs_cost.py``). We pass ``max_length`` = the longest clip plus one FFT window:
   every frame the attention mask keeps is computed from the same samples and the same zero padding, so the kept
   frames are identical and the encoder (which reads only those) sees the same input. (Qwen3-Omni's processor
   pads to the longest clip already; the setting changes nothing there.)

@@ -39,7 +39,7 @@ GLM_STAGES = ("ar", "text_encoder", "dit", "vae")
 def fuzz_apps(ray_serve, omni_tiny_dir, qwen_image_tiny_dir, qwen3_omni_tiny_dir, glm_image_tiny_dir):
     from ray import serve
 
-    from omni_serve.graph import glm_image, qwen2_5_omni, qwen3_omni, qwen_image
+    from omni_serve.families import glm_image, qwen2_5_omni, qwen3_omni, qwen_image
 
     omni_args = {
         "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in OMNI_STAGES},

@@ -1,5 +1,5 @@
-"""omni_serve.bench baselines on the tiny checkpoint (no Ray): the thinker as a Qwen2ForCausalLM, transformers'
-continuous batching, and the HF generate baseline."""
+"""The Omni benches' baselines (benchmarks/) on the tiny checkpoint (no Ray): the thinker as a Qwen2ForCausalLM,
+transformers' continuous batching, and the HF generate baseline."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from omni_serve.bench.cb_baseline import (
+from benchmarks.qwen2_5_omni.cb_baseline import (
     cb_cache_sizing, run_transformers_cb, text_prompts, thinker_causal_lm,
     thinker_text_config,
 )
-from omni_serve.bench.engine_text import run_engine_text
-from omni_serve.bench.hf_baseline import HFBaseline, HFBaselineConfig, ServerDefaults
+from benchmarks.qwen2_5_omni.engine_text import run_engine_text
+from benchmarks.qwen2_5_omni.hf_baseline import HFBaseline, HFBaselineConfig, ServerDefaults
 from omni_serve.bench.workload import WorkloadConfig, build_workload
 
 MAX_NEW = 12
@@ -184,7 +184,7 @@ def test_qwen3_hf_baseline_mirrors_the_qwen3_server(qwen3_omni_tiny_dir):
     """The qwen3_omni graph's baseline: its frontend's chat, its talker defaults, and a spoken answer whose text
     is the served graph's (the same greedy generate the oracle tests hold the graph to)."""
     from omni_serve.api import protocol as P
-    from omni_serve.bench.hf_baseline import Qwen3HFBaseline
+    from benchmarks.qwen3_omni.hf_baseline import Qwen3HFBaseline
     from omni_serve.families.qwen3_omni.frontend import Qwen3OmniFrontend
     from omni_serve.families.qwen3_omni.params import TalkerParams
     from omni_serve.families.qwen3_omni.spec import Qwen3OmniGraphSpec

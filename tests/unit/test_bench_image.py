@@ -16,8 +16,11 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from benchmarks.diffusers_image import DiffusersImageBaseline
+from benchmarks.qwen_image.baseline import load_pipeline as load_qwen_image
+from benchmarks.qwen_image_edit.baseline import load_pipeline as load_qwen_image_edit
 from omni_serve.bench.image import (
-    DiffusersImageBaseline, ImageBenchConfig, ImageRecord, ImageRunResult, build_image_workload, images_url,
+    ImageBenchConfig, ImageRecord, ImageRunResult, build_image_workload, images_url,
     run_image_load,
 )
 from omni_serve.bench.image_report import (
@@ -170,7 +173,7 @@ def test_report_ratios_parity_and_cache(tmp_path):
 def test_diffusers_baseline_on_the_tiny_checkpoint(qwen_image_tiny_dir):
     cfg = ImageBenchConfig(url="http://x", checkpoint=qwen_image_tiny_dir, num_requests=2, size="64x64", steps=2)
     requests = build_image_workload(cfg)
-    baseline = DiffusersImageBaseline(qwen_image_tiny_dir, threads=2)
+    baseline = DiffusersImageBaseline(qwen_image_tiny_dir, load_qwen_image, threads=2)
     run = baseline.run(requests, warmup=0, progress_every=0)
     assert run.system == "diffusers" and run.num_errors == 0 and run.concurrency == 1
     for rec in run.records:
@@ -183,8 +186,9 @@ def test_diffusers_baseline_on_the_tiny_checkpoint(qwen_image_tiny_dir):
 
 def test_cli_image_arguments(capsys, monkeypatch):
     captured = {}
-    monkeypatch.setattr("omni_serve.bench.image.run_image_bench", lambda cfg: captured.setdefault("cfg", cfg))
-    monkeypatch.setattr("omni_serve.cli._finish_bench", lambda outcome: 0)
+    monkeypatch.setattr("omni_serve.bench.image.run_image_bench",
+                        lambda cfg, baseline: captured.update(cfg=cfg, baseline=baseline))
+    monkeypatch.setattr("omni_serve.bench.cli.finish", lambda outcome: 0)
     assert main(["bench", "--mode", "image", "--url", "http://h:1", "--checkpoint", "/ckpt", "--size", "64x64",
                  "--steps", "4", "--n", "2", "--true-cfg-scale", "3", "--negative-prompt", "ugly",
                  "--cache-modes", "dbcache,taylorseer", "--cache-threshold", "0.3", "--concurrency", "1,4"]) == 0
@@ -241,14 +245,15 @@ def test_diffusers_edit_baseline_on_the_tiny_checkpoint():
     cfg = ImageBenchConfig(url="http://x", checkpoint=checkpoint, endpoint="edits", input_size="32x32",
                            num_requests=1, size="64x64", steps=1)
     [request] = build_image_workload(cfg)
-    rec = DiffusersImageBaseline(checkpoint, threads=2, edits=True).run_one(request)
+    rec = DiffusersImageBaseline(checkpoint, load_qwen_image_edit, threads=2).run_one(request)
     assert rec.ok and rec.images[0].shape == (64, 64, 3)
 
 
 def test_cli_image_edits_arguments(monkeypatch):
     captured = {}
-    monkeypatch.setattr("omni_serve.bench.image.run_image_bench", lambda cfg: captured.setdefault("cfg", cfg))
-    monkeypatch.setattr("omni_serve.cli._finish_bench", lambda outcome: 0)
+    monkeypatch.setattr("omni_serve.bench.image.run_image_bench",
+                        lambda cfg, baseline: captured.update(cfg=cfg, baseline=baseline))
+    monkeypatch.setattr("omni_serve.bench.cli.finish", lambda outcome: 0)
     assert main(["bench", "--mode", "image", "--url", "http://h:1", "--endpoint", "edits", "--input-size", "96x64",
                  "--cache-modes", "none"]) == 0
     assert captured["cfg"].endpoint == "edits" and captured["cfg"].input_size == "96x64"

@@ -15,11 +15,12 @@ import pytest
 from pydantic import ValidationError
 
 from omni_serve.bench import runner as bench_runner
-from omni_serve.bench import vllm_text
+from benchmarks.qwen2_5_omni import systems as omni_systems
+from benchmarks.qwen2_5_omni import vllm_text
 from omni_serve.bench.records import RequestRecord, RunResult
 from omni_serve.bench.report import build_report, format_table, merge_reports, write_report
 from omni_serve.bench.runner import BenchConfig
-from omni_serve.bench.vllm_text import (
+from benchmarks.qwen2_5_omni.vllm_text import (
     VllmTextError, VllmTextJob, drive, execute, job_command, job_env, read_job, read_result, resolve_vllm_python,
     run_vllm_text, write_job, write_result,
 )
@@ -88,7 +89,8 @@ def test_resolve_vllm_python_order(tmp_path, monkeypatch):
 
 
 def test_command_and_environment(monkeypatch):
-    assert job_command("/py", "j.json", "r.json") == ["/py", "-m", "omni_serve.bench.vllm_text", "j.json", "r.json"]
+    assert job_command("/py", "j.json", "r.json") == ["/py", "-m", "benchmarks.qwen2_5_omni.vllm_text", "j.json",
+                                                      "r.json"]
     env = job_env({"PYTHONPATH": "/elsewhere"})
     assert env["PYTHONPATH"].split(os.pathsep) == [vllm_text.SOURCE_ROOT, "/elsewhere"]
     assert env["VLLM_LOGGING_LEVEL"] == "WARNING"
@@ -98,9 +100,9 @@ def test_command_and_environment(monkeypatch):
 
 FAKE_PYTHON = """#!{exe}
 import json, sys
-from omni_serve.bench.vllm_text import read_job, write_result
+from benchmarks.qwen2_5_omni.vllm_text import read_job, write_result
 from omni_serve.bench.records import RequestRecord, RunResult
-assert sys.argv[1:3] == ["-m", "omni_serve.bench.vllm_text"], sys.argv
+assert sys.argv[1:3] == ["-m", "benchmarks.qwen2_5_omni.vllm_text"], sys.argv
 job = read_job(sys.argv[3])
 print("fake vllm: " + json.dumps({{"eos": job.eos_token_id, "threads": job.threads, "seqs": job.settings().max_num_seqs,
       "min": job.min_new_tokens, "rate": job.request_rate, "warmup": job.warmup, "python": job.python}}),
@@ -236,7 +238,7 @@ def execute_sync(engine, job):
 def _capture_run_bench(monkeypatch):
     seen = {}
 
-    def fake(cfg):
+    def fake(cfg, systems=None):
         seen["cfg"] = cfg
         return SimpleNamespace(table="T", json_path="j", png_path="p",
                                runs=[RunResult(label="x", system="vllm", records=[RequestRecord(index=0, ok=True)])])
@@ -299,7 +301,7 @@ def torch_threads():
 
 
 def test_text_runner_runs_each_backend_then_the_baseline(monkeypatch, tmp_path, omni_tiny_dir, torch_threads):
-    from omni_serve.bench import cb_baseline, engine_text
+    from benchmarks.qwen2_5_omni import cb_baseline, engine_text
 
     calls = []
     monkeypatch.setattr(cb_baseline, "text_prompts", lambda ck, reqs, sp=None: [[1, 2]] * len(reqs))
@@ -312,13 +314,13 @@ def test_text_runner_runs_each_backend_then_the_baseline(monkeypatch, tmp_path, 
             raise VllmTextError("the vLLM text run exited with status 1\nTraceback ...")
         return _fake_run(kw["label"], "vllm", c)
     monkeypatch.setattr(vllm_text, "run_vllm_text", fake_vllm)
-    monkeypatch.setattr(bench_runner, "_cb_runs", lambda cfg, prompts: [
+    monkeypatch.setattr(omni_systems, "_cb_runs", lambda cfg, prompts: [
         _fake_run(f"cb c={p.concurrency}", "cb", p.concurrency, sha="b") for p in cfg.points()])
     py = _executable(tmp_path / "python", "")
     cfg = BenchConfig(mode="text", checkpoint=omni_tiny_dir, num_requests=3, concurrency=[1, 2, 3], max_tokens=4,
                       min_tokens=4, thinker_backends=["native", "vllm"], vllm_python=py, threads=1,
                       vllm_kv_cache_gib=2.0, progress_every=0, out=str(tmp_path / "out"))
-    outcome = bench_runner.run_bench(cfg)
+    outcome = bench_runner.run_bench(cfg, omni_systems.OmniSystems())
     assert [r.label for r in outcome.runs] == ["engine_text c=1", "engine_text c=2", "engine_text c=3", "vllm c=1",
                                                "vllm c=2", "vllm c=3", "cb c=1", "cb c=2", "cb c=3"]
     assert [(b, c) for b, c, _ in calls] == [("native", 1), ("native", 2), ("native", 3), ("vllm", 1), ("vllm", 2),

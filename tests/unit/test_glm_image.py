@@ -135,7 +135,7 @@ def test_served_images_equal_the_pipeline_with_six_in_flight(glm_image_tiny_dir,
 
 
 def test_ceiling_report_runs_and_sets_a_bench_run_against_it(glm_image_tiny_dir, tmp_path):
-    """loadtests/glm_image_ceiling.py (the docs' ceiling numbers) on the tiny checkpoint: every stage timed at both
+    """benchmarks/glm_image/ceiling.py (the docs' ceiling numbers) on the tiny checkpoint: every stage timed at both
     batches, the ceiling is the smaller of the two bounds, and a bench report's runs are set against it."""
     import json
     import subprocess
@@ -145,7 +145,7 @@ def test_ceiling_report_runs_and_sets_a_bench_run_against_it(glm_image_tiny_dir,
     bench.write_text(json.dumps({"runs": [{"label": "engine c=2", "throughput": {"images_per_s": 1.0}},
                                           {"label": "diffusers", "throughput": {"images_per_s": 0.5}}]}))
     out = tmp_path / "ceiling.json"
-    script = os.path.join(os.path.dirname(__file__), "..", "..", "loadtests", "glm_image_ceiling.py")
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "glm_image", "ceiling.py")
     subprocess.run([sys.executable, script, glm_image_tiny_dir, "--size", "64", "--steps", "2",
                     "--batch", "2", "--baseline-requests", "1", "--bench-report", str(bench), "--out", str(out)],
                    check=True, capture_output=True, timeout=300)

@@ -1,4 +1,4 @@
-"""loadtests/omni_ceiling.py (the docs' Qwen2.5-Omni ceiling numbers) on the tiny checkpoint: every stage timed at
+"""benchmarks/qwen2_5_omni/ceiling.py (the docs' Qwen2.5-Omni ceiling numbers) on the tiny checkpoint: every stage timed at
 both batches through the served stages' own engines and chunking, the ceiling is the tightest bound (cores, or a
 stage on its replicas), and a bench report's runs are set against it."""
 
@@ -17,7 +17,7 @@ def test_ceiling_report_runs_and_sets_a_bench_run_against_it(omni_tiny_dir, tmp_
     bench.write_text(json.dumps({"runs": [{"label": "engine c=2", "throughput": {"requests_per_s": 1.0}},
                                           {"label": "hf", "throughput": {"requests_per_s": 0.5}}]}))
     out = tmp_path / "ceiling.json"
-    script = os.path.join(os.path.dirname(__file__), "..", "..", "loadtests", "omni_ceiling.py")
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "qwen2_5_omni", "ceiling.py")
     subprocess.run([sys.executable, script, omni_tiny_dir, "--batch", "2", "--text-tokens", "4", "--codec-tokens",
                     "48", "--steps", "2", "--code2wav-replicas", "1", "--bench-report", str(bench), "--out", str(out)],
                    check=True, capture_output=True, timeout=300)

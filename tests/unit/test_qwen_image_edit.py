@@ -30,7 +30,7 @@ from tests.image_oracle import Result, assert_matches, assert_swaps_fail, pipeli
 # Served latents differ from the pipeline's by float rounding only (other thread counts and batch partners change
 # the order of sums: at most 1.2e-6 measured here). With random tiny weights the image barely reacts to the prompt:
 # a swapped prompt moves the latents by 1.3e-4 to 4e-4 and the pixels by one level at most, a swapped input image
-# by ~4e-3, a swapped seed by ~5 (PYTHONPATH=. python loadtests/edit_oracle_margins.py prints these). So the latents
+# by ~4e-3, a swapped seed by ~5 (PYTHONPATH=. python benchmarks/qwen_image_edit/edit_oracle_margins.py prints these). So the latents
 # are compared at LATENT_ATOL = 1e-5, and the negative controls check a swap misses that by SWAP_MARGIN = 10x.
 
 

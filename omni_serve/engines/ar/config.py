@@ -29,7 +29,7 @@ class ARConfig(BaseModel):
     gemv_max_rows: int = Field(2, ge=0, description=(
         "With packed_linear, steps of at most this many rows run float32 projections as MKL matrix-vector "
         "products on a second, row-major copy of each weight (1.4-1.7x faster than the packed product at 1-2 "
-        "rows on this CPU, loadtests/kernels_bench.py: a concurrency-1 decode step; slower from 4 rows on). "
+        "rows on this CPU, benchmarks/tools/kernels_bench.py: a concurrency-1 decode step; slower from 4 rows on). "
         "Costs one more copy of the float32 linear weights; 0 keeps only the packed copy. Ignored in bfloat16, "
         "where packing always wins."))
     enable_prefix_caching: bool = Field(True, description=(

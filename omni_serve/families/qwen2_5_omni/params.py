@@ -43,7 +43,7 @@ class Code2WavParams(BaseModel):
         "dtype of the DiT's transformer blocks. float32 (the default) is transformers' token2wav, which the oracle "
         "holds the stage to. bfloat16 runs the blocks on a bfloat16 copy (ODE state, solver, input and output "
         "layers stay float32): on CPUs with AMX (Sapphire Rapids and later) the DiT is ~2.4x faster, the mel "
-        "within ~7e-4 of float32's (relative max; loadtests/code2wav_cost.py). On CPUs without oneDNN's bfloat16 "
+        "within ~7e-4 of float32's (relative max; benchmarks/qwen2_5_omni/code2wav_cost.py). On CPUs without oneDNN's bfloat16 "
         "product (AVX2-only) the blocks run on plain bfloat16 layers: the same answer, slower than float32 (the "
         "replica logs it, /health shows it under kernels)."))
 
