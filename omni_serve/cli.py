@@ -6,7 +6,7 @@ Commands (GRAPH: a model family of the registry, ``omni-serve graph`` lists them
   omni-serve build GRAPH [key=value ...] [--config FILE.yaml] [-o serve_config.yaml]
   omni-serve graph [GRAPH] [--layout L] [--markdown]   (the families, or one graph's stages and edges)
   omni-serve bench --url URL --checkpoint DIR [--concurrency 1,16] [--mode omni|text|image] ... (see bench --help)
-  omni-serve bench transport [--backends auto,shm,ray,mooncake,mooncake_store] [--sizes 4KiB,1MiB,64MiB,512MiB]
+  omni-serve bench transport [--backends auto,B,...] [--sizes 4KiB,1MiB,64MiB,512MiB]
 """
 
 from __future__ import annotations
@@ -292,15 +292,15 @@ def _image_bench_config(args):
 
 def cmd_bench_transport(args) -> int:
     from omni_serve.bench.transport import SIZES, TransportBenchConfig, run_transport_bench
-    from omni_serve.transport.base import known_connectors
+    from omni_serve.transport.registry import known_connectors
 
-    bad = [b for b in args.backends if b not in known_connectors()] + [s for s in args.sizes if s not in SIZES]
+    bad = [b for b in args.backends or () if b not in known_connectors()] + [s for s in args.sizes if s not in SIZES]
     if bad:
         print(f"omni-serve bench transport: unknown backend or size {', '.join(bad)} (backends: "
               f"{', '.join(known_connectors())}; sizes: {', '.join(SIZES)})", file=sys.stderr)
         return 2
-    cfg = TransportBenchConfig(backends=args.backends, sizes=args.sizes, reps=args.reps, warmup=max(args.warmup, 1),
-                               out=args.out)
+    cfg = TransportBenchConfig(sizes=args.sizes, reps=args.reps, warmup=max(args.warmup, 1), out=args.out,
+                               **({"backends": args.backends} if args.backends else {}))
     report = run_transport_bench(cfg)
     print(f"report: {report['path']}")
     failed = [b for b, per in report["backends"].items() if any("error" in row for row in per.values())]
@@ -505,8 +505,8 @@ def main(argv: list[str] | None = None) -> int:
     im.add_argument("--cache-concurrency", type=int, default=None,
                     help="concurrency of the cached runs (default: the largest --concurrency)")
     tr = bn.add_argument_group("transport")
-    tr.add_argument("--backends", type=_str_list, default=["auto", "shm", "ray", "mooncake", "mooncake_store"],
-                    metavar="B[,B...]", help="connectors to measure (default auto,shm,ray,mooncake,mooncake_store)")
+    tr.add_argument("--backends", type=_str_list, default=None, metavar="B[,B...]",
+                    help="connectors to measure (default: auto and every registered one that crosses processes)")
     tr.add_argument("--sizes", type=_str_list, default=["4KiB", "1MiB", "64MiB", "512MiB"], metavar="S[,S...]",
                     help="payload sizes (default 4KiB,1MiB,64MiB,512MiB)")
     tr.add_argument("--reps", type=int, default=0,
