@@ -12,9 +12,9 @@ Contract:
   an ordered stream that ends with a payload whose ``end`` attribute is true (``omni_serve.graph.messages.
   StreamChunk``), reporting each put/get (backend, bytes, seconds) to the process' transfer observer when one
   is set (metrics).
-- Which backends exist is the registry's business (``omni_serve.transport.registry``); the process' instances
-  are ``omni_serve.transport.connectors``'; ``auto`` is ``omni_serve.transport.auto``. This module imports none
-  of them.
+- Which backends exist is the registry's business (``omni_serve.transport.registry``), the process' instances
+  live in ``omni_serve.transport.connectors`` and ``auto`` in ``omni_serve.transport.auto``; this module
+  imports none of them.
 """
 
 from __future__ import annotations

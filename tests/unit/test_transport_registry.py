@@ -101,6 +101,18 @@ def test_close_drops_what_the_process_holds_and_the_connector_works_again(cls, t
     asyncio.run(main())
 
 
+def test_closing_the_mooncake_transfer_engine_unregisters_its_buffer():
+    pytest.importorskip("mooncake.engine")
+    from omni_serve.transport.mooncake import MooncakeSettings, MooncakeTransferConnector
+
+    conn = MooncakeTransferConnector(MooncakeSettings(buffer_bytes=1 << 20))
+    conn._ensure_started()  # local tcp, P2P handshake: no Ray, no etcd
+    assert conn.pool.num_regions == 1  # the registered zero byte
+    conn.close()
+    conn.close()
+    assert conn.engine is None and conn.pool.num_regions == 0 and conn.stats() == {"regions": 0, "used_bytes": 0}
+
+
 # -- names -----------------------------------------------------------------------------------------------------
 def test_a_connector_registered_by_name_is_known_and_imported_on_first_use(fresh_registry):
     registry.register_connector("toy", TOY)
