@@ -93,7 +93,7 @@ bench-speech: setup
 bench-glm: setup
 	benchmarks/glm_image/run.sh bench_out/glm_image
 
-# Data-plane backends (shm, ray, mooncake, mooncake_store) vs memcpy, 4 KiB to 512 MiB: docs/data_plane.md.
+# Every registered data-plane backend that crosses processes vs memcpy, 4 KiB to 512 MiB: docs/data_plane.md.
 bench-transport: setup
 	$(VENV)/bin/omni-serve bench transport --out bench_transport
 

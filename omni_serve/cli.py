@@ -7,7 +7,7 @@ Commands (GRAPH: a model family of the registry, ``omni-serve graph`` lists them
   omni-serve graph [GRAPH] [--layout L] [--markdown | --config-markdown]   (the families, or one graph's stages
     and edges; the reference pages docs/graphs.md and docs/configuration.md)
   omni-serve bench [--graph GRAPH] [--mode MODE] --url URL --checkpoint DIR ... (see bench [--graph GRAPH] --help)
-  omni-serve bench transport [--backends auto,shm,ray,mooncake,mooncake_store] [--sizes 4KiB,1MiB,64MiB,512MiB]
+  omni-serve bench transport [--backends auto,B,...] [--sizes 4KiB,1MiB,64MiB,512MiB]
 """
 
 from __future__ import annotations

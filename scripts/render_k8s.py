@@ -7,8 +7,8 @@ Kubernetes manifests in k8s/ (the chart is their single source).
     .venv/bin/python scripts/render_k8s.py --check  # exit 1 if a committed file differs from a fresh render
 
 The chart's graph table (``helm/omni-serve/graphs.yaml``: each family's Serve import path, checkpoint family and
-stage names) and the name enums of ``values.schema.json`` come from ``omni_serve.graph.registry``, so a new
-family needs no hand edit of the chart. Each manifest is ``helm template <release> helm/omni-serve -f <values
+stage names) and the name enums of ``values.schema.json`` come from ``omni_serve.graph.registry`` (and the
+connector names from ``omni_serve.transport.registry``), so a new family needs no hand edit of the chart. Each manifest is ``helm template <release> helm/omni-serve -f <values
 file>`` rendered offline with the Helm SDK of the ``helm-python-sdk`` package (no helm binary, no cluster), every
 object of the release in one file, without NOTES.txt. tests/unit/test_helm_chart.py checks the committed files
 against these renders.
@@ -55,15 +55,18 @@ def chart_graphs() -> str:
 
 
 def chart_schema(current: str) -> str:
-    """values.schema.json with the graph and stage name enums of the family registry."""
+    """values.schema.json with the graph and stage name enums of the family registry, and the connectors a
+    deployed graph may use (``dataPlane.autoConnector``; empty: chosen at deploy) of the connector registry."""
     import json
 
     from omni_serve.graph.registry import families
+    from omni_serve.transport.registry import served_connectors
 
     schema = json.loads(current)
     schema["properties"]["graph"]["properties"]["name"]["enum"] = list(families())
     schema["properties"]["stages"]["propertyNames"]["enum"] = list(dict.fromkeys(
         s.name for family in families().values() for s in family.graph.stages))
+    schema["properties"]["dataPlane"]["properties"]["autoConnector"]["enum"] = ["", *served_connectors()]
     return json.dumps(schema, indent=2) + "\n"
 
 

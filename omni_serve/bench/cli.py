@@ -144,8 +144,8 @@ def add_parser(sub, argv: list[str] | None) -> argparse.ArgumentParser:
                     help="SIGTERM this local server after the engine runs and wait for it to exit, so the "
                          "baselines run on a quiet machine")
     tr = bn.add_argument_group("transport")
-    tr.add_argument("--backends", type=str_list, default=["auto", "shm", "ray", "mooncake", "mooncake_store"],
-                    metavar="B[,B...]", help="connectors to measure (default auto,shm,ray,mooncake,mooncake_store)")
+    tr.add_argument("--backends", type=str_list, default=None, metavar="B[,B...]",
+                    help="connectors to measure (default: auto and every registered one that crosses processes)")
     tr.add_argument("--sizes", type=str_list, default=["4KiB", "1MiB", "64MiB", "512MiB"], metavar="S[,S...]",
                     help="payload sizes (default 4KiB,1MiB,64MiB,512MiB)")
     tr.add_argument("--reps", type=int, default=0,
@@ -164,15 +164,15 @@ def add_parser(sub, argv: list[str] | None) -> argparse.ArgumentParser:
 
 def cmd_bench_transport(args) -> int:
     from omni_serve.bench.transport import SIZES, TransportBenchConfig, run_transport_bench
-    from omni_serve.transport.base import known_connectors
+    from omni_serve.transport.registry import known_connectors
 
-    bad = [b for b in args.backends if b not in known_connectors()] + [s for s in args.sizes if s not in SIZES]
+    bad = [b for b in args.backends or () if b not in known_connectors()] + [s for s in args.sizes if s not in SIZES]
     if bad:
         print(f"omni-serve bench transport: unknown backend or size {', '.join(bad)} (backends: "
               f"{', '.join(known_connectors())}; sizes: {', '.join(SIZES)})", file=sys.stderr)
         return 2
-    cfg = TransportBenchConfig(backends=args.backends, sizes=args.sizes, reps=args.reps, warmup=max(args.warmup, 1),
-                               out=args.out)
+    cfg = TransportBenchConfig(sizes=args.sizes, reps=args.reps, warmup=max(args.warmup, 1), out=args.out,
+                               **({"backends": args.backends} if args.backends else {}))
     report = run_transport_bench(cfg)
     print(f"report: {report['path']}")
     failed = [b for b, per in report["backends"].items() if any("error" in row for row in per.values())]

@@ -32,10 +32,16 @@ SIZES = {"4KiB": 4 << 10, "1MiB": 1 << 20, "64MiB": 64 << 20, "512MiB": 512 << 2
 PAGE_FLOATS = 1024  # floats per 4 KiB page
 
 
+def _served_backends() -> list[str]:
+    from omni_serve.transport.registry import AUTO, served_connectors
+
+    return [AUTO, *served_connectors()]
+
+
 class TransportBenchConfig(BaseModel):
-    backends: list[str] = Field(default_factory=lambda: ["auto", "shm", "ray", "mooncake", "mooncake_store"],
-                                description=("Connectors to measure (names of the connector registry; 'auto', the "
-                                             "edges' default, is reported with the backend it chose)."))
+    backends: list[str] = Field(default_factory=_served_backends, description=(
+        "Connectors to measure (names of the connector registry; default: 'auto' and every registered one that "
+        "crosses processes). 'auto', the edges' default, is reported with the backend it chose."))
     sizes: list[str] = Field(default_factory=lambda: list(SIZES), description="Payload sizes (keys of SIZES).")
     reps: int = Field(0, ge=0, description="Measured payloads per size (0: 50 for <=1 MiB, 10 for 64 MiB, 4 above).")
     warmup: int = Field(2, ge=0, description="Unmeasured payloads first (pools, mappings, connections).")
@@ -63,7 +69,7 @@ class _Endpoint:
         self.spec = DataPlaneSpec.model_validate({"mooncake": {"buffer_bytes": room, "global_segment_bytes": room}})
 
     def _connector(self, backend: str):
-        from omni_serve.transport.base import get_connector
+        from omni_serve.transport.connectors import get_connector
 
         return get_connector(backend, self.spec)
 
@@ -107,8 +113,7 @@ class _Endpoint:
         return resolve(backend, self.spec)
 
     def stats(self, backend: str) -> dict:
-        conn = self._connector(backend)
-        return conn.stats() if hasattr(conn, "stats") else {}
+        return self._connector(backend).stats()
 
 
 def _measure(producer, consumer, backend: str, nbytes: int, reps: int, warmup: int) -> dict[str, Any]:

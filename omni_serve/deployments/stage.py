@@ -68,7 +68,7 @@ class StageDeployment:
     async def ready(self) -> dict[str, Any]:
         from omni_kernels import cpu_capability, kernel_paths
 
-        from omni_serve.transport.base import connector_stats
+        from omni_serve.transport.connectors import connector_stats
 
         return {"stage": self.stage, "pid": os.getpid(), **self.engine.stats(), "load": self.engine.load(),
                 "data_plane": connector_stats(),

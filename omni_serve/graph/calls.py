@@ -27,7 +27,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Protocol
 from omni_serve.api.errors import OpenAIError, internal_error
 from omni_serve.graph.graph import INGRESS, GraphDef
 from omni_serve.graph.messages import Message
-from omni_serve.transport.base import Connector, chunk_key, get_connector, observed_put
+from omni_serve.transport.base import Connector, chunk_key, observed_put
+from omni_serve.transport.connectors import get_connector
 
 log = logging.getLogger(__name__)
 

@@ -88,11 +88,11 @@ class Family:
 
     def _check_connectors(self, spec: GraphSpecBase) -> None:
         """A served graph's stages are separate processes: an in-process connector cannot carry an edge."""
-        from omni_serve.transport.auto import AUTO
-        from omni_serve.transport.base import connector_class
+        from omni_serve.transport.registry import AUTO, connector_class, served_connectors
 
         for link in self.graph.links(spec.layout()):
             name = spec.edge_spec(link.edge).connector
             if name != AUTO and connector_class(name).scope == "process":  # auto is never in-process
                 raise ValueError(f"edges.{link.edge}.connector={name!r} works inside one process only; a served "
-                                 f"graph's stages are separate processes (use ray, shm, mooncake or mooncake_store)")
+                                 f"graph's stages are separate processes (use {AUTO} or one of "
+                                 f"{', '.join(served_connectors())})")

@@ -27,7 +27,8 @@ from omni_serve.graph.family import Family
 from omni_serve.graph.graph import EdgeDef, EngineKind, GraphDef, StageDef
 from omni_serve.graph.messages import Message
 from omni_serve.graph.registry import import_path
-from omni_serve.transport.base import ChunkWriter, Connector, chunk_key, get_connector, observed_get, read_chunks
+from omni_serve.transport.base import ChunkWriter, Connector, chunk_key, observed_get, read_chunks
+from omni_serve.transport.connectors import get_connector
 
 
 DECLARED = object()  # ``StageRunner.drive``'s default: the edges the stage declares

@@ -148,23 +148,19 @@ class EdgeSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     connector: str = Field("auto", description=(
-        "Data-plane backend carrying this edge's tensors, a name in the connector registry: 'auto' (the "
-        "default: 'shm' when the Ray cluster is one node, else 'mooncake', else 'ray'; chosen when the graph is "
-        "built, see OMNI_SERVE_AUTO_CONNECTOR), 'ray' (Ray object "
-        "store, any node), 'shm' (shared memory: producer and consumer on one node, zero-copy), 'mooncake' "
-        "(Mooncake Transfer Engine, P2P over tcp/rdma), 'mooncake_store' (Mooncake Store behind a master), or "
-        "one registered under the omni_serve.connectors entry-point group. See docs/data_plane.md."))
+        "Data-plane backend carrying this edge's tensors: a name in the connector registry "
+        "(omni_serve.transport.registry: the built-in backends and those of the omni_serve.connectors "
+        "entry-point group), or 'auto' (the default: the fastest one that reaches every replica, chosen when the "
+        "graph is built; see OMNI_SERVE_AUTO_CONNECTOR). The backends and their settings: docs/data_plane.md."))
     chunk_size: int = Field(8, ge=1, description="Items (tokens/states) per streamed chunk.")
     first_chunk_size: int = Field(1, ge=1, description="Items in the first chunk (smaller cuts time to first output).")
 
     @field_validator("connector")
     @classmethod
     def _registered(cls, value: str) -> str:
-        from omni_serve.transport.base import known_connectors
+        from omni_serve.transport.registry import check_connector
 
-        if value not in known_connectors():
-            raise ValueError(f"unknown connector {value!r}; registered connectors: {', '.join(known_connectors())}")
-        return value
+        return check_connector(value)
 
 
 class IngressSpec(BaseModel):
@@ -256,7 +252,8 @@ class GraphSpecBase(SpecModel):
         "producer that dies fails its call at the ingress first, which then cancels every call of the request."))
     ingress: IngressSpec = Field(default_factory=IngressSpec, description="HTTP ingress deployment.")
     data_plane: DataPlaneSpec = Field(default_factory=DataPlaneSpec, description=(
-        "Settings of the data-plane backends the edges use (shared memory, Mooncake)."))
+        "Settings of the data-plane backends the edges use: data_plane.<connector>.<field>, validated by that "
+        "connector's Settings model (the keys: docs/data_plane.md)."))
     limits: RequestLimits = Field(default_factory=RequestLimits, description=(
         "What one request may carry (text, media parts, audio format, image pixels and formats)."))
 

@@ -18,6 +18,8 @@ Contract:
 - A one-node cluster that gains nodes after the graph was built keeps its ``shm`` edges; a consumer on another
   node then fails with a ``DataPlaneError`` naming the edge's connector. Clusters that grow should name their
   backend (``OMNI_SERVE_AUTO_CONNECTOR`` or the edges' ``connector``).
+- Names come from the registry (``omni_serve.transport.registry``), which never imports this module; the
+  process' connectors (``omni_serve.transport.connectors``) resolve ``auto`` here.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ import os
 from dataclasses import dataclass
 
 from omni_serve import settings
+from omni_serve.transport.registry import AUTO, known_connectors
 
 log = logging.getLogger(__name__)
 
-AUTO = "auto"
 ENV = "OMNI_SERVE_AUTO_CONNECTOR"
 SHM_MIN_FREE_BYTES = 256 << 20
 
@@ -69,8 +71,6 @@ def reset() -> None:
 def choose(data_plane=None) -> Choice:
     override = os.environ.get(ENV, "").strip()
     if override:
-        from omni_serve.transport.base import known_connectors
-
         if override == AUTO or override not in known_connectors():
             raise ValueError(f"{ENV}={override!r} is not a connector; registered: "
                              f"{', '.join(n for n in known_connectors() if n != AUTO)}")

@@ -1,31 +1,34 @@
-"""Data-plane connector interface: tensors move between stages by key, never inside handle arguments.
+"""Data-plane connector contract: tensors move between stages by key, never inside handle arguments.
 
 Contract:
-- ``Connector.put(key, payload)`` stores a payload (a dict of tensors / small values) under a key;
-  ``get(key, timeout)`` waits for it (``DataPlaneTimeout`` when it never comes, ``DataPlaneError`` when the
-  producer is gone) and hands ownership to the caller, which ``free``s it once read;
-  ``free_request(request_id)`` drops everything a request left behind (cancellation, errors).
+- A backend subclasses ``Connector`` (an ``abc``): ``put(key, payload)`` stores a payload (a ``Message``) under
+  a key; ``get(key, timeout)`` waits for it (``DataPlaneTimeout`` when it never comes, ``DataPlaneError`` when
+  the producer is gone) and hands ownership to the caller, which ``free``s it once read; ``free_request``
+  drops everything a request left behind (cancellation, errors); ``sweep`` frees what nobody read within the
+  TTL, ``stats`` counts what the process holds (``/health``, leak checks), ``close`` releases the backend's
+  resources (idempotent). Its ``Settings`` (a pydantic model, or None) is the graph spec's
+  ``data_plane.<settings_section or registered name>`` section (``omni_serve.transport.config``).
 - Keys are ``chunk_key(request_id, edge, index)``; ``ChunkWriter``/``read_chunks`` turn a key sequence into
   an ordered stream that ends with a payload whose ``end`` attribute is true (``omni_serve.graph.messages.
   StreamChunk``), reporting each put/get (backend, bytes, seconds) to the process' transfer observer when one
   is set (metrics).
-- ``auto`` (every edge's default) names no backend of its own: it resolves to the fastest one that reaches every
-  replica (``omni_serve.transport.auto``: shared memory on one node, Mooncake across nodes, else Ray).
-- Backends register lazily by name so optional dependencies (Mooncake, shared memory) load only where a graph
-  edge asks for them: the built-in ones, those of the ``omni_serve.connectors`` entry-point group (``name =
-  "package.module:Class"``: every process of a deployed graph sees them) and ``register_connector`` (this
-  process only: tests, in-process graphs).
+- Which backends exist is the registry's business (``omni_serve.transport.registry``), the process' instances
+  live in ``omni_serve.transport.connectors`` and ``auto`` in ``omni_serve.transport.auto``; this module
+  imports none of them.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
-import importlib
 import inspect
 import logging
 import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, ClassVar
+
+from pydantic import BaseModel
+
+from omni_serve.transport.message_types import Payload
 
 log = logging.getLogger(__name__)
 
@@ -52,27 +55,98 @@ def split_key(key: str) -> tuple[str, str, int] | None:
 
 
 class Connector(abc.ABC):
-    name: str = "abstract"
+    """One data-plane backend, built once per process (``omni_serve.transport.connectors.get_connector``).
+
+    Payloads are ``Message``s; the backends that encode them (``omni_serve.transport.codec``) also carry the
+    plain values a message is made of (tensors, bytes, lists and dicts of them), which tests and the transport
+    benchmark move directly.
+    """
+
+    name: ClassVar[str] = "abstract"  # the backend's name in logs, metrics and /health
     # Where a payload can travel: "cluster" (any node), "node" (processes of one node), "process" (in-process
     # only: the Serve builder refuses such a connector for a deployed graph).
-    scope: str = "cluster"
+    scope: ClassVar[str] = "cluster"
+    # The model of the connector's ``data_plane`` section (a description on every field); None: it takes none.
+    Settings: ClassVar[type[BaseModel] | None] = None
+    # The ``data_plane`` key of that section; None: the name the connector is registered under. Connectors
+    # that share one set of settings (``mooncake``, ``mooncake_store``) name the same section.
+    settings_section: ClassVar[str | None] = None
 
     @classmethod
-    def from_spec(cls, spec: Any = None) -> "Connector":
-        """Build from the backend's ``DataPlaneSpec`` section (None: defaults)."""
+    def from_settings(cls, section: BaseModel | None) -> "Connector":
+        """Build the connector of one process.
+
+        Args:
+            section: the connector's ``data_plane`` section, an instance of ``Settings`` (its defaults when the
+                spec leaves the section out); None when ``Settings`` is None.
+
+        Returns:
+            The connector; it acquires memory, files or connections lazily, on first use.
+        """
         return cls()
 
     @abc.abstractmethod
-    async def put(self, key: str, payload: dict[str, Any]) -> None: ...
+    async def put(self, key: str, payload: Payload) -> None:
+        """Store ``payload`` under ``key`` and publish it to consumers.
+
+        Args:
+            key: a ``chunk_key``; each key is put once.
+            payload: the message to deliver; the caller must not change it afterwards.
+        """
 
     @abc.abstractmethod
-    async def get(self, key: str, timeout: float) -> dict[str, Any]: ...
+    async def get(self, key: str, timeout: float) -> Payload:
+        """Wait for the payload under ``key`` and take it (exactly one ``get`` of a key gets it).
+
+        Args:
+            key: the key its producer puts (or put) it under.
+            timeout: seconds to wait for it.
+
+        Returns:
+            The payload; its tensors may be views of transport memory, returned when the last of them dies.
+            Raises ``DataPlaneTimeout`` when it does not arrive in time, ``DataPlaneError`` when it cannot.
+        """
 
     @abc.abstractmethod
-    async def free(self, key: str) -> None: ...
+    async def free(self, key: str) -> None:
+        """Drop the payload under ``key`` (read or not); a key with no payload is not an error.
+
+        Args:
+            key: the payload's key.
+        """
 
     @abc.abstractmethod
-    async def free_request(self, request_id: str) -> None: ...
+    async def free_request(self, request_id: str) -> None:
+        """Drop every payload of a request that this connector can reach (a cancelled or failed request).
+
+        Args:
+            request_id: the first part of the request's ``chunk_key``s.
+        """
+
+    @abc.abstractmethod
+    def sweep(self, now: float | None = None) -> int | Awaitable[int]:
+        """Free this process' payloads that nobody read within the TTL (``PeriodicSweep`` calls it).
+
+        Args:
+            now: the ``time.monotonic()`` to judge ages by (tests pass a later one); None: now.
+
+        Returns:
+            How many payloads it freed (or an awaitable of it, for backends whose freeing is a remote call).
+        """
+
+    @abc.abstractmethod
+    def stats(self) -> dict[str, int]:
+        """Counters of what this process holds on this backend (0 when idle: leak checks, ``/health``).
+
+        Returns:
+            Counter name to value; empty for a backend that keeps nothing per process.
+        """
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release what the connector holds: its background sweep, memory, files and connections. Payloads this
+        process put and nobody read are lost, as if the process had exited. Calling it again does nothing; a
+        later ``put``/``get`` acquires the resources again."""
 
 
 async def in_thread(fn, *args):
@@ -97,6 +171,12 @@ class PeriodicSweep:
     def ensure(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def stop(self) -> None:
+        """Cancel the sweep task (from any thread; a later ``ensure`` starts a new one)."""
+        task, self._task = self._task, None
+        if task is not None and not task.done() and not task.get_loop().is_closed():
+            task.get_loop().call_soon_threadsafe(task.cancel)
 
     async def _run(self) -> None:
         while True:
@@ -146,7 +226,7 @@ def is_last_chunk(payload: Any) -> bool:
     return bool(getattr(payload, "end", False))
 
 
-async def observed_put(connector: Connector, key: str, payload: dict[str, Any]) -> None:
+async def observed_put(connector: Connector, key: str, payload: Payload) -> None:
     """``connector.put`` reported to the transfer observer (if any)."""
     if _OBSERVER is None:
         return await connector.put(key, payload)
@@ -155,7 +235,7 @@ async def observed_put(connector: Connector, key: str, payload: dict[str, Any]) 
     _OBSERVER(connector.name, "put", payload_nbytes(payload), time.perf_counter() - start)
 
 
-async def observed_get(connector: Connector, key: str, timeout: float) -> dict[str, Any]:
+async def observed_get(connector: Connector, key: str, timeout: float) -> Payload:
     """``connector.get`` reported to the transfer observer (if any)."""
     if _OBSERVER is None:
         return await connector.get(key, timeout)
@@ -172,13 +252,13 @@ class ChunkWriter:
         self.connector, self.request_id, self.edge = connector, request_id, edge
         self.index = 0
 
-    async def write(self, payload: dict[str, Any]) -> None:
+    async def write(self, payload: Payload) -> None:
         await observed_put(self.connector, chunk_key(self.request_id, self.edge, self.index), payload)
         self.index += 1
 
 
 async def read_chunks(connector: Connector, request_id: str, edge: str,
-                      timeout: float) -> AsyncIterator[dict[str, Any]]:
+                      timeout: float) -> AsyncIterator[Payload]:
     """Yield a stream's chunks in order until one whose ``end`` is true; each is freed once read."""
     index = 0
     while True:
@@ -189,72 +269,3 @@ async def read_chunks(connector: Connector, request_id: str, edge: str,
         if is_last_chunk(payload):
             return
         index += 1
-
-
-_REGISTRY: dict[str, str] = {
-    "ray": "omni_serve.transport.ray_store:RayObjectStoreConnector",
-    "shm": "omni_serve.transport.shm:SharedMemoryConnector",
-    "mooncake": "omni_serve.transport.mooncake:MooncakeTransferConnector",
-    "mooncake_store": "omni_serve.transport.mooncake:MooncakeStoreConnector",
-    "memory": "omni_serve.transport.memory:MemoryConnector",
-}
-_INSTANCES: dict[str, Connector] = {}
-
-
-CONNECTOR_ENTRY_POINTS = "omni_serve.connectors"
-_entry_points_read = False
-
-
-def _registry() -> dict[str, str]:
-    """The registry, with the ``omni_serve.connectors`` entry points added the first time it is read."""
-    global _entry_points_read
-    if not _entry_points_read:
-        from importlib.metadata import entry_points
-
-        for entry in entry_points(group=CONNECTOR_ENTRY_POINTS):
-            _REGISTRY.setdefault(entry.name, entry.value)
-        _entry_points_read = True
-    return _REGISTRY
-
-
-def register_connector(name: str, path: str) -> None:
-    """Register a backend as ``module:Class`` in this process; it is imported only when first used. A deployed
-    graph's processes each validate their spec: register there through the ``omni_serve.connectors`` entry-point
-    group instead."""
-    _REGISTRY[name] = path
-
-
-def connector_stats() -> dict[str, dict]:
-    """Counters of the connectors this process has built (leak checks, /health)."""
-    return {name: c.stats() for name, c in _INSTANCES.items() if hasattr(c, "stats")}
-
-
-def known_connectors() -> list[str]:
-    """Every name an edge's ``connector`` may take: the registered backends and ``auto``."""
-    from omni_serve.transport.auto import AUTO
-
-    return sorted([*_registry(), AUTO])
-
-
-def connector_class(name: str, data_plane=None) -> type[Connector]:
-    """The class registered under ``name`` (``auto``: the backend it resolves to; imports its module)."""
-    from omni_serve.transport.auto import resolve
-
-    name = resolve(name, data_plane)
-    registry = _registry()
-    if name not in registry:
-        raise ValueError(f"unknown connector {name!r}; known: {sorted(registry)}")
-    module, _, cls = registry[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
-
-
-def get_connector(name: str, data_plane=None) -> Connector:
-    """The process-wide connector of a backend, built on first use from ``data_plane`` (a ``DataPlaneSpec``);
-    ``auto`` is the backend this process chose for it (``omni_serve.transport.auto``)."""
-    from omni_serve.transport.auto import resolve
-
-    name = resolve(name, data_plane)
-    if name not in _INSTANCES:
-        spec = data_plane.section(name) if data_plane is not None else None
-        _INSTANCES[name] = connector_class(name).from_spec(spec)
-    return _INSTANCES[name]

@@ -1,60 +1,70 @@
-"""Settings of the data-plane backends, one model per backend, grouped in a graph's ``data_plane`` field.
+"""A graph's ``data_plane`` field: one section per connector, validated by that connector's own settings model.
 
-Contract: a graph spec has ``data_plane: DataPlaneSpec``; ``get_connector(name, spec.data_plane)`` builds
-the process-wide connector of a backend from its section the first time a process uses it (every process
-of one graph gets the same settings, since they all validate the same spec). Which edge uses which backend
-is the edge's ``connector`` field, not this.
+Contract: a graph spec has ``data_plane: DataPlaneSpec``. Each key is a section some registered connector
+reads (``omni_serve.transport.registry``): its ``settings_section``, or else the name it is registered under
+(``data_plane.shm``, ``data_plane.mooncake``: also read by ``mooncake_store``, or a plug-in's own); the value is
+validated by that connector's ``Settings`` model, so a plug-in connector takes settings with no change here.
+Any other key fails, naming the known connectors. Validating a section imports its connector's module.
+``section(name)`` is the settings a connector is built with (``omni_serve.transport.connectors.get_connector``):
+the validated section, or the model's defaults when the spec leaves it out. Which edge uses which backend is
+the edge's ``connector`` field, not this.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic_core import InitErrorDetails
 
-
-class ShmSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    dir: str | None = Field(None, description=(
-        "tmpfs directory of the segments (default: OMNI_SERVE_SHM_DIR or /dev/shm). Every process of a "
-        "node must see the same directory."))
-    pool_bytes: int | None = Field(None, ge=1 << 20, description=(
-        "Bytes of segments one producing process may hold (unread payloads + free pool); default "
-        "OMNI_SERVE_SHM_POOL_BYTES or 4 GiB. A put waits for space, then fails with a clear error."))
+from omni_serve.transport.base import Connector
+from omni_serve.transport.registry import connector_class
 
 
-class MooncakeSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def _section_of(cls: type[Connector], name: str) -> str:
+    return cls.settings_section or name
 
-    protocol: Literal["tcp", "rdma"] = Field("tcp", description="Transfer Engine transport: tcp, or rdma in production.")
-    device_name: str = Field("", description="RDMA NICs for protocol rdma (e.g. 'mlx5_0,mlx5_1'); empty for tcp.")
-    local_hostname: str | None = Field(None, description=(
-        "Address peers reach this process at (default: this node's IP as Ray sees it, else 127.0.0.1)."))
-    metadata_server: str = Field("P2PHANDSHAKE", description=(
-        "Transfer Engine metadata: P2PHANDSHAKE (peers exchange buffer metadata directly; no etcd), or an "
-        "etcd/http metadata URL."))
-    buffer_bytes: int = Field(512 << 20, ge=1 << 20, description=(
-        "Registered host buffer per process for the Mooncake connectors: payloads a process produced and "
-        "nobody read yet, plus payloads it read and still uses (zero-copy). Pages are touched lazily."))
-    master_address: str | None = Field(None, description=(
-        "Mooncake Store master 'host:port'. None: omni_serve starts a local mooncake_master on first use "
-        "(single node, local runs)."))
-    global_segment_bytes: int = Field(512 << 20, ge=1 << 20, description=(
-        "Memory each process contributes to the Mooncake Store's distributed pool."))
-    local_buffer_bytes: int = Field(64 << 20, ge=1 << 20, description=(
-        "Mooncake Store client's own transfer buffer per process (its non-zero-copy calls)."))
-    master_port: int = Field(50051, ge=1, le=65535, description=(
-        "RPC port of the local master omni_serve starts when master_address is None."))
+
+def _settings_model(key: str) -> type[BaseModel]:
+    """The model of the ``data_plane.<key>`` section (``ValueError`` when no connector reads that section)."""
+    cls = connector_class(key)
+    if cls.Settings is None:
+        raise ValueError(f"connector {key!r} takes no settings")
+    if _section_of(cls, key) != key:
+        raise ValueError(f"connector {key!r} reads its settings from data_plane.{_section_of(cls, key)}")
+    return cls.Settings
 
 
 class DataPlaneSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Settings of the data-plane connectors: ``data_plane.<connector>.<field>``."""
 
-    shm: ShmSpec = Field(default_factory=ShmSpec, description="Shared-memory connector settings.")
-    mooncake: MooncakeSpec = Field(default_factory=MooncakeSpec, description=(
-        "Mooncake Transfer Engine and Store connector settings."))
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sections(cls, data: Any) -> Any:
+        """Each section validated by its connector's ``Settings``; errors located at ``<section>.<field>``."""
+        if not isinstance(data, dict):
+            return data
+        sections: dict[str, BaseModel] = {}
+        errors: list[InitErrorDetails] = []
+        for key, value in data.items():
+            try:
+                sections[key] = _settings_model(key).model_validate(value)
+            except ValidationError as exc:
+                errors += [InitErrorDetails(type=e["type"], loc=(key, *e["loc"]), input=e["input"],
+                                            ctx=e.get("ctx", {})) for e in exc.errors()]
+            except ValueError as exc:
+                errors.append(InitErrorDetails(type="value_error", loc=(key,), input=value, ctx={"error": exc}))
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return sections
 
     def section(self, connector: str) -> BaseModel | None:
-        """The settings of a connector name ('mooncake_store' shares the 'mooncake' section)."""
-        return getattr(self, connector.removesuffix("_store"), None)
+        """The settings ``connector`` (a registered name) is built with: its section, or its ``Settings``'
+        defaults; None for a connector without settings."""
+        cls = connector_class(connector)
+        if cls.Settings is None:
+            return None
+        given = (self.model_extra or {}).get(_section_of(cls, connector))
+        return given if given is not None else cls.Settings()

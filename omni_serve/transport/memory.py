@@ -4,17 +4,17 @@ Contract: as ``omni_serve.transport.base.Connector``; ``scope = "process"``, so 
 for deployed graphs (their stages are separate processes). ``put`` keeps the object itself (no copy, no
 encoding), ``get`` waits for the key on the caller's event loop and hands the object over (a second ``get`` of
 the same key waits again, as on every backend), ``free`` / ``free_request`` drop what is held. Payloads nobody
-reads are dropped after ``settings.DATA_TTL_S``, like the other backends'.
+reads are dropped after ``settings.DATA_TTL_S``, like the other backends'; ``close`` drops everything it holds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 from omni_serve import settings
 from omni_serve.transport.base import Connector, DataPlaneTimeout, PeriodicSweep, split_key
+from omni_serve.transport.message_types import Payload
 
 
 class MemoryConnector(Connector):
@@ -23,19 +23,19 @@ class MemoryConnector(Connector):
 
     def __init__(self, ttl_s: float | None = None):
         self.ttl_s = settings.DATA_TTL_S if ttl_s is None else ttl_s
-        self._items: dict[str, tuple[Any, float]] = {}
+        self._items: dict[str, tuple[Payload, float]] = {}
         self._arrived: dict[str, asyncio.Event] = {}
         self._sweeper = PeriodicSweep(self.name, self.ttl_s, self.sweep)
 
     def _event(self, key: str) -> asyncio.Event:
         return self._arrived.setdefault(key, asyncio.Event())
 
-    async def put(self, key: str, payload: Any) -> None:
+    async def put(self, key: str, payload: Payload) -> None:
         self._sweeper.ensure()
         self._items[key] = (payload, time.monotonic())
         self._event(key).set()
 
-    async def get(self, key: str, timeout: float) -> Any:
+    async def get(self, key: str, timeout: float) -> Payload:
         if key not in self._items:
             try:
                 await asyncio.wait_for(self._event(key).wait(), timeout)
@@ -69,3 +69,8 @@ class MemoryConnector(Connector):
 
     def stats(self) -> dict[str, int]:
         return {"unread": len(self._items)}
+
+    def close(self) -> None:
+        self._sweeper.stop()
+        self._items.clear()
+        self._arrived.clear()

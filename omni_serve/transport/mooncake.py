@@ -16,7 +16,7 @@ next put. A dead producer makes the read fail (``DataPlaneError``).
 ``mooncake_store`` (``MooncakeStoreConnector``): ``put`` is ``put_from`` of the staged region into the
 Store (placed in the producer's own global segment), ``get`` is ``get_into`` + ``remove``;
 ``free_request`` is one ``remove_by_regex`` over the request's keys. The master comes from
-``MooncakeSpec.master_address``, or omni_serve starts one (``mooncake_master`` from the wheel) in a
+``MooncakeSettings.master_address``, or omni_serve starts one (``mooncake_master`` from the wheel) in a
 detached Ray actor that kills it when it dies.
 
 Unread payloads are freed by their producer after ``OMNI_SERVE_DATA_TTL_S``. Mooncake logs at ERROR unless
@@ -33,11 +33,14 @@ import os
 import re
 import time
 import weakref
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from omni_serve import settings
 from omni_serve.transport import codec
 from omni_serve.transport.base import Connector, DataPlaneError, DataPlaneTimeout, PeriodicSweep, in_thread
+from omni_serve.transport.message_types import Payload
 from omni_serve.transport.regions import RegionPool
 
 log = logging.getLogger(__name__)
@@ -65,13 +68,41 @@ def _local_host(spec) -> str:
     return "127.0.0.1"
 
 
+class MooncakeSettings(BaseModel):
+    """``data_plane.mooncake``: the settings of both Mooncake connectors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    protocol: Literal["tcp", "rdma"] = Field("tcp", description="Transfer Engine transport: tcp, or rdma in production.")
+    device_name: str = Field("", description="RDMA NICs for protocol rdma (e.g. 'mlx5_0,mlx5_1'); empty for tcp.")
+    local_hostname: str | None = Field(None, description=(
+        "Address peers reach this process at (default: this node's IP as Ray sees it, else 127.0.0.1)."))
+    metadata_server: str = Field("P2PHANDSHAKE", description=(
+        "Transfer Engine metadata: P2PHANDSHAKE (peers exchange buffer metadata directly; no etcd), or an "
+        "etcd/http metadata URL."))
+    buffer_bytes: int = Field(512 << 20, ge=1 << 20, description=(
+        "Registered host buffer per process for the Mooncake connectors: payloads a process produced and "
+        "nobody read yet, plus payloads it read and still uses (zero-copy). Pages are touched lazily."))
+    master_address: str | None = Field(None, description=(
+        "Mooncake Store master 'host:port'. None: omni_serve starts a local mooncake_master on first use "
+        "(single node, local runs)."))
+    global_segment_bytes: int = Field(512 << 20, ge=1 << 20, description=(
+        "Memory each process contributes to the Mooncake Store's distributed pool."))
+    local_buffer_bytes: int = Field(64 << 20, ge=1 << 20, description=(
+        "Mooncake Store client's own transfer buffer per process (its non-zero-copy calls)."))
+    master_port: int = Field(50051, ge=1, le=65535, description=(
+        "RPC port of the local master omni_serve starts when master_address is None."))
+
+
 class _MooncakeConnector(Connector):
     """What both backends share: the registered pool, the directory, claims, TTL, zero-copy reads."""
 
-    def __init__(self, spec=None, *, ttl_s: float | None = None, put_timeout_s: float = 30.0):
-        from omni_serve.transport.config import MooncakeSpec
+    Settings = MooncakeSettings
+    settings_section = "mooncake"
 
-        self.spec = spec or MooncakeSpec()
+    def __init__(self, spec: MooncakeSettings | None = None, *, ttl_s: float | None = None,
+                 put_timeout_s: float = 30.0):
+        self.spec = spec or MooncakeSettings()
         self.ttl_s = settings.DATA_TTL_S if ttl_s is None else ttl_s
         self.put_timeout_s = put_timeout_s
         self.pool = RegionPool(self.spec.buffer_bytes)
@@ -82,8 +113,8 @@ class _MooncakeConnector(Connector):
         self._started = False
 
     @classmethod
-    def from_spec(cls, spec=None):
-        return cls(spec)
+    def from_settings(cls, section: MooncakeSettings | None) -> "_MooncakeConnector":
+        return cls(section)
 
     @property
     def directory(self):
@@ -103,6 +134,23 @@ class _MooncakeConnector(Connector):
     def start(self) -> None:
         """Initialize the engine/client and register ``self.pool``."""
 
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Undo ``start``: unregister ``self.pool`` and drop the engine/client."""
+
+    def close(self) -> None:
+        """Stop the sweep and the engine/client. This process' unread payloads become unreadable (a consumer
+        gets the ``DataPlaneError`` of a dead producer) and their regions return to the pool."""
+        self._sweeper.stop()
+        if self._started:
+            self._started = False
+            self.stop()
+        for offset, _ in self.outstanding.values():
+            if offset >= 0:
+                self.pool.free(offset)
+        self.outstanding.clear()
+        self.unpublished.clear()
+
     # -- regions ------------------------------------------------------------------------------------------
     async def _allocate(self, n: int) -> int:
         deadline = time.monotonic() + self.put_timeout_s
@@ -121,7 +169,7 @@ class _MooncakeConnector(Connector):
         """Return regions whose payloads were consumed (backends with remote release override)."""
 
     # -- Connector ----------------------------------------------------------------------------------------
-    async def put(self, key: str, payload: dict[str, Any]) -> None:
+    async def put(self, key: str, payload: Payload) -> None:
         self._ensure_started()
         self._sweeper.ensure()
         enc = codec.encode(payload)
@@ -138,7 +186,7 @@ class _MooncakeConnector(Connector):
     async def _stage_and_publish(self, key: str, enc: codec.Encoded, entry: dict[str, Any]) -> None:
         """Make the tensor bytes of ``enc`` readable under ``key``; add what readers need to ``entry``."""
 
-    async def get(self, key: str, timeout: float) -> dict[str, Any]:
+    async def get(self, key: str, timeout: float) -> Payload:
         self._ensure_started()
         entry = await self._take(key, timeout)
         if entry is None:
@@ -266,6 +314,12 @@ class MooncakeTransferConnector(_MooncakeConnector):
         self._zero = self.pool.allocate(1)  # a registered 0 byte: the source of remote "read" marks
         self.pool.buffer[self._zero] = 0
 
+    def stop(self) -> None:
+        if self.engine.unregister_memory(self.pool.base) != 0:
+            log.warning("mooncake: unregister_memory of the payload buffer failed")
+        self.pool.free(self._zero)
+        self.engine = None  # the binding has no shutdown call: the engine ends when it is collected
+
     async def _stage_and_publish(self, key, enc, entry) -> None:
         offset = await self._allocate(STATE + enc.nbytes)
         self.pool.buffer[offset] = 1
@@ -332,6 +386,13 @@ class MooncakeStoreConnector(_MooncakeConnector):
         if self.store.register_buffer(self.pool.base, self.pool.nbytes) != 0:
             raise DataPlaneError("mooncake_store: register_buffer of the payload buffer failed")
         self.master = master
+
+    def stop(self) -> None:
+        self.handed_off.clear()  # closing the client unmounts its segment: the objects it held are gone
+        if self.store.unregister_buffer(self.pool.base) != 0:
+            log.warning("mooncake_store: unregister_buffer of the payload buffer failed")
+        self.store.close()
+        self.store = None
 
     async def _stage_and_publish(self, key, enc, entry) -> None:
         from mooncake.store import ReplicateConfig

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import ray
 
 from omni_serve import settings
 from omni_serve.transport.base import Connector, DataPlaneError, DataPlaneTimeout, in_thread
+from omni_serve.transport.message_types import Payload
 
 DIRECTORY_NAME = "omni_serve_data_directory"
 
@@ -121,7 +121,7 @@ class RayObjectStoreConnector(Connector):
             self._directory = data_directory()
         return self._directory
 
-    async def put(self, key: str, payload: dict[str, Any]) -> None:
+    async def put(self, key: str, payload: Payload) -> None:
         from omni_serve.transport import codec  # torch: loaded where payloads are, not where specs are checked
 
         enc = codec.encode(payload)
@@ -129,7 +129,7 @@ class RayObjectStoreConnector(Connector):
         ref = ray.put([enc.header, enc.nbytes, enc.offsets, enc.views()])
         await self.directory.put.remote(key, [ref])
 
-    async def get(self, key: str, timeout: float) -> dict[str, Any]:
+    async def get(self, key: str, timeout: float) -> Payload:
         from omni_serve.transport import codec
 
         box = await self.directory.wait.remote(key, timeout)
@@ -154,3 +154,13 @@ class RayObjectStoreConnector(Connector):
 
     async def free_request(self, request_id: str) -> None:
         await self.directory.free_prefix.remote(f"{request_id}/")
+
+    # The directory actor sweeps its own entries and holds them: this process keeps nothing to count or free.
+    def sweep(self, now: float | None = None) -> int:
+        return 0
+
+    def stats(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        self._directory = None  # the (detached) actor serves the graph's other processes

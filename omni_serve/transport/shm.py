@@ -61,12 +61,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from omni_serve import settings
 from omni_serve.transport import codec
 from omni_serve.transport.base import (
     Connector, DataPlaneError, DataPlaneTimeout, PeriodicSweep, split_key,
 )
 from omni_serve.transport.codec import RefusedPayload
+from omni_serve.transport.message_types import Payload
 from omni_serve.transport.shm_tree import (  # noqa: F401 - UnsafeSharedMemory and tree_path are part of this API
     CREATE, OPEN, UnsafeSharedMemory, idle as _idle, mkdir_private as _mkdir_private, name_part as _name,
     open_ours as _open_ours, open_private_tree, read_ours as _read_ours, remove as _remove, rmdir_quiet as _rmdir,
@@ -220,9 +223,23 @@ class _Pool:
         os.close(self.lock_fd)
 
 
+class ShmSettings(BaseModel):
+    """``data_plane.shm``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dir: str | None = Field(None, description=(
+        "tmpfs directory of the segments (default: OMNI_SERVE_SHM_DIR or /dev/shm). Every process of a "
+        "node must see the same directory."))
+    pool_bytes: int | None = Field(None, ge=1 << 20, description=(
+        "Bytes of segments one producing process may hold (unread payloads + free pool); default "
+        "OMNI_SERVE_SHM_POOL_BYTES or 4 GiB. A put waits for space, then fails with a clear error."))
+
+
 class SharedMemoryConnector(Connector):
     name = "shm"
     scope = "node"
+    Settings = ShmSettings
 
     def __init__(self, root: str | os.PathLike | None = None, *, ttl_s: float | None = None,
                  pool_bytes: int | None = None, put_timeout_s: float = 30.0, directory: Any = "ray"):
@@ -232,6 +249,7 @@ class SharedMemoryConnector(Connector):
         self.pool_bytes = settings.SHM_POOL_BYTES if pool_bytes is None else pool_bytes
         self.put_timeout_s = put_timeout_s  # how long a put waits for pool space before failing
         self._pool: _Pool | None = None
+        self._pool_closer: weakref.finalize | None = None
         self._mapped: OrderedDict[str, mmap.mmap] = OrderedDict()
         self._directory = directory  # node announcements: "ray" (when Ray is up), None, or a test double
         self._announced: set[str] = set()
@@ -244,10 +262,9 @@ class SharedMemoryConnector(Connector):
 
     # -- paths --------------------------------------------------------------------------------------------
     @classmethod
-    def from_spec(cls, spec=None) -> "SharedMemoryConnector":
-        if spec is None:
-            return cls()
-        return cls(root=spec.dir, pool_bytes=spec.pool_bytes)
+    def from_settings(cls, section: ShmSettings | None) -> "SharedMemoryConnector":
+        section = section or ShmSettings()
+        return cls(root=section.dir, pool_bytes=section.pool_bytes)
 
     # Plain strings and os calls on the per-payload path: pathlib costs more than the tmpfs calls themselves.
     def _index_path(self, key: str) -> str:
@@ -302,10 +319,10 @@ class SharedMemoryConnector(Connector):
     def pool(self) -> _Pool:
         if self._pool is None:
             self._pool = _Pool(self.root, self.pool_bytes)
-            weakref.finalize(self, _Pool.close, self._pool)
+            self._pool_closer = weakref.finalize(self, _Pool.close, self._pool)
         return self._pool
 
-    async def put(self, key: str, payload: dict[str, Any]) -> None:
+    async def put(self, key: str, payload: Payload) -> None:
         self._sweeper.ensure()
         enc = codec.encode(payload)
         path = self._index_path(key)
@@ -372,7 +389,7 @@ class SharedMemoryConnector(Connector):
             directory.announce(parts[0], parts[1], _node_id())
 
     # -- consumer -----------------------------------------------------------------------------------------
-    async def get(self, key: str, timeout: float) -> dict[str, Any]:
+    async def get(self, key: str, timeout: float) -> Payload:
         path = self._index_path(key)
         stream = os.path.dirname(path)
         claimed = self._scratch(stream, "claimed")
@@ -404,7 +421,7 @@ class SharedMemoryConnector(Connector):
             seg_path, nbytes, header = self._read_claimed(claimed)
             return self._open(key, seg_path, nbytes, header)
 
-    def _open(self, key: str, seg_path: str | None, nbytes: int, header: Any) -> dict[str, Any]:
+    def _open(self, key: str, seg_path: str | None, nbytes: int, header: Any) -> Payload:
         if seg_path is None:
             return codec.rebuild(header, memoryview(b""))
         try:
@@ -522,6 +539,19 @@ class SharedMemoryConnector(Connector):
         if expired:
             log.warning("shared memory: freed %d payloads nobody read within %.0f s", expired, self.ttl_s)
         return expired
+
+    def close(self) -> None:
+        """Drop this process' unread payloads and stream markers, and remove its pool."""
+        self._sweeper.stop()
+        pool, closer, self._pool, self._pool_closer = self._pool, self._pool_closer, None, None
+        if pool is not None:
+            for path in pool.published:
+                self._drop_index(path)
+            for marker in pool.streams:
+                _remove(marker)
+            closer()  # runs _Pool.close once
+        self._announced.clear()
+        self._mapped.clear()  # each segment is unmapped once no view of it is alive
 
     def remove_empty_dirs(self) -> None:
         """Remove request/stream directories left empty for longer than the TTL."""

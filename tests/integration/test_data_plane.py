@@ -159,7 +159,7 @@ def test_no_payload_leaks_after_1000_requests_including_cancelled_and_failed(dp_
 # -- connectors across processes, no graph ------------------------------------------------------------------
 class _Producer:
     def __init__(self, backend: str):
-        from omni_serve.transport.base import get_connector
+        from omni_serve.transport.connectors import get_connector
         from omni_serve.transport.config import DataPlaneSpec
 
         spec = DataPlaneSpec.model_validate({"mooncake": {
@@ -238,7 +238,7 @@ class _Consumer:
         self.backend = backend
 
     async def get(self, key, timeout=30):
-        from omni_serve.transport.base import get_connector
+        from omni_serve.transport.connectors import get_connector
         from omni_serve.transport.config import DataPlaneSpec
 
         spec = DataPlaneSpec.model_validate({"mooncake": {

@@ -25,7 +25,7 @@ from omni_serve.graph.messages import Message, StreamChunk, Tensor
 from omni_serve.graph.registry import families, import_path
 from omni_serve.graph.runner import build_runner
 from omni_serve.graph.spec import EdgeSpec
-from omni_serve.transport import base
+from omni_serve.transport import registry
 from omni_serve.transport.memory import MemoryConnector
 
 
@@ -105,11 +105,11 @@ def test_bad_declarations_are_refused(stages, edges, error):
 def test_edge_connectors_are_names_in_the_connector_registry():
     with pytest.raises(ValidationError, match="unknown connector 'nvlink'.*registered connectors: auto, memory"):
         EdgeSpec(connector="nvlink")
-    base.register_connector("custom_test", "omni_serve.transport.memory:MemoryConnector")
+    registry.register_connector("custom_test", "omni_serve.transport.memory:MemoryConnector")
     try:
         assert EdgeSpec(connector="custom_test").connector == "custom_test"
     finally:
-        base._REGISTRY.pop("custom_test")
+        registry._REGISTRY.pop("custom_test")
 
 
 def test_a_served_graph_refuses_an_in_process_connector(qwen_image_tiny_dir):
@@ -124,16 +124,16 @@ def test_a_served_graph_refuses_an_in_process_connector(qwen_image_tiny_dir):
 
 def test_connectors_of_the_entry_point_group_are_known_everywhere(monkeypatch):
     toy = importlib.metadata.EntryPoint(name="toy_memory", value="omni_serve.transport.memory:MemoryConnector",
-                                        group=base.CONNECTOR_ENTRY_POINTS)
+                                        group=registry.ENTRY_POINT_GROUP)
     real = importlib.metadata.entry_points
     monkeypatch.setattr(importlib.metadata, "entry_points",
-                        lambda group=None, **kw: [toy] if group == base.CONNECTOR_ENTRY_POINTS else real(group=group, **kw))
-    monkeypatch.setattr(base, "_entry_points_read", False)
+                        lambda group=None, **kw: [toy] if group == registry.ENTRY_POINT_GROUP else real(group=group, **kw))
+    monkeypatch.setattr(registry, "_entry_points_read", False)
     try:
         assert EdgeSpec(connector="toy_memory").connector == "toy_memory"
-        assert base.connector_class("toy_memory") is MemoryConnector
+        assert registry.connector_class("toy_memory") is MemoryConnector
     finally:
-        base._REGISTRY.pop("toy_memory", None)
+        registry._REGISTRY.pop("toy_memory", None)
 
 
 def test_a_family_names_its_graph_and_a_graph_without_edges_describes_itself():

@@ -68,6 +68,15 @@ def test_observed_transfers_report_backend_bytes_and_latency():
         async def free_request(self, request_id):
             pass
 
+        def sweep(self, now=None):
+            return 0
+
+        def stats(self):
+            return {}
+
+        def close(self):
+            self.data.clear()
+
     seen = []
     previous = base.transfer_observer()
     base.set_transfer_observer(lambda *a: seen.append(a))

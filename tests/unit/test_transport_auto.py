@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from omni_serve.transport import auto
-from omni_serve.transport.base import connector_class, known_connectors
+from omni_serve.transport.registry import connector_class, known_connectors
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +35,7 @@ def test_one_node_with_room_in_shared_memory_chooses_shm(monkeypatch, tmp_path, 
     monkeypatch.setattr(auto.settings, "SHM_DIR", str(tmp_path))
     choice = auto.choose()
     assert choice.name == "shm" and str(tmp_path) in choice.reason
-    assert connector_class("auto").name == "shm"
+    assert connector_class(auto.resolve("auto")).name == "shm"
 
 
 def test_several_nodes_choose_mooncake_else_ray(monkeypatch):
