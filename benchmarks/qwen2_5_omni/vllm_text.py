@@ -236,16 +236,17 @@ async def _consume(stream, rec: RequestRecord, t0: float) -> None:
 
 async def drive(engine, job: VllmTextJob, params: ParamsFactory,
                 on_done: Callable[[RequestRecord], None] | None = None) -> tuple[list[RequestRecord], float]:
-    """Warm-up, then every prompt of ``job`` through ``engine.generate(rid, prompt, params)`` at the job's load;
-    returns the records and the run's wall time (first start to last finish)."""
+    """Warm-up, then every prompt of ``job`` through ``engine.generate(rid, VllmRequest(prompt, params))`` at the
+    job's load; returns the records and the run's wall time (first start to last finish)."""
     from omni_serve.bench.client import poisson_arrivals
+    from omni_serve.engines.vllm_engine.engine import VllmRequest
 
     n = len(job.prompts)
     arrivals = poisson_arrivals(n, job.request_rate, job.arrival_seed) if job.request_rate else [0.0] * n
     records = [RequestRecord(index=i) for i in range(n)]
     if job.warmup:
-        async for _ in engine.generate("warmup", {"prompt_token_ids": job.prompts[0]},
-                                       params(min(2, job.max_new_tokens), 0)):
+        async for _ in engine.generate("warmup", VllmRequest({"prompt_token_ids": job.prompts[0]},
+                                                             params(min(2, job.max_new_tokens), 0))):
             pass
     slots = asyncio.Semaphore(job.cap)
     greedy = params(job.max_new_tokens, job.min_new_tokens)
@@ -256,7 +257,8 @@ async def drive(engine, job: VllmTextJob, params: ParamsFactory,
             rec = records[i]
             t0 = time.perf_counter()
             rec.start_s = t0 - t_run
-            await _consume(engine.generate(f"bench_{i}", {"prompt_token_ids": job.prompts[i]}, greedy), rec, t0)
+            prompt = {"prompt_token_ids": job.prompts[i]}
+            await _consume(engine.generate(f"bench_{i}", VllmRequest(prompt, greedy)), rec, t0)
             if on_done is not None:
                 on_done(rec)
 

@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "OpenAIError",
+    "Draining",
     "bad_request",
     "not_found",
     "service_unavailable",
@@ -82,6 +83,13 @@ class OpenAIError(Exception):
             f"OpenAIError(status_code={self.status_code}, type={self.type!r}, "
             f"param={self.param!r}, message={self.message!r})"
         )
+
+
+class Draining(RuntimeError):
+    """Raised below the HTTP layer by a replica that refuses or gives up a request because it is shutting down (an
+    engine after ``drain()``, ``omni_serve.engines.base.Engine``). Nothing is wrong with the request: the ingress
+    answers 503 with Retry-After, and a retry reaches another replica. Plain (no HTTP fields), so it crosses a
+    process boundary as is."""
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:

@@ -17,6 +17,12 @@ and builds the stage's declared runner (loading only that stage's weights) and e
 - ``parameter_names()``: names of the parameters this replica holds (for tests and operators).
 Ray Serve calls ``check_health`` periodically; a dead engine thread marks the replica unhealthy. The
 replica exports its engine's metrics (``omni_serve.metrics.StageMetrics``) and its data-plane transfers.
+
+Shutdown (the stage's ``graceful_shutdown_timeout_s``, passed to Serve): Serve stops routing calls to a stopping
+replica, waits for the calls in flight, then calls ``__del__``, which drains the engine (``Engine.drain``: a request
+still there or arriving late is refused or, past the same deadline, aborted with ``Draining``, a 503 at the
+ingress) and cleans it up. Serve kills the replica ``graceful_shutdown_timeout_s`` after the stop began, whatever
+is still running.
 """
 
 from __future__ import annotations
@@ -86,7 +92,12 @@ class StageDeployment:
             raise RuntimeError(f"engine thread of stage {self.stage} died")
 
     async def __del__(self):
-        if getattr(self, "metrics", None) is not None:
-            self.metrics.close()
-        if getattr(self, "engine", None) is not None:  # None: the constructor failed before the engine existed
-            await self.engine.cleanup()
+        engine = getattr(self, "engine", None)  # None: the constructor failed before the engine existed
+        try:
+            if engine is not None:
+                await engine.drain(self.runner.stage_spec.graceful_shutdown_timeout_s)
+        finally:  # a failed drain must not keep the engine's threads and processes alive
+            if getattr(self, "metrics", None) is not None:
+                self.metrics.close()
+            if engine is not None:
+                await engine.cleanup()

@@ -1,15 +1,24 @@
-"""The engine lifecycle every stage replica hosts, independent of Ray.
+"""The engine contract every stage replica hosts, independent of Ray: ``Engine``, and a request's ``StageProgram``.
 
-Contract: ``start()`` once before use; ``generate(request_id, program, inputs)`` runs one request and yields
-its outputs as they are produced; ``abort(request_id)`` stops a request and frees what it holds at once;
-``cleanup()`` stops everything and is idempotent. A *program* is one request's state machine (see
-``StageProgram``); the engine decides when programs step, so batching policy lives in one place.
+Contract: a host (the Serve stage deployment, ``LocalGraph``, a benchmark) builds an engine, calls ``start()``
+once, runs requests through ``generate(request_id, program, inputs)`` (one async iterator per request, its
+outputs as they are produced) and stops one with ``abort(request_id)``. To shut down it calls ``drain(deadline_s)``
+(no new requests; those in flight finish, or are aborted at the deadline) and then ``cleanup()`` (idempotent). It
+reads ``alive`` (health checks), ``load()`` (autoscaling signals) and ``stats()`` (``/health``), and sets
+``on_step`` to observe each batched computation (metrics). A *program* is the engine's form of one request's
+work: a ``StageProgram`` (a state machine the engine steps) for the native engines, a ``VllmRequest`` (prompt and
+sampling parameters) for vLLM; the engine decides when work runs, so batching policy lives in one place.
+
+Admission (at most ``max_active`` requests at once, more wait), the load formula and ``drain`` are implemented
+once, in ``omni_serve.engines.admission.AdmittingEngine``; engines of a kind are built through
+``omni_serve.engines.registry``.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import Any, AsyncIterator
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
 
 
 class StageProgram(abc.ABC):
@@ -42,20 +51,82 @@ class StageProgram(abc.ABC):
         return None
 
 
+@dataclass(frozen=True)
+class DrainReport:
+    """What ``Engine.drain`` did: requests that finished in time, were aborted at the deadline, or were refused
+    (waiting for admission when the drain began)."""
+
+    finished: int = 0
+    aborted: int = 0
+    refused: int = 0
+
+
 class Engine(abc.ABC):
-    @abc.abstractmethod
-    async def start(self) -> None: ...
+    """The whole host-facing contract of a stage's engine (see the module docstring)."""
+
+    on_step: Callable[[int, float], None] | None = None
+    """Called after each batched computation with the number of requests in it and its seconds (from the engine's
+    worker thread or vLLM's output loop; it must be cheap and thread-safe). Set by the replica's metrics
+    (``omni_serve.metrics.StageMetrics``); None: nobody observes."""
 
     @abc.abstractmethod
-    def generate(self, request_id: str, program: StageProgram,
-                 inputs: AsyncIterator[Any] | None = None) -> AsyncIterator[Any]: ...
+    async def start(self) -> None:
+        """Start the engine (worker thread, or vLLM's processes). Idempotent; ``generate`` calls it when a host
+        did not. Raises what keeps the engine from starting (a host fails its deployment with it)."""
 
     @abc.abstractmethod
-    async def abort(self, request_id: str) -> None: ...
+    def generate(self, request_id: str, program: Any, inputs: AsyncIterator[Any] | None = None) -> AsyncIterator[Any]:
+        """Run one request; an async generator of its outputs as they are produced.
+
+        Args:
+            request_id: unique among the requests in flight on this engine (``ValueError`` if one is running).
+            program: the request's work in this engine's form (``StageProgram`` for the native engines,
+                ``VllmRequest`` for vLLM).
+            inputs: upstream payloads fed to the program in order as they arrive (``StageProgram.feed``), None
+                when the program has everything it needs; an engine that takes no streamed input refuses it.
+
+        Returns:
+            The outputs of the request, in order; the iterator ends when the request is done. It raises the
+            request's own failure; ``omni_serve.api.errors.Draining`` when the engine is draining (refused before
+            any work, or aborted at the drain's deadline); an error after ``abort``. Closing or cancelling the
+            iterator aborts the request. Requests beyond ``max_active`` wait here for admission.
+        """
 
     @abc.abstractmethod
-    async def cleanup(self) -> None: ...
+    async def abort(self, request_id: str) -> None:
+        """Stop a request and free what it holds (KV blocks, buffers) at once; its ``generate`` iterator ends with
+        an error. Unknown or finished ids are ignored."""
 
+    @abc.abstractmethod
+    async def drain(self, deadline_s: float) -> DrainReport:
+        """Prepare for shutdown: admit nothing more, let the requests in flight finish.
+
+        Args:
+            deadline_s: seconds to wait for the requests in flight; those still running then are aborted.
+
+        Returns:
+            How many requests finished in time, were aborted, were refused while waiting for admission. From
+            the call on, every new ``generate`` raises ``Draining``. The engine keeps running (``cleanup`` stops
+            it).
+        """
+
+    @abc.abstractmethod
+    async def cleanup(self) -> None:
+        """Abort every request and stop the engine, freeing its threads, processes and memory. Idempotent; after
+        it, ``generate`` fails."""
+
+    @property
+    @abc.abstractmethod
+    def alive(self) -> bool:
+        """False once the engine can no longer serve (its worker died, vLLM's engine errored): the host reports
+        the replica unhealthy. True before ``start``."""
+
+    @abc.abstractmethod
     def load(self) -> dict[str, float]:
-        """Autoscaling signals of this replica (numbers only); see ``omni_serve.engines.loop.LoopEngine``."""
-        return {}
+        """This replica's autoscaling signals, all numbers: at least ``load`` (demand as a fraction of what the
+        replica serves; > 1: saturated, work waiting), ``utilization``, ``backlog``, ``queued`` and ``active``
+        (see ``omni_serve.engines.admission``), plus engine-specific ones (KV use, batch occupancy, ...)."""
+
+    @abc.abstractmethod
+    def stats(self) -> dict[str, Any]:
+        """Counters and state for ``/health`` and metrics (JSON-serializable): at least ``active``."""

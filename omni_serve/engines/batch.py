@@ -15,11 +15,14 @@ import abc
 import logging
 import time
 from collections import defaultdict
-from typing import Any, Callable, Hashable
+from typing import TYPE_CHECKING, Any, Callable, Hashable
 
 from omni_serve.engines.base import StageProgram
 from omni_serve.engines.load import DecayingMean
 from omni_serve.engines.loop import LoopEngine, Slot, log_failure
+
+if TYPE_CHECKING:
+    from omni_serve.engines.registry import EngineSite
 
 log = logging.getLogger(__name__)
 
@@ -107,3 +110,11 @@ class BatchEngine(LoopEngine):
         self.stepped(len(items), seconds)
         for (slot, _), result in zip(items, results):
             self.advance(slot, lambda program, r=result: program.complete(r))
+
+
+def build_engine(site: "EngineSite") -> BatchEngine:
+    """The ``batch`` engine kind (``omni_serve.engines.registry``): the stage's ``batch_compute()``."""
+    s = site.engine_spec
+    return BatchEngine(site.stage.name, site.batch_compute(), max_batch=site.max_batch(),
+                       max_active=s.max_active_requests, torch_threads=s.torch_threads, work_unit=site.work_unit,
+                       **site.engine_options())

@@ -5,16 +5,14 @@ its program, its event loop and an output queue), pumps its upstream inputs into
 async task (so a request waiting for upstream chunks never blocks the others), and yields what the worker
 thread emits. The worker loops ``while has_work(): tick()``; subclasses implement those two and call
 ``emit``/``finish``. ``abort`` marks the slot, stops its pump and calls ``on_abort`` (subclasses free memory
-there); ``cleanup`` aborts everything and joins the worker (idempotent). ``max_active`` bounds the requests
-a replica accepts at once; more wait in ``generate`` (admission control before any state is built).
+there) and ends the request's ``generate`` with an error; ``cleanup`` aborts everything and joins the worker
+(idempotent). ``max_active`` bounds the requests a replica accepts at once; more wait in ``generate`` (admission
+control before any state is built); admission, ``drain`` and the load formula are
+``omni_serve.engines.admission.AdmittingEngine``'s.
 
-Load (autoscaling): ``load()`` reports this replica's signals (see ``omni_serve.engines.load``):
-``utilization`` (busy fraction of the worker over the last ``load_window_s``), ``backlog`` (work waiting
-beyond what one step serves, in units of full steps; subclasses define ``backlog()``), ``queued``
-(requests waiting for admission), ``active`` and ``load`` = utilization + backlog + queued / max_active,
-the demand on this replica as a fraction of what it can serve (> 1: saturated with work waiting).
-Subclasses add their own (KV use, batch occupancy, diffusion steps in flight) in ``extra_load()``. A
-``tick()`` that returns ``False`` did no work (it waited) and is not counted as busy.
+Load (autoscaling): ``utilization`` is the busy fraction of the worker; subclasses define ``backlog()`` (work
+ready beyond what one step serves) and add their own signals (KV use, batch occupancy, diffusion steps in flight)
+in ``extra_load()``. A ``tick()`` that returns ``False`` did no work (it waited) and is not counted as busy.
 
 Locking: ``slot.lock`` guards a program's state between its pump (event loop) and the worker; ``_cv``
 guards the slot table and wakes the worker.
@@ -32,8 +30,8 @@ from typing import Any, AsyncIterator, Callable
 
 import torch
 
-from omni_serve.engines.base import Engine, StageProgram
-from omni_serve.engines.load import BusyMeter
+from omni_serve.engines.admission import AdmittingEngine
+from omni_serve.engines.base import StageProgram
 
 log = logging.getLogger(__name__)
 END = object()
@@ -66,20 +64,13 @@ def _drop_tracebacks(exc: BaseException) -> None:
         exc = exc.__cause__ or exc.__context__
 
 
-class LoopEngine(Engine):
+class LoopEngine(AdmittingEngine):
     def __init__(self, name: str, max_active: int = 64, torch_threads: int | None = None,
                  load_window_s: float = 5.0):
-        self.name = name
-        self.max_active = max_active
+        super().__init__(name, max_active, load_window_s)
         self.torch_threads = torch_threads
-        self.busy = BusyMeter(load_window_s)
-        self._queued = 0  # requests waiting for admission
-        # called by the worker after each batched computation with (requests in it, seconds); set by the
-        # replica's metrics (omni_serve.metrics.StageMetrics), None otherwise
-        self.on_step: Callable[[int, float], None] | None = None
         self._slots: dict[str, Slot] = {}
         self._cv = threading.Condition()
-        self._admission: asyncio.Semaphore | None = None
         self._thread: threading.Thread | None = None
         self._stopped = False
         self.error: BaseException | None = None  # why the worker died, if it did
@@ -92,14 +83,6 @@ class LoopEngine(Engine):
     @abc.abstractmethod
     def tick(self) -> bool | None:
         """Advance the requests in flight by one unit (one batched forward); ``False``: nothing to run yet."""
-
-    def backlog(self) -> float:
-        """Work ready beyond what one step serves, in full steps (0 when everything ready runs at once)."""
-        return 0.0
-
-    def extra_load(self) -> dict[str, float]:
-        """Engine-specific autoscaling signals, added to ``load()``."""
-        return {}
 
     def stepped(self, batch: int, seconds: float) -> None:
         """Report one batched computation to ``on_step`` (worker thread)."""
@@ -115,11 +98,11 @@ class LoopEngine(Engine):
     async def start(self) -> None:
         if self._thread is not None:
             return
-        self._admission = asyncio.Semaphore(self.max_active)
         self._thread = threading.Thread(target=self._run, name=f"engine-{self.name}", daemon=True)
         self._thread.start()
 
     async def cleanup(self) -> None:
+        self.admission.close()  # what is still running is cut short by a shutdown (Draining), not a failure
         with self._cv:
             self._stopped = True
             slots = list(self._slots.values())
@@ -133,14 +116,6 @@ class LoopEngine(Engine):
     @property
     def num_active(self) -> int:
         return len(self._slots)
-
-    def load(self) -> dict[str, float]:
-        """This replica's autoscaling signals (all numbers; see the module docstring)."""
-        utilization, backlog = self.busy.value(), self.backlog()
-        queued = self._queued
-        return {"load": utilization + backlog + queued / self.max_active, "utilization": utilization,
-                "backlog": backlog, "queued": float(queued), "active": float(self.num_active),
-                **self.extra_load()}
 
     def stats(self) -> dict:
         return {"active": self.num_active}
@@ -156,11 +131,7 @@ class LoopEngine(Engine):
             await self.start()
         if request_id in self._slots:
             raise ValueError(f"request {request_id} is already running on {self.name}")
-        self._queued += 1
-        try:
-            await self._admission.acquire()
-        finally:
-            self._queued -= 1
+        await self.admission.enter(request_id)
         slot = Slot(request_id, program, asyncio.get_running_loop(), asyncio.Queue())
         del program  # from here the slot holds it (see the finally below)
         try:
@@ -187,7 +158,7 @@ class LoopEngine(Engine):
                     slot.pump.cancel()
                 slot.pump = None  # the cancelled task's error -> traceback -> pump frame -> slot: no cycle
         finally:
-            self._admission.release()
+            self.admission.leave(request_id)
             # A raised error's traceback keeps this frame, and the frame the error: a cycle only the garbage
             # collector frees, perhaps long after. Drop the request's state from the frame now, so zero-copy
             # payloads (views into connector memory) return when the request ends.
@@ -226,6 +197,7 @@ class LoopEngine(Engine):
         if slot.pump is not None and not slot.pump.done():
             slot.pump.cancel()
         self.on_abort(slot)
+        self.finish(slot, self.aborted_error(request_id))  # a caller still iterating generate() gets the error
 
     # -- worker side -------------------------------------------------------------------------------------
     def wake(self) -> None:

@@ -8,8 +8,12 @@ program end that request only (re-raised to its caller). Autoregressive stages u
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from omni_serve.engines.loop import LoopEngine, Slot
+
+if TYPE_CHECKING:
+    from omni_serve.engines.registry import EngineSite
 
 
 class StepEngine(LoopEngine):
@@ -26,3 +30,10 @@ class StepEngine(LoopEngine):
         for slot in ready:
             self.advance(slot, lambda program: program.step())
         self.stepped(len(ready), time.perf_counter() - start)
+
+
+def build_engine(site: "EngineSite") -> StepEngine:
+    """The ``step`` engine kind (``omni_serve.engines.registry``)."""
+    s = site.engine_spec
+    return StepEngine(site.stage.name, max_active=s.max_active_requests, torch_threads=s.torch_threads,
+                      **site.engine_options())

@@ -9,8 +9,8 @@ Edges use the connectors the spec names (``edges.<edge>.connector``), or ``conne
   one streaming call per entry of ``calls`` (stage name -> the stage's declared call message) and yields
   ``(stage, output)`` in arrival order until every call ended. Each
   output must be one of the stage's declared output types. A stage failure raises an ``OpenAIError`` naming the
-  stage: 503 with Retry-After when the stage's replica died or is unavailable, 500 when the stage failed on the
-  request; passing the deadline raises a 504. Whatever ends the iteration (success,
+  stage: 503 with Retry-After when the stage's replica died, is unavailable or is shutting down, 500 when the
+  stage failed on the request; passing the deadline raises a 504. Whatever ends the iteration (success,
   error, the client going away, a failure while putting the inputs or opening the calls), every open call is
   cancelled (which aborts the request in the stage's engine) and the request's data-plane payloads are freed on
   every connector the deployed graph uses.
@@ -24,7 +24,7 @@ import logging
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Protocol
 
-from omni_serve.api.errors import OpenAIError, internal_error
+from omni_serve.api.errors import Draining, OpenAIError, internal_error
 from omni_serve.graph.graph import INGRESS, GraphDef
 from omni_serve.graph.messages import Message
 from omni_serve.transport.base import Connector, chunk_key, observed_put
@@ -56,12 +56,13 @@ def _replica_lost_errors() -> tuple[type[BaseException], ...]:
 
 
 def stage_error(stage: str, exc: BaseException, request_id: str) -> OpenAIError:
-    """The client's error for a failed stage call: 503 with Retry-After when the stage's replica died or is
-    unavailable (a retry reaches a healthy one), 500 when the stage failed on the request itself. The message is
-    fixed (stage and request id): what went wrong inside the stage goes to the log, never to the client."""
-    if isinstance(exc, _replica_lost_errors()):
-        return OpenAIError(f"Stage {stage} is temporarily unavailable (its replica was lost or is overloaded); "
-                           f"retry the request (request {request_id}).", status_code=503,
+    """The client's error for a failed stage call: 503 with Retry-After when the stage's replica died, is
+    unavailable or is shutting down (``Draining``: a retry reaches a healthy one), 500 when the stage failed on the
+    request itself. The message is fixed (stage and request id): what went wrong inside the stage goes to the log,
+    never to the client."""
+    if isinstance(exc, (*_replica_lost_errors(), Draining)):
+        return OpenAIError(f"Stage {stage} is temporarily unavailable (its replica was lost, is shutting down or "
+                           f"is overloaded); retry the request (request {request_id}).", status_code=503,
                            type="service_unavailable", code="stage_unavailable", headers={"Retry-After": "1"})
     return internal_error(f"Stage {stage} failed on request {request_id}; the details are in the server log.")
 

@@ -4,8 +4,10 @@ Contract: a family's stage runner subclasses ``StageRunner`` and implements ``ru
 call (the stage's declared call message) into a program, pump its input edge into the program and its outputs
 to its output edge (``drive``), and yield the outputs meant for the ingress. ``build_runner(family, stage, spec)``
 builds the runner the declaration names; it loads the stage's model adapter (``load()``; override
-``adapter_options()`` for extra arguments) and ``make_engine()`` builds the engine of the declared kind (batch
-stages provide ``batch_compute()``). Runners hold no per-request state; programs do.
+``adapter_options()`` for extra arguments) and ``make_engine()`` builds the engine of the stage's ``engine_kind()``
+through ``omni_serve.engines.registry`` (the declared ``EngineKind``, or the ``engine.backend`` when it is not
+native; batch stages provide ``batch_compute()``, ``engine_options()`` adds constructor arguments). Runners hold no
+per-request state; programs do.
 
 ``handle(engine, call)`` is the checked entry point the hosts use (the Serve deployment, ``LocalGraph``): the
 call must be an instance of the stage's call type (re-validated, since it crossed a process boundary) and
@@ -21,10 +23,10 @@ from __future__ import annotations
 import abc
 from typing import Any, AsyncIterator
 
-from omni_serve.engines.base import StageProgram
-from omni_serve.engines.loop import LoopEngine
+from omni_serve.engines.base import Engine, StageProgram
+from omni_serve.engines.registry import make_engine
 from omni_serve.graph.family import Family
-from omni_serve.graph.graph import EdgeDef, EngineKind, GraphDef, StageDef
+from omni_serve.graph.graph import EdgeDef, GraphDef, StageDef
 from omni_serve.graph.messages import Message
 from omni_serve.graph.registry import import_path
 from omni_serve.transport.base import ChunkWriter, Connector, chunk_key, observed_get, read_chunks
@@ -129,30 +131,27 @@ class StageRunner(abc.ABC):
 
     work_unit: str | None = None  # batch stages: what programs' work_left() counts (load reporting)
 
+    def engine_options(self) -> dict[str, Any]:
+        """Extra keyword arguments of the stage's engine (kind-specific, e.g. vLLM's ``max_model_len``)."""
+        return {}
+
     @abc.abstractmethod
-    def run(self, engine: LoopEngine, call: Message) -> AsyncIterator[Message]: ...
+    def run(self, engine: Engine, call: Message) -> AsyncIterator[Message]: ...
 
     # -- generic ------------------------------------------------------------------------------------------
     def modules(self) -> dict[str, Any]:
         return self.model.modules
 
-    def make_engine(self) -> LoopEngine:
-        s, name = self.engine_spec, self.stage.name
-        if self.stage.engine is EngineKind.AR:
-            from omni_serve.engines.ar import AREngine
+    def engine_kind(self) -> str:
+        """The registry kind of the stage's engine: the declared ``EngineKind`` on the native backend, else the
+        backend's name (``vllm``)."""
+        backend = self.engine_spec.backend
+        return self.stage.engine.value if backend == "native" else backend
 
-            return AREngine(name, self.model, s.ar, max_active=s.max_active_requests, torch_threads=s.torch_threads)
-        if self.stage.engine is EngineKind.BATCH:
-            from omni_serve.engines.batch import BatchEngine
+    def make_engine(self) -> Engine:
+        return make_engine(self.engine_kind(), self)
 
-            return BatchEngine(name, self.batch_compute(), max_batch=self.max_batch(),
-                               max_active=s.max_active_requests, torch_threads=s.torch_threads,
-                               work_unit=self.work_unit)
-        from omni_serve.engines.stepper import StepEngine
-
-        return StepEngine(name, max_active=s.max_active_requests, torch_threads=s.torch_threads)
-
-    async def handle(self, engine: LoopEngine, call: Message) -> AsyncIterator[Message]:
+    async def handle(self, engine: Engine, call: Message) -> AsyncIterator[Message]:
         if not isinstance(call, self.stage.call):
             raise TypeError(f"stage {self.stage.name} takes {self.stage.call.__name__}, not {type(call).__name__}")
         async for out in self.run(engine, self.stage.call.model_validate(call)):
@@ -161,7 +160,7 @@ class StageRunner(abc.ABC):
                                 f"outputs {[t.__name__ for t in self.stage.outputs]}")
             yield out
 
-    async def drive(self, engine: LoopEngine, request_id: str, program: StageProgram, *,
+    async def drive(self, engine: Engine, request_id: str, program: StageProgram, *,
                     reads: str | tuple[str, ...] | None | object = DECLARED,
                     writes: str | None | object = DECLARED) -> AsyncIterator[Message]:
         """Run ``program``: feed it the payloads of ``reads`` (an edge, or several read one after the other) as

@@ -93,6 +93,11 @@ class StageSpec(SpecModel):
         "Custom Ray resources reserved per replica, e.g. {'omni_ar_gpu': 1}: places the stage on the worker "
         "group (node type) that declares them (see docs/kubernetes.md)."))
     max_ongoing_requests: int = Field(64, ge=1, description="Ray Serve cap on concurrent calls per replica.")
+    graceful_shutdown_timeout_s: float = Field(20.0, ge=0, description=(
+        "Seconds a stopping replica (scale-down, redeploy, shutdown) gets to finish its requests: Serve stops "
+        "routing calls to it and waits for those in flight; the replica then drains its engine (no new requests, "
+        "the rest aborted with a 503 the client may retry) and frees it. Serve kills the replica when the time is "
+        "up. Long generations (minutes of audio, many denoising steps) need more."))
     engine: EngineSpec = Field(default_factory=EngineSpec, description="Engine settings inside each replica.")
     env_vars: dict[str, str] = Field(default_factory=lambda: dict(STAGE_ENV), description=(
         "Environment variables of each replica's process (Ray runtime_env). The default makes idle OpenMP threads "
@@ -126,6 +131,7 @@ class StageSpec(SpecModel):
             "max_ongoing_requests": self.max_ongoing_requests,
             "ray_actor_options": {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus},
             "health_check_period_s": 5,
+            "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
         }
         if self.resources:
             opts["ray_actor_options"]["resources"] = dict(self.resources)

@@ -159,7 +159,8 @@ class FakeEngine:
     async def cleanup(self):
         self.cleaned = True
 
-    async def generate(self, rid, prompt, params):
+    async def generate(self, rid, request, inputs=None):  # the Engine contract: request is a VllmRequest
+        prompt, params = request.prompt, request.params
         self.calls.append((rid, list(prompt["prompt_token_ids"]), params))
         self.counters["requests"] += 1
         self.in_flight += 1

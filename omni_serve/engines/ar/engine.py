@@ -28,7 +28,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from omni_kernels import pack_linears
@@ -40,6 +40,9 @@ from omni_serve.engines.ar.kv_cache import BlockAllocator, PagedKVCache
 from omni_serve.engines.ar.sequence import ARSequence, KVTransfer
 from omni_serve.engines.load import DecayingMean
 from omni_serve.engines.loop import END, LoopEngine, Slot, log_failure
+
+if TYPE_CHECKING:
+    from omni_serve.engines.registry import EngineSite
 
 log = logging.getLogger(__name__)
 
@@ -408,3 +411,10 @@ class AREngine(LoopEngine):
         with slot.lock:
             slot.program.release()
         self.finish(slot, END)
+
+
+def build_engine(site: "EngineSite") -> AREngine:
+    """The ``ar`` engine kind (``omni_serve.engines.registry``): the stage's model with its ``engine.ar`` settings."""
+    s = site.engine_spec
+    return AREngine(site.stage.name, site.model, s.ar, max_active=s.max_active_requests, torch_threads=s.torch_threads,
+                    **site.engine_options())

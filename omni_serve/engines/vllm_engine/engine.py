@@ -1,13 +1,15 @@
-"""vLLM's ``AsyncLLM`` behind omni_serve's engine lifecycle (start / generate / abort / cleanup).
+"""vLLM's ``AsyncLLM`` behind omni_serve's engine contract (``omni_serve.engines.base.Engine``).
 
 Contract: ``VllmEngine(name, checkpoint, settings, dtype, device, threads, tap=...)``; ``await start()`` once
 (idempotent: builds the engine, ~25 s on CPU with ``enforce_eager``, and installs the hidden-state tap);
-``generate(request_id, prompt, params, rows)`` yields vLLM's ``RequestOutput`` deltas for one request (``rows``: a
-``TapRows`` from ``tap_rows(request_id)`` when the request's hidden states are wanted); ``abort(request_id)``
-stops it in vLLM and frees its KV blocks; ``cleanup()`` shuts vLLM down (idempotent). The request's id in vLLM is
-ours (vLLM appends a random suffix internally).
+``generate(request_id, VllmRequest(prompt, params))`` yields vLLM's ``RequestOutput`` deltas for one request (a
+request that wants its hidden states registers for them first with ``tap_rows(request_id)``); it takes no streamed
+``inputs``. ``abort(request_id)`` stops it in vLLM and frees its KV blocks (its ``generate`` raises);
+``drain(deadline_s)`` and admission (``max_active``) are ``omni_serve.engines.admission.AdmittingEngine``'s;
+``cleanup()`` shuts vLLM down (idempotent). The request's id in vLLM is ours (vLLM appends a random suffix
+internally).
 
-Load signals (``load()``, the same keys as the native engines, for autoscaling and metrics): vLLM reports its
+Load signals (``load()``, the native engines' formula and keys, for autoscaling and metrics): vLLM reports its
 scheduler's state after every step to ``_StepStats`` (a vLLM stat logger): running and waiting requests and
 KV-cache use; ``utilization`` is the busy fraction of the engine (time with requests running), ``backlog`` the
 waiting requests in units of ``max_num_seqs``, ``queued`` the requests waiting for admission here.
@@ -23,13 +25,16 @@ import asyncio
 import logging
 import os
 import time
-from typing import Any, AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
-from omni_serve.engines.base import Engine
-from omni_serve.engines.load import BusyMeter
+from omni_serve.engines.admission import AdmittingEngine
 from omni_serve.engines.vllm_engine import compat
 from omni_serve.engines.vllm_engine.config import VllmSettings
 from omni_serve.engines.vllm_engine.tap import TAP_METHOD, TapReceiver, TapRows
+
+if TYPE_CHECKING:
+    from omni_serve.engines.registry import EngineSite
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +60,21 @@ def _stat_logger_factory(engine: "VllmEngine"):
     return _StepStats
 
 
-class VllmEngine(Engine):
+@dataclass(frozen=True)
+class VllmRequest:
+    """One request's work on a vLLM stage (the ``program`` of ``VllmEngine.generate``)."""
+
+    prompt: dict  # vLLM's prompt: prompt_token_ids, and multi_modal_data when the request has media
+    params: Any  # vllm.SamplingParams; output_kind should be DELTA
+
+
+class VllmEngine(AdmittingEngine):
     def __init__(self, name: str, checkpoint: str, settings: VllmSettings, *, dtype: str = "float32",
                  device: str = "cpu", threads: int = 1, max_active: int = 64, max_model_len: int | None = None,
                  tap: bool = True):
-        self.name, self.checkpoint, self.settings = name, checkpoint, settings
+        super().__init__(name, max_active)
+        self.checkpoint, self.settings = checkpoint, settings
         self.dtype, self.device, self.threads = dtype, device, threads
-        self.max_active = max_active
         self.max_model_len = settings.max_model_len or max_model_len
         self.tap = tap
         self.llm = None
@@ -69,15 +82,11 @@ class VllmEngine(Engine):
         self._start_lock: asyncio.Lock | None = None
         self._started = False
         self._closed = False
-        self._admission: asyncio.Semaphore | None = None
-        self._queued = 0
-        self._active: set[str] = set()
+        self._aborted: set[str] = set()  # admitted requests aborted by abort(): their generate raises
         self._running = self._waiting = 0
         self._kv_used = 0.0
         self._last_step = time.monotonic()
-        self.busy = BusyMeter()
         self.counters = {"requests": 0, "aborted": 0, "preempted": 0, "steps": 0}
-        self.on_step = None  # (requests in the step, seconds) -> None; set by the replica's metrics
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def engine_args(self):
@@ -122,7 +131,6 @@ class VllmEngine(Engine):
                 self.receiver = TapReceiver()
                 await self.receiver.start()
                 await self.llm.collective_rpc(TAP_METHOD, args=(self.receiver.address,))
-            self._admission = asyncio.Semaphore(self.max_active)
             self._started = True
             log.info("stage %s: vLLM %s engine ready in %.1f s (tap %s)", self.name, version,
                      time.monotonic() - t0, "on" if self.tap else "off")
@@ -132,24 +140,28 @@ class VllmEngine(Engine):
             raise RuntimeError(f"stage {self.name}: the hidden-state tap is off")
         return self.receiver.register(request_id)
 
-    async def generate(self, request_id: str, prompt: dict, params) -> AsyncIterator:
-        """vLLM's outputs of one request (``params.output_kind`` should be DELTA)."""
+    async def generate(self, request_id: str, program: VllmRequest,
+                       inputs: AsyncIterator[Any] | None = None) -> AsyncIterator:
+        """vLLM's outputs of one request (see ``Engine.generate``)."""
+        if inputs is not None:
+            raise ValueError(f"stage {self.name}: vLLM requests take no streamed input")
         await self.start()
-        self._queued += 1
-        try:
-            await self._admission.acquire()
-        finally:
-            self._queued -= 1
-        self._active.add(request_id)
+        if request_id in self.admission.admitted:
+            raise ValueError(f"request {request_id} is already running on {self.name}")
+        await self.admission.enter(request_id)
         self.counters["requests"] += 1
         finished = False
         try:
-            async for out in self.llm.generate(prompt, params, request_id=request_id):
+            async for out in self.llm.generate(program.prompt, program.params, request_id=request_id):
+                if request_id in self._aborted:  # vLLM's last output of an aborted request: the caller gets an error
+                    raise self.aborted_error(request_id)
                 finished = out.finished
                 yield out
+            if request_id in self._aborted:
+                raise self.aborted_error(request_id)
         finally:
-            self._active.discard(request_id)
-            self._admission.release()
+            self._aborted.discard(request_id)
+            self.admission.leave(request_id)
             if self.receiver is not None:
                 self.receiver.unregister(request_id)
             if not finished:  # cancelled or failed: vLLM must free the request's KV blocks now
@@ -157,10 +169,15 @@ class VllmEngine(Engine):
                 await self.abort(request_id)
 
     async def abort(self, request_id: str) -> None:
+        if request_id in self.admission.admitted:
+            self._aborted.add(request_id)
         if self.llm is not None:
             await self.llm.abort(request_id)
 
     async def cleanup(self) -> None:
+        self.admission.close()  # requests cut short by the shutdown fail with Draining, not as failures
+        for request_id in list(self.admission.admitted):
+            await self.abort(request_id)
         self._closed = True
         if self.receiver is not None:
             self.receiver.close()
@@ -186,22 +203,24 @@ class VllmEngine(Engine):
             self.busy.stop()
 
     @property
-    def num_active(self) -> int:
-        return len(self._active)
-
-    @property
     def alive(self) -> bool:
         return self.llm is None or not self.llm.errored
 
-    def load(self) -> dict[str, float]:
-        utilization = self.busy.value()
-        backlog = self._waiting / self.settings.max_num_seqs
-        return {"load": utilization + backlog + self._queued / self.max_active, "utilization": utilization,
-                "backlog": backlog, "queued": float(self._queued), "active": float(self.num_active),
-                "kv_used_fraction": self._kv_used, "running": float(self._running),
+    def backlog(self) -> float:
+        return self._waiting / self.settings.max_num_seqs
+
+    def extra_load(self) -> dict[str, float]:
+        return {"kv_used_fraction": self._kv_used, "running": float(self._running),
                 "waiting": float(self._waiting), "ready_waiting": float(self._waiting)}
 
     def stats(self) -> dict:
         return {"active": self.num_active, "running": self._running, "waiting": self._waiting,
                 "kv_used_fraction": self._kv_used, "backend": "vllm", **self.counters}
 
+
+def build_engine(site: "EngineSite") -> VllmEngine:
+    """The ``vllm`` engine kind (``omni_serve.engines.registry``): vLLM on the spec's checkpoint with the stage's
+    ``engine.vllm`` settings; ``engine_options()`` adds e.g. ``max_model_len``, ``tap``."""
+    s = site.engine_spec
+    return VllmEngine(site.stage.name, site.spec.checkpoint, s.vllm, dtype=s.dtype, device=s.device,
+                      threads=s.torch_threads, max_active=s.max_active_requests, **site.engine_options())

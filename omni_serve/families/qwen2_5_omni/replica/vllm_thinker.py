@@ -28,6 +28,7 @@ from typing import AsyncIterator
 import numpy as np
 import torch
 
+from omni_serve.engines.vllm_engine.engine import VllmRequest
 from omni_serve.families.qwen2_5_omni.messages import RawMedia, TalkerHead, TextDelta, ThinkerCall, ThinkerStates
 from omni_serve.graph.runner import StageRunner
 
@@ -170,7 +171,7 @@ class VllmThinkerRunner(StageRunner):
             writer = self.io.writer(TALKER_EDGE, rid)
         generated: list[int] = []
         checked = False
-        async for out in engine.generate(rid, prompt, self.sampling_params(call)):
+        async for out in engine.generate(rid, VllmRequest(prompt, self.sampling_params(call))):
             if not checked:
                 if list(out.prompt_token_ids or []) != expected:
                     raise ValueError(f"vLLM expanded the prompt to {len(out.prompt_token_ids or [])} tokens, the "
