@@ -1,11 +1,11 @@
-"""code2wav's compute in process, one thread: the timings behind docs/benchmarks.md's "Session of 2026-11-26".
+"""code2wav's compute in process, one thread: the timings behind docs/benchmarks.md and docs/prepared.md.
 
 Usage: python benchmarks/qwen2_5_omni/code2wav_solve_times.py [CHECKPOINT_DIR] [--solves-only]
 (default checkpoints/qwen2_5_omni-small)
 
 Prints the CPU's capability and (1) one ``dit_windows`` solve (10 steps) of several window sets, bfloat16 and
-float32 blocks, with the linear layers' path in each (prepacked, or plain where the CPU has no bfloat16 product;
-``--solves-only`` stops here); (2) the vocoder
+float32 prepared blocks, with the linear layers' path in each (prepacked, or plain where the CPU has no bfloat16
+product), and transformers' own layers (``prepared_dit: false``, float32); ``--solves-only`` stops here); (2) the vocoder
 on 208 frames (a 96-code chunk with its context) through transformers' module and through ``OmniCode2Wav.vocode``;
 (3) a request's code2wav cost (384 random codes, the served chunking) with 1, 2 and 4 requests per call, split
 into DiT and vocoder. Each timing is the mean of 3 runs after a warm-up; run it on a quiet machine.
@@ -61,10 +61,11 @@ def main() -> None:
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     print("cpu:", cpu_capability().as_dict())
-    for dtype in (torch.bfloat16, torch.float32):
-        model = OmniCode2Wav(ckpt, dit_dtype=dtype)
-        name = str(dtype).split(".")[-1]
-        print(f"dit {name}: linear layers {kernel_paths()[f'linear.{name}']}")
+    for dtype, prepared in ((torch.bfloat16, True), (torch.float32, True), (torch.float32, False)):
+        model = OmniCode2Wav(ckpt, dit_dtype=dtype, prepared_dit=prepared)
+        name = str(dtype).split(".")[-1] if prepared else "library"
+        if prepared:
+            print(f"dit {name}: linear layers {kernel_paths()[f'linear.{name}']}")
 
         def window(n: int) -> DiTWindow:
             return DiTWindow(torch.randint(0, 8000, (n,), generator=gen).tolist(),

@@ -14,6 +14,8 @@ decoder's structure allows it, and the adapter lists ``prepared`` among its modu
 
 from __future__ import annotations
 
+from omni_kernels import record_path
+
 from omni_serve.engines.ar.attention import ATTN_IMPLEMENTATION
 from omni_serve.models.prepared_decoder import PreparedDecoder
 
@@ -29,10 +31,16 @@ class PagedDecoder:
                          or text_config.hidden_size // text_config.num_attention_heads)
         self.dtype, self.device = dtype, device
 
-    def prepare_layers(self, decoder) -> bool:
-        """Run ``decoder``'s layers on prepared weights from now on, if its structure allows (True when it does)."""
-        if PreparedDecoder.supports(decoder):
+    def prepare_layers(self, decoder, wanted: bool = True, what: str = "decoder.layers") -> bool:
+        """Run ``decoder``'s layers on prepared weights from now on when ``wanted`` and its structure allows (True
+        when it does); the path taken is recorded as ``what`` for ``/health``."""
+        if not wanted:
+            record_path(what, "library", "engine.ar.prepared_layers is false")
+        elif not PreparedDecoder.supports(decoder):
+            record_path(what, "library", "layers PreparedDecoder does not reproduce")
+        else:
             self.prepared = PreparedDecoder(decoder)
+            record_path(what, "prepared")
         return self.prepared is not None
 
     def run(self, decoder, embeds, positions, batch):

@@ -29,9 +29,11 @@ from dataclasses import dataclass
 import torch
 from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
 
+from omni_kernels import record_path
+
 from omni_serve.models.loading import load_component, read_state_dict
 from omni_serve.models.paged_decoder import PagedDecoder
-from omni_serve.models.qwen2_5_omni_dit import PreparedDiT, WindowPack
+from omni_serve.models.qwen2_5_omni_dit import LibraryDiT, PreparedDiT, WindowPack
 from omni_serve.models.qwen2_5_omni_vocoder import PreparedBigVGAN
 from omni_serve.models.qwen2_5_omni_layout import load_config, load_speakers
 
@@ -135,7 +137,7 @@ class OmniThinker(ThinkerDecoder):
 
     def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu", prepared_layers: bool = True):
         self._load_thinker(checkpoint_dir, load_config(checkpoint_dir).thinker_config, dtype, device)
-        if prepared_layers and self.prepare_layers(self.model):
+        if self.prepare_layers(self.model, prepared_layers, "thinker.layers"):
             self.modules["layers"] = self.prepared
         self.row_size = self.hidden_size  # an input row is the embedding
         cfg = self.config
@@ -157,7 +159,7 @@ class OmniTalker(PagedDecoder):
                                     {"talker.": ""}, dtype, device)
         self.use_paged_attention(self.model.model.config, dtype, device)
         self.modules = {"talker": self.model}
-        if prepared_layers and self.prepare_layers(self.model.model):
+        if self.prepare_layers(self.model.model, prepared_layers, "talker.layers"):
             self.modules["layers"] = self.prepared
         c = self.config
         self.codec_bos, self.codec_eos = c.tts_codec_start_token_id, c.tts_codec_end_token_id
@@ -201,13 +203,29 @@ class DiTWindow:
     voice: str
 
 
+def _prepared(what: str, prepared, library, module, wanted: bool, switch: str, *args):
+    """``prepared(module, *args)`` when ``wanted`` and ``prepared.supports(module)``, else ``library(module)``: the
+    rule every prepared path follows (docs/prepared.md); the path taken is recorded for ``/health``."""
+    if wanted and prepared.supports(module):
+        record_path(what, "prepared")
+        return prepared(module, *args)
+    reason = f"params.{switch} is false" if not wanted else f"{type(module).__name__} is not the structure it reproduces"
+    record_path(what, "library", reason)
+    return library(module)
+
+
+def _library_vocoder(vocoder):
+    """The vocoder's own forward, with ``PreparedBigVGAN``'s call signature (``[1, mel, frames]`` -> samples)."""
+    return lambda mel: vocoder(mel).reshape(-1)
+
+
 class OmniCode2Wav:
     """``dit_dtype``: the dtype the DiT's transformer blocks run in inside ``dit_windows`` (float32, as transformers
     runs token2wav; bfloat16 runs them on a bfloat16 copy, while the ODE state, its solver, the input projection
     and the output head stay float32: on CPUs with AMX its matrix products are several times faster)."""
 
     def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu",
-                 dit_dtype: torch.dtype = torch.float32):
+                 dit_dtype: torch.dtype = torch.float32, prepared_dit: bool = True, prepared_vocoder: bool = True):
         cfg = load_config(checkpoint_dir).token2wav_config
         self.device = device
         # transformers runs token2wav in float32 whatever the rest of the model uses.
@@ -217,8 +235,10 @@ class OmniCode2Wav:
         self.dit_dtype = dit_dtype
         # The DiT's blocks on their own copies of the weights (in ``dit_dtype``): synthesize(), transformers' own
         # path, keeps the float32 modules.
-        self.prepared = PreparedDiT(self.dit, dit_dtype)
-        self.prepared_vocoder = PreparedBigVGAN(self.vocoder)
+        self.prepared = _prepared("code2wav.dit", PreparedDiT, LibraryDiT, self.dit, prepared_dit, "prepared_dit",
+                                  dit_dtype)
+        self.prepared_vocoder = _prepared("code2wav.vocoder", PreparedBigVGAN, _library_vocoder, self.vocoder,
+                                          prepared_vocoder, "prepared_vocoder")
         self.modules = {"token2wav": self.model}
         self.speakers = load_speakers(checkpoint_dir)
         bigvgan = cfg.bigvgan_config

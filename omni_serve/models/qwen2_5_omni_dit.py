@@ -8,8 +8,8 @@ checked against transformers' whole-sequence token2wav by the oracle tests). The
 ``dtype`` (prepacked, fused); ``dit``'s own modules are left as they are.
 
 Why not call the layers: per-op cost dominates at these sizes (a 240-frame window is 480 rows of 256 features on
-the small checkpoint, 36 evaluations per solve), and several ops cost far more than they need to on this CPU. All
-together (one thread, bfloat16, a 120-code window: 0.480 s per solve before, 0.311 s after;
+the small checkpoint, 36 evaluations per solve), and several ops cost far more than they need to on CPU
+(docs/prepared.md has the gain over transformers' layers, measured by
 ``benchmarks/qwen2_5_omni/code2wav_solve_times.py``):
 - the time conditioning depends on the ODE time only and is computed once per time value;
 - linear layers run on weights prepacked for oneDNN, q/k/v in one product, tanh-GELU fused into the MLP's first
@@ -222,6 +222,16 @@ class PreparedDiT:
     is left as it is (transformers' own path keeps using it).
     """
 
+    @staticmethod
+    def supports(dit) -> bool:
+        """Whether every transformer block of ``dit`` has the structure this class reproduces."""
+        try:
+            for layer in dit.transformer_blocks:
+                check_dit_block(layer)
+        except TypeError:
+            return False
+        return True
+
     def __init__(self, dit, dtype: torch.dtype):
         for layer in dit.transformer_blocks:
             check_dit_block(layer)
@@ -316,3 +326,39 @@ class PreparedDiT:
         else:
             att = neighbour_block_attention(q, k, v, layer.back, layer.ahead, pack, layer.scale)
         return layer.out(att.transpose(1, 2).reshape(b, length, inner))
+
+
+class LibraryDiT:
+    """``PreparedDiT``'s interface over transformers' own modules: the fallback when the prepared blocks are off
+    (``code2wav.params.prepared_dit: false``) or do not support the installed transformers' DiT.
+
+    ``blocks`` runs ``DiTDecoderLayer.forward`` window by window (each with its own block mask, as the DiT's
+    forward builds it), ``head`` the DiT's ``norm_out`` and ``proj_out``; everything in float32, as transformers
+    runs token2wav. The prepared blocks are held to this path by ``tests/unit/test_code2wav_dit.py``.
+    """
+
+    dtype = torch.float32
+
+    def __init__(self, dit):
+        self.dit = dit
+
+    def rope(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return cos, sin
+
+    def _time(self, time: torch.Tensor) -> torch.Tensor:
+        return self.dit.time_embed(time.reshape(1).repeat(2))  # both CFG rows, as the DiT's forward
+
+    def blocks(self, hidden: torch.Tensor, time: torch.Tensor, rope, pack: WindowPack) -> torch.Tensor:
+        emb, (cos, sin), out = self._time(time), rope, torch.zeros_like(hidden)
+        rows = hidden.shape[0]
+        for start, n in pack.spans:
+            h = hidden[:, start:start + n]
+            position = (cos[:, start:start + n].expand(rows, -1, -1), sin[:, start:start + n].expand(rows, -1, -1))
+            block_diff = self.dit._create_block_diff(h)
+            for layer in self.dit.transformer_blocks:
+                h = layer(h, emb, position_embeddings=position, block_diff=block_diff)
+            out[:, start:start + n] = h
+        return out
+
+    def head(self, hidden: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
+        return self.dit.proj_out(self.dit.norm_out(hidden.float(), self._time(time)))

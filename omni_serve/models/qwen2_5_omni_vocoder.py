@@ -172,6 +172,15 @@ def check_vocoder(vocoder) -> None:
 class PreparedBigVGAN:
     """The vocoder's forward with prepared activations (see the module docstring)."""
 
+    @staticmethod
+    def supports(vocoder) -> bool:
+        """Whether ``vocoder`` has the structure this class reproduces."""
+        try:
+            check_vocoder(vocoder)
+        except TypeError:
+            return False
+        return True
+
     def __init__(self, vocoder):
         check_vocoder(vocoder)
         self.vocoder = vocoder

@@ -5,16 +5,16 @@ Contract (a checkpoint directory in the diffusers layout, as ``QwenImagePipeline
 - ``QwenImageTextEncoder(dir)``: ``token_count(text)`` (the templated prompt's length, the grouping key
   for batching) and ``encode(texts) -> list[Tensor[L_i, D]]``: diffusers' own ``encode_prompt``, called on
   texts of equal token length so no padding enters the encoder (each row equals a batch of one).
-- ``QwenImageDenoiser(dir, packed_linear=False)``: the transformer plus the latent geometry.
+- ``QwenImageDenoiser(dir, packed_linear=False, packed_forward=True)``: the transformer plus the latent geometry.
   ``initial_latents(n, h, w, seed)`` draws the packed noise exactly as the pipeline does with
   ``torch.Generator().manual_seed(seed)``; ``new_scheduler(num_steps, image_seq_len)`` returns a per-request
   ``FlowMatchEulerDiscreteScheduler`` with the pipeline's sigmas and shift; ``predict(rows)`` runs ONE transformer
   forward over rows of any requests with the same latent shape and returns one prediction each (each equal to
   the row's forward alone, to float rounding); rows may carry conditioning image latents (image-conditioned
   pipelines). Rows of different text lengths are packed without padding (``qwen_image_packed.PackedForward``,
-  which also runs the row-batched DBCache, ``row_cache``) where that covers the transformer, else diffusers'
-  forward pads and masks them. ``packed_linear``: the transformer's linear layers on weights prepacked for
-  oneDNN (``omni_kernels.pack_linears``; ~10% faster forward in float32, ~20% in bfloat16 on this CPU).
+  which also runs the row-batched DBCache, ``row_cache``) where that covers the transformer and
+  ``packed_forward`` is on, else diffusers' forward pads and masks them. ``packed_linear``: the transformer's
+  linear layers on weights prepacked for oneDNN (``omni_kernels.pack_linears``; docs/prepared.md has the gain).
 - ``QwenImageDecoder(dir)``: ``decode(latents, height, width) -> uint8 [n, H, W, 3]`` (the pipeline's
   unpack, de-normalisation, ``vae.decode`` and post-processing), batched over same-size images; tiled
   decoding for large images via diffusers' ``enable_tiling``.
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from omni_kernels import record_path
 
 from omni_serve.models.qwen_image_layout import TOKENIZER_SUBFOLDER, TRANSFORMER_SUBFOLDER, VAE_SUBFOLDER, vae_scale_factor
 
@@ -83,7 +84,8 @@ class DenoiseRow:
 
 
 class QwenImageDenoiser:
-    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu", packed_linear: bool = False):
+    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu", packed_linear: bool = False,
+                 packed_forward: bool = True):
         from diffusers import FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
 
         from omni_serve.models.qwen_image_packed import PackedForward, supports
@@ -100,7 +102,14 @@ class QwenImageDenoiser:
         # The uncached forward; cache acceleration patches ``transformer.forward`` and points this at the
         # original (see ``omni_serve.kits.diffusion.replica.cache``).
         self.plain_forward = self.transformer
-        self.packed = PackedForward(self.transformer) if supports(self.transformer) else None
+        self.packed = None
+        if not packed_forward:
+            record_path("qwen_image.transformer", "library", "params.packed_forward is false")
+        elif not supports(self.transformer):
+            record_path("qwen_image.transformer", "library", "a transformer variant the packed forward does not cover")
+        else:
+            record_path("qwen_image.transformer", "packed")
+            self.packed = PackedForward(self.transformer)
         if packed_linear:
             from omni_kernels import pack_linears
 

@@ -101,3 +101,18 @@ def test_rms_norm_is_transformers_rms_norm_to_the_bit(dtype):
     x = (torch.randn(7, 96) * 3).to(dtype)
     assert torch.equal(_rms_norm(x, norm.weight, norm.variance_epsilon), norm(x))
     assert not torch.equal(_rms_norm(x, norm.weight, 1e-1), norm(x))  # negative control: eps is read
+
+
+def test_the_spec_switch_reaches_the_stage_and_health(omni_tiny_dir):
+    """``engine.ar.prepared_layers: false`` runs transformers' layers; the path taken is recorded either way."""
+    from omni_kernels import kernel_paths
+
+    from omni_serve.families.qwen2_5_omni import FAMILY
+    from omni_serve.graph.runner import build_runner
+
+    off = build_runner(FAMILY, "talker", {"checkpoint": omni_tiny_dir,
+                                          "stages": {"talker": {"engine": {"ar": {"prepared_layers": False}}}}})
+    assert off.model.prepared is None
+    assert kernel_paths()["talker.layers"] == {"path": "library", "reason": "engine.ar.prepared_layers is false"}
+    on = build_runner(FAMILY, "talker", {"checkpoint": omni_tiny_dir})
+    assert isinstance(on.model.prepared, PreparedDecoder) and kernel_paths()["talker.layers"] == {"path": "prepared"}

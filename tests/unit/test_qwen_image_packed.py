@@ -77,3 +77,21 @@ def test_uncovered_variants_keep_diffusers_forward(denoiser):
     assert supports(denoiser.transformer) and not supports(Variant())
     with pytest.raises(ValueError, match="zero_cond_t"):
         PackedForward(Variant())
+
+
+def test_the_spec_switch_keeps_diffusers_forward(qwen_image_tiny_dir, denoiser):
+    """``stages.dit.params.packed_forward: false``: the stage's denoiser runs diffusers' padded forward (the same
+    predictions), and the path is recorded for /health."""
+    from omni_kernels import kernel_paths
+
+    from omni_serve.families.qwen_image import FAMILY
+    from omni_serve.graph.runner import build_runner
+
+    runner = build_runner(FAMILY, "dit", {"checkpoint": qwen_image_tiny_dir,
+                                          "stages": {"dit": {"params": {"packed_forward": False}}}})
+    assert runner.model.packed is None
+    assert kernel_paths()["qwen_image.transformer"] == {"path": "library", "reason": "params.packed_forward is false"}
+    grid = denoiser.latent_grid(64, 64)
+    rows = _rows(denoiser, grid, [7, 3])
+    with torch.inference_mode():
+        torch.testing.assert_close(runner.model.predict(rows, grid), denoiser.predict(rows, grid), rtol=0, atol=ATOL)

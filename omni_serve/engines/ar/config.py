@@ -26,6 +26,11 @@ class ARConfig(BaseModel):
         "omni_kernels.pack_linears): 1.1-2.2x faster matrix products at decode batch sizes, outputs equal to "
         "float rounding. Other devices and dtypes are left as they are, and so are bfloat16 layers on CPUs "
         "without oneDNN's bfloat16 product (AVX2-only; the replica logs it, /health shows it under kernels)."))
+    prepared_layers: bool = Field(True, description=(
+        "Run the decoder's layers on prepared weights (omni_serve.models.prepared_decoder.PreparedDecoder: fused "
+        "q/k/v and gate/up products over the paged KV cache) where the stage's adapter has them (the Qwen2.5-Omni "
+        "thinker and talker); false, or layers it does not reproduce, runs transformers' own layer forward. See "
+        "docs/prepared.md."))
     gemv_max_rows: int = Field(2, ge=0, description=(
         "With packed_linear, steps of at most this many rows run float32 projections as MKL matrix-vector "
         "products on a second, row-major copy of each weight (1.4-1.7x faster than the packed product at 1-2 "

@@ -43,9 +43,17 @@ class Code2WavParams(BaseModel):
         "dtype of the DiT's transformer blocks. float32 (the default) is transformers' token2wav, which the oracle "
         "holds the stage to. bfloat16 runs the blocks on a bfloat16 copy (ODE state, solver, input and output "
         "layers stay float32): on CPUs with AMX (Sapphire Rapids and later) the DiT is ~2.4x faster, the mel "
-        "within ~7e-4 of float32's (relative max; benchmarks/qwen2_5_omni/code2wav_cost.py). On CPUs without oneDNN's bfloat16 "
-        "product (AVX2-only) the blocks run on plain bfloat16 layers: the same answer, slower than float32 (the "
-        "replica logs it, /health shows it under kernels)."))
+        "within ~7e-4 of float32's (relative max; benchmarks/qwen2_5_omni/code2wav_cost.py). On CPUs without "
+        "oneDNN's bfloat16 product (AVX2-only) the blocks run on plain bfloat16 layers: the same answer, slower "
+        "than float32 (the replica logs it, /health shows it under kernels)."))
+    prepared_dit: bool = Field(True, description=(
+        "Run the DiT's blocks prepared (omni_serve.models.qwen2_5_omni_dit.PreparedDiT: fused, prepacked, "
+        "block-local attention; less work per ODE step, measured in docs/prepared.md). false, or a DiT it does not "
+        "reproduce, runs transformers' DiTDecoderLayer window by window in float32 (dit_dtype then does not "
+        "apply); /health shows the path under kernels. See docs/prepared.md."))
+    prepared_vocoder: bool = Field(True, description=(
+        "Run the vocoder with prepared anti-aliased activations (PreparedBigVGAN: the module's forward to float "
+        "rounding, cheaper). false, or a vocoder it does not reproduce, runs transformers' own forward."))
 
 
 class TalkerStage(StageSpec):

@@ -52,6 +52,10 @@ class DiTParams(BaseModel):
         "omni_kernels.pack_linears): ~10% faster forward in float32 and ~20% in bfloat16 on a 2-core CPU, outputs "
         "equal to float rounding. bfloat16 layers stay plain on CPUs without oneDNN's bfloat16 product (AVX2-only; "
         "logged, and shown in /health under kernels)."))
+    packed_forward: bool = Field(True, description=(
+        "Run the transformer through omni_serve's packed forward (omni_serve.models.qwen_image_packed: rows of "
+        "different prompt lengths and grids in one forward without padding) where it covers the transformer's "
+        "variant; false, or a variant it does not cover, runs diffusers' padded forward. See docs/prepared.md."))
 
 
 class VAEParams(BaseModel):

@@ -24,19 +24,26 @@ from omni_serve.graph.runner import StageRunner
 from omni_serve.kits.omni.replica import runners as omni
 
 
-class ThinkerRunner(omni.ThinkerRunner):
+class PreparedLayers:
+    """This family's decoder adapters take ``prepared_layers``: the stage's ``engine.ar.prepared_layers``."""
+
+    def adapter_options(self):
+        return {**super().adapter_options(), "prepared_layers": self.engine_spec.ar.prepared_layers}
+
+
+class ThinkerRunner(PreparedLayers, omni.ThinkerRunner):
     sequence = P.ThinkerSequence
 
 
-class ThinkerPrefillRunner(omni.ThinkerPrefillRunner):
+class ThinkerPrefillRunner(PreparedLayers, omni.ThinkerPrefillRunner):
     sequence = P.ThinkerSequence
 
 
-class ThinkerDecodeRunner(omni.ThinkerDecodeRunner):
+class ThinkerDecodeRunner(PreparedLayers, omni.ThinkerDecodeRunner):
     sequence = P.ThinkerSequence
 
 
-class TalkerRunner(StageRunner):
+class TalkerRunner(PreparedLayers, StageRunner):
     async def run(self, engine, call: TalkerCall) -> AsyncIterator:
         p = self.stage_spec.params
         sampling = SamplingParams(
@@ -56,7 +63,9 @@ class Code2WavRunner(StageRunner):
         check_chunking(self.model, self._request("", 0))
 
     def adapter_options(self):
-        return {"dit_dtype": getattr(torch, self.stage_spec.params.dit_dtype)}
+        p = self.stage_spec.params
+        return {"dit_dtype": getattr(torch, p.dit_dtype), "prepared_dit": p.prepared_dit,
+                "prepared_vocoder": p.prepared_vocoder}
 
     def _request(self, voice: str, seed: int) -> Code2WavRequest:
         p = self.stage_spec.params

@@ -33,7 +33,8 @@ class DiTRunner(StageRunner):
     work_unit = "diffusion_steps"
 
     def adapter_options(self):
-        return {"packed_linear": self.stage_spec.params.packed_linear}
+        p = self.stage_spec.params
+        return {"packed_linear": p.packed_linear, "packed_forward": p.packed_forward}
 
     def load(self):
         model = super().load()
