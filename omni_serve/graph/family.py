@@ -1,10 +1,10 @@
 """A model family as one plug-in: its graph, spec, frontend and checkpoint writer, named in one object.
 
-Contract: a family package (``omni_serve/graph/<family>/__init__.py``, or any package named by an
-``omni_serve.families`` entry point) defines ``FAMILY = Family(...)`` and a Serve builder ``build_app(args)``
-(``serve run <package>:build_app checkpoint=DIR``) that calls ``omni_serve.deployments.builder``. Importing the
-package must not import torch or model code: the registry (``omni_serve.graph.registry``), the CLI and the
-Serve config writer import every family to list and validate them.
+Contract: a family package (``omni_serve/families/<family>/__init__.py``, or any package named by an
+``omni_serve.families`` entry point) defines ``FAMILY = Family(...)`` (its name is its graph's) and a Serve builder
+``build_app = serve_builder(FAMILY)`` (``omni_serve.deployments.entry``; ``serve run <package>:build_app
+checkpoint=DIR``). Importing the package must not import torch or model code: the registry
+(``omni_serve.graph.registry``), the CLI and the Serve config writer import every family to list and validate them.
 
 ``validate(args)`` turns user values (a dict; dotted keys allowed, as ``serve run ... key=value`` passes them)
 into the family's spec, with the checkpoint path made absolute after checking it is a checkpoint directory, and
@@ -24,7 +24,6 @@ from omni_serve.graph.spec import GraphSpecBase, apply_overrides
 
 @dataclass(frozen=True, eq=False)
 class Family:
-    name: str  # CLI name and Serve application name, e.g. "qwen2_5_omni"
     module: str  # the family package (``__name__``): FAMILY and build_app live there
     description: str
     graph: GraphDef
@@ -32,8 +31,11 @@ class Family:
     frontend: str  # module:Class of the ingress-side Frontend
     checkpoint_marker: str  # a file every checkpoint directory of the family has
     checkpoint_writer: str | None = None  # module:function(out_dir, size, seed) for tiny/small random checkpoints
+    name: str = ""  # CLI name and Serve application name, e.g. "qwen2_5_omni": the graph's name (the default)
 
     def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", self.graph.name)
         if self.name != self.graph.name:
             raise ValueError(f"family {self.name!r} declares the graph {self.graph.name!r}: give both one name")
 

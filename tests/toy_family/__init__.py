@@ -14,7 +14,7 @@ from omni_serve.graph.family import Family
 from tests.toy_family.graph import GRAPH
 from tests.toy_family.spec import ToySpec
 
-FAMILY = Family(name="toy", module=__name__, description="A toy plug-in: text echoed through two stages.",
+FAMILY = Family(module=__name__, description="A toy plug-in: text echoed through two stages.",
                 graph=GRAPH, spec=ToySpec, frontend="tests.toy_family.frontend:ToyFrontend",
                 checkpoint_marker="toy.json", checkpoint_writer="tests.toy_family.model:make_checkpoint")
 

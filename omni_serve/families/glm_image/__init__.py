@@ -14,12 +14,10 @@ from omni_serve.families.glm_image.graph import GRAPH
 from omni_serve.families.glm_image.spec import GlmImageGraphSpec
 
 FAMILY = Family(
-    name="glm_image", module=__name__, graph=GRAPH, spec=GlmImageGraphSpec,
-    description="GLM-Image text-to-image: an autoregressive model writes visual tokens that condition a DiT "
-                "denoising loop (with T5 glyph embeddings of quoted text), then a VAE decoder.",
-    frontend="omni_serve.families.glm_image.frontend:GlmImageFrontend",
+    module=__name__, graph=GRAPH, spec=GlmImageGraphSpec, frontend=f"{__name__}.frontend:GlmImageFrontend",
     checkpoint_marker="vision_language_encoder/config.json",
     checkpoint_writer="omni_serve.checkpoints.glm_image:make_checkpoint",
-)
+    description=("GLM-Image text-to-image: an autoregressive model writes visual tokens that condition a DiT denoising "
+                 "loop (with T5 glyph embeddings of quoted text), then a VAE decoder."))
 
 build_app = serve_builder(FAMILY)

@@ -16,11 +16,8 @@ from omni_serve.families.qwen2_5_omni.graph import GRAPH
 from omni_serve.families.qwen2_5_omni.spec import OmniGraphSpec
 
 FAMILY = Family(
-    name="qwen2_5_omni", module=__name__, graph=GRAPH, spec=OmniGraphSpec,
-    description="Qwen2.5-Omni thinker-talker: text, audio and image in; text and speech out.",
-    frontend="omni_serve.families.qwen2_5_omni.frontend:Qwen25OmniFrontend",
-    checkpoint_marker="config.json",
-    checkpoint_writer="omni_serve.checkpoints.qwen2_5_omni:make_checkpoint",
-)
+    module=__name__, graph=GRAPH, spec=OmniGraphSpec, frontend=f"{__name__}.frontend:Qwen25OmniFrontend",
+    checkpoint_marker="config.json", checkpoint_writer="omni_serve.checkpoints.qwen2_5_omni:make_checkpoint",
+    description="Qwen2.5-Omni thinker-talker: text, audio and image in; text and speech out.")
 
 build_app = serve_builder(FAMILY)

@@ -16,11 +16,8 @@ from omni_serve.families.qwen3_omni.graph import GRAPH
 from omni_serve.families.qwen3_omni.spec import Qwen3OmniGraphSpec
 
 FAMILY = Family(
-    name="qwen3_omni", module=__name__, graph=GRAPH, spec=Qwen3OmniGraphSpec,
-    description="Qwen3-Omni (MoE) thinker-talker: text, audio and image in; text and speech out.",
-    frontend="omni_serve.families.qwen3_omni.frontend:Qwen3OmniFrontend",
-    checkpoint_marker="config.json",
-    checkpoint_writer="omni_serve.checkpoints.qwen3_omni:make_checkpoint",
-)
+    module=__name__, graph=GRAPH, spec=Qwen3OmniGraphSpec, frontend=f"{__name__}.frontend:Qwen3OmniFrontend",
+    checkpoint_marker="config.json", checkpoint_writer="omni_serve.checkpoints.qwen3_omni:make_checkpoint",
+    description="Qwen3-Omni (MoE) thinker-talker: text, audio and image in; text and speech out.")
 
 build_app = serve_builder(FAMILY)

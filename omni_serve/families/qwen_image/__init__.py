@@ -2,9 +2,9 @@
 
 The family plug-in (``omni_serve.graph.family``): ``FAMILY`` names the graph declaration (``graph``), the spec
 (``spec``), the ingress-side frontend (``frontend``), and the checkpoint writer; its stages run the diffusion
-kit's replica code (``omni_serve.kits.diffusion.replica``) on Qwen-Image's adapters. ``build_app(args)`` is the Serve entry point: ``serve run omni_serve.families.qwen_image:build_app
-checkpoint=DIR``, ``omni-serve serve --graph qwen_image checkpoint=DIR``, or a Serve config file
-(``applications[].import_path`` + ``args``).
+kit's replica code (``omni_serve.kits.diffusion.replica``) on Qwen-Image's adapters. ``build_app(args)`` is the
+Serve entry point: ``serve run omni_serve.families.qwen_image:build_app checkpoint=DIR``, ``omni-serve serve
+--graph qwen_image checkpoint=DIR``, or a Serve config file (``applications[].import_path`` + ``args``).
 """
 
 from __future__ import annotations
@@ -15,11 +15,8 @@ from omni_serve.families.qwen_image.graph import GRAPH
 from omni_serve.families.qwen_image.spec import QwenImageGraphSpec
 
 FAMILY = Family(
-    name="qwen_image", module=__name__, graph=GRAPH, spec=QwenImageGraphSpec,
-    description="Qwen-Image text-to-image: Qwen2.5-VL text encoder, MMDiT denoising loop, VAE decoder.",
-    frontend="omni_serve.families.qwen_image.frontend:QwenImageFrontend",
-    checkpoint_marker="model_index.json",
-    checkpoint_writer="omni_serve.checkpoints.qwen_image:make_checkpoint",
-)
+    module=__name__, graph=GRAPH, spec=QwenImageGraphSpec, frontend=f"{__name__}.frontend:QwenImageFrontend",
+    checkpoint_marker="model_index.json", checkpoint_writer="omni_serve.checkpoints.qwen_image:make_checkpoint",
+    description="Qwen-Image text-to-image: Qwen2.5-VL text encoder, MMDiT denoising loop, VAE decoder.")
 
 build_app = serve_builder(FAMILY)

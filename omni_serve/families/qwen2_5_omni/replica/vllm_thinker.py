@@ -129,13 +129,9 @@ class VllmThinkerRunner(StageRunner):
     def load(self) -> VllmThinkerModel:
         return VllmThinkerModel(self.spec.checkpoint, self.engine_spec.torch_dtype())
 
-    def make_engine(self):
-        from omni_serve.engines.vllm_engine.engine import VllmEngine
-
-        e = self.engine_spec
-        return VllmEngine(self.stage.name, self.spec.checkpoint, e.vllm, dtype=e.dtype, device=e.device,
-                          threads=e.torch_threads, max_active=e.max_active_requests,
-                          max_model_len=self.stage_spec.params.max_model_len, tap=True)
+    def engine_options(self):
+        # the vllm engine kind (omni_serve.engines.registry), tapping the hidden states the talker needs
+        return {"max_model_len": self.stage_spec.params.max_model_len, "tap": True}
 
     def sampling_params(self, call: ThinkerCall):
         from vllm import SamplingParams
