@@ -14,10 +14,9 @@ decoder's structure allows it, and the adapter lists ``prepared`` among its modu
 
 from __future__ import annotations
 
-from omni_kernels import record_path
-
 from omni_serve.engines.ar.attention import ATTN_IMPLEMENTATION
 from omni_serve.models.prepared_decoder import PreparedDecoder
+from omni_serve.models.prepared_paths import use_prepared
 
 
 class PagedDecoder:
@@ -34,13 +33,9 @@ class PagedDecoder:
     def prepare_layers(self, decoder, wanted: bool = True, what: str = "decoder.layers") -> bool:
         """Run ``decoder``'s layers on prepared weights from now on when ``wanted`` and its structure allows (True
         when it does); the path taken is recorded as ``what`` for ``/health``."""
-        if not wanted:
-            record_path(what, "library", "engine.ar.prepared_layers is false")
-        elif not PreparedDecoder.supports(decoder):
-            record_path(what, "library", "layers PreparedDecoder does not reproduce")
-        else:
+        if use_prepared(what, wanted, wanted and PreparedDecoder.supports(decoder), "engine.ar.prepared_layers",
+                        "layers PreparedDecoder does not reproduce"):
             self.prepared = PreparedDecoder(decoder)
-            record_path(what, "prepared")
         return self.prepared is not None
 
     def run(self, decoder, embeds, positions, batch):

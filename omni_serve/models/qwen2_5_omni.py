@@ -29,10 +29,9 @@ from dataclasses import dataclass
 import torch
 from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
 
-from omni_kernels import record_path
-
 from omni_serve.models.loading import load_component, read_state_dict
 from omni_serve.models.paged_decoder import PagedDecoder
+from omni_serve.models.prepared_paths import use_prepared
 from omni_serve.models.qwen2_5_omni_dit import LibraryDiT, PreparedDiT, WindowPack
 from omni_serve.models.qwen2_5_omni_vocoder import PreparedBigVGAN
 from omni_serve.models.qwen2_5_omni_layout import load_config, load_speakers
@@ -204,13 +203,10 @@ class DiTWindow:
 
 
 def _prepared(what: str, prepared, library, module, wanted: bool, switch: str, *args):
-    """``prepared(module, *args)`` when ``wanted`` and ``prepared.supports(module)``, else ``library(module)``: the
-    rule every prepared path follows (docs/prepared.md); the path taken is recorded for ``/health``."""
-    if wanted and prepared.supports(module):
-        record_path(what, "prepared")
+    """``prepared(module, *args)`` when ``wanted`` and ``prepared.supports(module)``, else ``library(module)``."""
+    if use_prepared(what, wanted, wanted and prepared.supports(module), f"params.{switch}",
+                    f"{type(module).__name__} is not the structure it reproduces"):
         return prepared(module, *args)
-    reason = f"params.{switch} is false" if not wanted else f"{type(module).__name__} is not the structure it reproduces"
-    record_path(what, "library", reason)
     return library(module)
 
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from omni_kernels import record_path
 
+from omni_serve.models.prepared_paths import use_prepared
 from omni_serve.models.qwen_image_layout import TOKENIZER_SUBFOLDER, TRANSFORMER_SUBFOLDER, VAE_SUBFOLDER, vae_scale_factor
 
 
@@ -103,12 +103,8 @@ class QwenImageDenoiser:
         # original (see ``omni_serve.kits.diffusion.replica.cache``).
         self.plain_forward = self.transformer
         self.packed = None
-        if not packed_forward:
-            record_path("qwen_image.transformer", "library", "params.packed_forward is false")
-        elif not supports(self.transformer):
-            record_path("qwen_image.transformer", "library", "a transformer variant the packed forward does not cover")
-        else:
-            record_path("qwen_image.transformer", "packed")
+        if use_prepared("qwen_image.transformer", packed_forward, packed_forward and supports(self.transformer),
+                        "params.packed_forward", "a transformer variant the packed forward does not cover", "packed"):
             self.packed = PackedForward(self.transformer)
         if packed_linear:
             from omni_kernels import pack_linears
