@@ -7,6 +7,7 @@ Usage (root, or CAP_NET_ADMIN + CAP_SYS_ADMIN):
     python scripts/multinode_cluster.py exec head -- python -c "import ray; ray.init('auto'); print(ray.nodes())"
     python scripts/multinode_cluster.py power-off worker1      # SIGKILL to the node's PID 1: the machine is gone
     python scripts/multinode_cluster.py partition worker1      # cut its link; heal puts it back
+    python scripts/multinode_cluster.py join worker3 --resources '{"omni_speech": 10}'   # a replacement machine
     python scripts/multinode_cluster.py down                   # tears everything down, whatever state it is in
 
 Each node is a network namespace (``omni-<node>``) on a bridge (``omni-br0``, 10.77.0.0/24, veth MTU 65000: Mooncake
@@ -124,7 +125,7 @@ def _link(node: Node) -> None:
     sh(f"{ns} ip route add default via {GATEWAY}")
 
 
-def _start(node: Node, head_ip: str, python: str) -> int:
+def _start(node: Node, head_ip: str, python: str, env: dict[str, str] | None = None) -> int:
     """Start the node: PID namespace whose PID 1 is ``ray start --block``, its own tmpfs on /dev/shm. Returns the
     host PID of that PID 1."""
     os.makedirs(node.temp_dir, exist_ok=True)
@@ -137,7 +138,8 @@ def _start(node: Node, head_ip: str, python: str) -> int:
     else:
         start = f"{ray} start --address={head_ip}:{RAY_PORT} {common}"
     inner = f"mount -t tmpfs -o size=4g tmpfs /dev/shm && exec {start}"
-    env = {**os.environ, **NODE_ENV, "RAY_TMPDIR": node.temp_dir, **(HEALTH_CHECK if node.name == "head" else {})}
+    env = {**os.environ, **NODE_ENV, **(env or {}), "RAY_TMPDIR": node.temp_dir,
+           **(HEALTH_CHECK if node.name == "head" else {})}
     log = open(os.path.join(STATE_DIR, f"{node.name}.log"), "w")
     proc = subprocess.Popen(
         ["ip", "netns", "exec", node.netns, "unshare", "--mount", "--propagation", "private", "--pid", "--fork",
@@ -175,8 +177,10 @@ def _wait_for_nodes(head: Node, count: int, python: str, timeout_s: float = 300)
     raise RuntimeError(f"the cluster did not reach {count} live nodes in {timeout_s:.0f} s")
 
 
-def up(workers: int, python: str, resources: list[dict[str, float]] | None = None) -> ClusterState:
-    """Start a head and ``workers`` worker nodes; ``resources[i]`` are node i's custom resources (head first)."""
+def up(workers: int, python: str, resources: list[dict[str, float]] | None = None,
+       env: dict[str, str] | None = None) -> ClusterState:
+    """Start a head and ``workers`` worker nodes; ``resources[i]`` are node i's custom resources (head first),
+    ``env`` extra environment of every node's processes (Ray's workers inherit it)."""
     state = ClusterState.load()
     if state.nodes:
         raise SystemExit(f"a cluster is up ({STATE}); run `down` first")
@@ -192,7 +196,7 @@ def up(workers: int, python: str, resources: list[dict[str, float]] | None = Non
         _link(node)
     head = state.nodes[0]
     for node in state.nodes:
-        node.pid = _start(node, head.ip, python)
+        node.pid = _start(node, head.ip, python, env)
         state.save()
         if node is head:
             _wait_for_nodes(head, 1, python)
@@ -200,13 +204,33 @@ def up(workers: int, python: str, resources: list[dict[str, float]] | None = Non
     return state
 
 
-def run_in(node: Node, argv: list[str], capture: bool = False) -> subprocess.CompletedProcess:
+def add_node(state: ClusterState, name: str, python: str, resources: dict[str, float] | None = None,
+             env: dict[str, str] | None = None) -> Node:
+    """Join a new worker node (a replacement machine) to the running cluster; returns once the GCS counts it."""
+    if any(n.name == name for n in state.nodes):
+        raise SystemExit(f"node {name!r} exists")
+    used = {n.ip for n in state.nodes}
+    ip = next(f"{SUBNET}.{i}" for i in range(10, 250) if f"{SUBNET}.{i}" not in used)
+    node = Node(name, ip, dict(resources or {}))
+    state.nodes.append(node)
+    state.save()
+    _link(node)
+    head = state.node("head")
+    alive = live_nodes(head, python)
+    node.pid = _start(node, head.ip, python, env)
+    state.save()
+    _wait_for_nodes(head, alive + 1, python)
+    return node
+
+
+def run_in(node: Node, argv: list[str], capture: bool = False, timeout: float | None = None,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``argv`` in ``node``'s network, mount and PID namespaces (its IP, its /dev/shm; it dies with the node)."""
     enter = ["nsenter", f"--net=/var/run/netns/{node.netns}"]
     if node.pid:  # its mount namespace's /proc is its PID namespace's: enter both, or psutil cannot find itself
         enter += [f"--mount=/proc/{node.pid}/ns/mnt", f"--pid=/proc/{node.pid}/ns/pid"]
-    return subprocess.run(enter + argv, capture_output=capture, text=True,
-                          env={**os.environ, **NODE_ENV, "RAY_TMPDIR": node.temp_dir})
+    return subprocess.run(enter + argv, capture_output=capture, text=True, timeout=timeout,
+                          env={**os.environ, **NODE_ENV, **(env or {}), "RAY_TMPDIR": node.temp_dir})
 
 
 def power_off(state: ClusterState, name: str) -> None:
@@ -248,6 +272,15 @@ def down() -> None:
                 except (ProcessLookupError, ValueError):
                     pass
             sh(f"ip netns del {name}", check=False)
+    # A namespace outlives `ip netns del` while a dying process still holds it, and its veth with it: remove the
+    # host ends by name (which removes their peers), after the nodes' processes are gone.
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(n.pid and os.path.exists(f"/proc/{n.pid}") for n in state.nodes):
+        time.sleep(0.1)
+    for line in sh("ip -o link show", check=False).stdout.splitlines():
+        name = line.split(": ")[1].split("@")[0] if ": " in line else ""
+        if name.startswith(f"{PREFIX}v-"):
+            sh(f"ip link del {name}", check=False)
     sh(f"ip link del {BRIDGE}", check=False)
     if os.path.exists(STATE):
         os.remove(STATE)
@@ -263,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("exec", help="run a command in a node's namespaces")
     e.add_argument("node")
     e.add_argument("command", nargs=argparse.REMAINDER)
+    j = sub.add_parser("join", help="join a new worker node (a replacement machine)")
+    j.add_argument("node")
+    j.add_argument("--resources", default="{}", help="its custom resources, JSON")
+    j.add_argument("--python", default=sys.executable)
     for name in ("power-off", "partition", "heal"):
         sub.add_parser(name, help=f"{name} a node").add_argument("node")
     sub.add_parser("down", help="tear everything down")
@@ -286,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "exec":
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         return run_in(state.node(args.node), command).returncode
+    elif args.cmd == "join":
+        add_node(state, args.node, args.python, json.loads(args.resources))
     elif args.cmd == "power-off":
         power_off(state, args.node)
     elif args.cmd in ("partition", "heal"):

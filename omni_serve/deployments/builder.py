@@ -39,6 +39,7 @@ def build_app(family: Family, args: dict[str, Any] | None = None) -> serve.Appli
         name="ingress", max_ongoing_requests=ing.max_ongoing_requests,
         max_queued_requests=ing.max_queued_requests,
         backpressure_config=BackpressureConfig(status_code=503, retry_after_s=ing.retry_after_s),
-        ray_actor_options={"num_cpus": ing.num_cpus}, logging_config=logging_config, **replicas,
+        ray_actor_options={"num_cpus": ing.num_cpus, **({"resources": dict(ing.resources)} if ing.resources else {})},
+        logging_config=logging_config, **replicas,
     ).bind(family.path, spec_dict, **handles)
 

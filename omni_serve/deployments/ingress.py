@@ -4,7 +4,7 @@ Contract: ``OpenAIIngress(family, graph_spec, **handles)`` loads the family (``m
 spec and builds the family's frontend with the spec and the ``StageCalls`` over the stage handles (stage name ->
 handle). Its FastAPI app is built per replica (Serve's ``__serve_build_asgi_app__``) from the frontend's
 ``routes`` (``omni_serve.graph.frontend``), plus ``GET /v1/models``, ``GET /health`` (200 only when every stage
-answers) and ``GET /metrics`` (this replica's request counters, Prometheus text; the cluster-wide metrics of
+answers and has a running replica) and ``GET /metrics`` (this replica's request counters, Prometheus text; the cluster-wide metrics of
 ``omni_serve.metrics`` go through Ray's metrics endpoint). Any other route answers 404 with an OpenAI-style body
 naming the routes served; all errors are OpenAI-style bodies (``omni_serve.api.errors``). ``/docs``, ``/redoc``
 and ``/openapi.json`` exist only with ``ingress.enable_docs``.
@@ -16,7 +16,8 @@ caller only its status; every body is bounded (``ingress.max_body_bytes``: 413) 
 
 Every frontend route goes through one path: admission, the handler, metrics and errors. Beyond
 ``ingress.max_inflight_requests`` per replica a request is answered 429 with ``Retry-After`` at once (Serve
-itself answers 503 with ``Retry-After`` beyond ``ingress.max_queued_requests`` queued for the replicas); the
+itself answers 503 with ``Retry-After`` beyond ``ingress.max_queued_requests`` queued for the replicas; while a
+stage has no running replica, ``omni_serve.deployments.availability``, a request is answered 503 at once); the
 request's deadline (``ingress.request_timeout_s``, lowered by an ``X-Request-Timeout`` header) reaches the
 handler in its ``RequestContext``; outcomes and latencies are counted under the route's name. A streamed reply
 (``EventStream``, ``ByteStream``) holds its in-flight slot until the stream ends, however it ends.
@@ -36,6 +37,7 @@ from omni_serve.api.errors import OpenAIError, install_error_handlers, not_found
 from omni_serve.api.guards import ApiKeyAuth, BodyLimit, api_keys
 from omni_serve.api.protocol import ModelCard, ModelList
 from omni_serve.deployments.admission import TIMEOUT_HEADER, InflightLimit, Ticket, request_deadline
+from omni_serve.deployments.availability import StageAvailability
 from omni_serve.graph.calls import StageCalls
 from omni_serve.graph.frontend import ByteStream, EventStream, RawReply, RequestContext, Route
 from omni_serve.graph.registry import import_path, load_family
@@ -62,6 +64,11 @@ class OpenAIIngress:
         self.default_timeout_s = spec.ingress.request_timeout_s
         self.ingress_spec = spec.ingress
         self.api_keys = api_keys(spec.ingress)
+        self.availability = StageAvailability(
+            self.frontend.stages.stages,
+            {s for s in self.frontend.stages.stages
+             if (spec.stage_spec(s).autoscaling_config or {}).get("min_replicas", 1) == 0})
+        self.frontend.stages.missing_stages = self.availability.missing
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return build_asgi_app(self)
@@ -71,6 +78,13 @@ class OpenAIIngress:
         """(the request's in-flight ticket, its deadline in seconds), or a 429/400 raised."""
         try:
             timeout_s = request_deadline(request.headers.get(TIMEOUT_HEADER), self.default_timeout_s)
+            self.availability.start()
+            missing = self.availability.missing()
+            if missing:
+                raise OpenAIError(
+                    f"Stage {', '.join(missing)} has no running replica (its node was lost or it is being "
+                    "replaced); retry the request.", status_code=503, type="service_unavailable",
+                    code="stage_unavailable", headers={"Retry-After": str(max(1, round(self.inflight.retry_after_s)))})
             return self.inflight.enter(), timeout_s
         except OpenAIError as err:
             self._failed(route, err)
@@ -134,7 +148,11 @@ class OpenAIIngress:
         return ModelList(data=[ModelCard(id=self.model_name)]).model_dump()
 
     async def health(self, request: Request):
+        self.availability.start()
         stages = await self.frontend.health()
+        missing = self.availability.missing()
+        for stage in missing:
+            stages[stage] = {**stages.get(stage, {}), "error": "no running replica"}
         ok = all("error" not in v for v in stages.values())
         status = {"status": "ok" if ok else "unavailable"}
         if request.scope.get("state", {}).get("authenticated", True):  # strangers learn only the status

@@ -5,7 +5,8 @@ and builds the stage's declared runner (loading only that stage's weights) and e
 - ``generate(call)``: a streaming call; ``call`` is the stage's declared call message, and it yields the stage's
   declared outputs for one request (``StageRunner.handle`` checks both). Cancelling the call (client gone,
   ingress error) aborts the request in the engine and frees its state.
-- ``ready()``: cheap liveness/identity probe used by the ingress' ``/health``, with the engine's stats
+- ``ready()``: cheap liveness/identity probe used by the ingress' ``/health``: the node (id and IP) it runs on,
+  the last streams the ``nearest`` connector routed here (edge, backend, producer and reader nodes), the engine's stats
   (active requests; for AR stages running/waiting requests and KV block counts) and, under
   ``data_plane``, the counters of the connectors this replica uses (payloads held, buffer use), and under
   ``kernels`` what this replica's CPU runs (``omni_kernels.cpu_capability``: ISA, bfloat16/prepacked support) and
@@ -27,6 +28,7 @@ is still running.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import traceback
@@ -64,6 +66,11 @@ class StageDeployment:
             async for out in self.runner.handle(self.engine, call):
                 yield out
         except BaseException as exc:
+            # Failed or cancelled (the ingress ends the request): drop what it left on this node's data plane
+            # now, whichever node the ingress runs on (the ingress frees what it can reach too).
+            request_id = getattr(call, "request_id", None)
+            if request_id:
+                await asyncio.shield(self.runner.io.free_request(request_id))
             # The error's traceback keeps the unwound frames of the request (its program, upstream
             # chunks) alive in a cycle that only a full garbage collection frees, which in a busy replica
             # can be minutes away, holding zero-copy payloads (connector memory) all that time. Clear
@@ -76,8 +83,14 @@ class StageDeployment:
 
         from omni_serve.transport.connectors import connector_stats
 
-        return {"stage": self.stage, "pid": os.getpid(), **self.engine.stats(), "load": self.engine.load(),
-                "data_plane": connector_stats(),
+        import ray
+
+        from omni_serve.transport.connectors import built_connector
+
+        nearest = built_connector("nearest")
+        return {"stage": self.stage, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+                "node_ip": ray.util.get_node_ip_address(), **self.engine.stats(), "load": self.engine.load(),
+                "data_plane": connector_stats(), "routes": list(nearest.recent) if nearest is not None else [],
                 "kernels": {"cpu": cpu_capability().as_dict(), "paths": kernel_paths()}}
 
     def record_autoscaling_stats(self) -> dict[str, float]:

@@ -5,11 +5,12 @@ handles)`` builds it over Ray Serve handles (``omni_serve.graph.local`` builds i
 Edges use the connectors the spec names (``edges.<edge>.connector``), or ``connector`` for all.
 - ``put(request_id, edge, payload)``: writes a payload on an edge the ingress feeds (``GraphDef.ingress_writes``),
   e.g. a request's preprocessed media; the payload must be the edge's declared type.
-- ``stream(request_id, calls, timeout_s, inputs=None)``: puts ``inputs`` (edge -> payload, as ``put``), opens
-  one streaming call per entry of ``calls`` (stage name -> the stage's declared call message) and yields
+- ``stream(request_id, calls, timeout_s, inputs=None)``: opens one streaming call per entry of ``calls`` (stage
+  name -> the stage's declared call message), puts ``inputs`` (edge -> payload, as ``put``) and yields
   ``(stage, output)`` in arrival order until every call ended. Each
   output must be one of the stage's declared output types. A stage failure raises an ``OpenAIError`` naming the
-  stage: 503 with Retry-After when the stage's replica died, is unavailable or is shutting down, 500 when the
+  stage: 503 with Retry-After when the stage's replica died, is unavailable or is shutting down (or, per
+  ``missing_stages``, a stage of the request lost its last replica while the request waits), 500 when the
   stage failed on the request; passing the deadline raises a 504. Whatever ends the iteration (success,
   error, the client going away, a failure while putting the inputs or opening the calls), every open call is
   cancelled (which aborts the request in the stage's engine) and the request's data-plane payloads are freed on
@@ -60,17 +61,26 @@ def stage_error(stage: str, exc: BaseException, request_id: str) -> OpenAIError:
     unavailable or is shutting down (``Draining``: a retry reaches a healthy one), 500 when the stage failed on the
     request itself. The message is fixed (stage and request id): what went wrong inside the stage goes to the log,
     never to the client."""
-    if isinstance(exc, (*_replica_lost_errors(), Draining)):
+    if isinstance(exc, (*_replica_lost_errors(), Draining, ReplicaGone)):
         return OpenAIError(f"Stage {stage} is temporarily unavailable (its replica was lost, is shutting down or "
                            f"is overloaded); retry the request (request {request_id}).", status_code=503,
                            type="service_unavailable", code="stage_unavailable", headers={"Retry-After": "1"})
     return internal_error(f"Stage {stage} failed on request {request_id}; the details are in the server log.")
 
 
+class ReplicaGone(RuntimeError):
+    """A stage of a request in flight has no running replica any more (its node died)."""
+
+
+WATCH_PERIOD_S = 1.0  # how often a waiting request looks whether its stages still have a replica
+
+
 class StageCalls:
     def __init__(self, graph: GraphDef, spec: Any, open_call: Callable[[str, Message], StageCall],
                  probe: Callable[[str], Awaitable[dict[str, Any]]], connector: Connector | None = None):
         self.graph, self.spec = graph, spec
+        # () -> stages with no running replica now (the ingress sets it: omni_serve.deployments.availability)
+        self.missing_stages: Callable[[], list[str]] = list
         self._open, self._probe = open_call, probe
         self.stages = [s.name for s in graph.deployed(spec.layout())]
         links = graph.links(spec.layout())
@@ -112,10 +122,12 @@ class StageCalls:
         try:
             for stage, call in calls.items():
                 self._check_call(stage, call)
-            for edge, payload in (inputs or {}).items():
-                await self.put(request_id, edge, payload)
+            # Calls first, then the inputs: a stage says where it reads from when its call starts, and a
+            # connector that routes by the reader's node (nearest) waits for that word on its first put.
             for stage, call in calls.items():
                 opened[stage] = self._open(stage, call)
+            for edge, payload in (inputs or {}).items():
+                await self.put(request_id, edge, payload)
         except BaseException:
             for gen in opened.values():
                 gen.cancel()
@@ -138,8 +150,14 @@ class StageCalls:
             while open_calls:
                 remaining = deadline - time.monotonic()
                 try:
-                    stage, item = await asyncio.wait_for(queue.get(), max(remaining, 0.001))
+                    stage, item = await asyncio.wait_for(queue.get(), max(min(remaining, WATCH_PERIOD_S), 0.001))
                 except asyncio.TimeoutError:
+                    if time.monotonic() < deadline:
+                        lost = [s for s in self.missing_stages() if s in open_calls]
+                        if not lost:
+                            continue
+                        log.error("request %s: stage %s has no running replica any more", request_id, lost[0])
+                        raise stage_error(lost[0], ReplicaGone(lost[0]), request_id) from None
                     raise OpenAIError(f"The request timed out (request {request_id}).", status_code=504,
                                       type="timeout", code="timeout") from None
                 if item is None:

@@ -15,12 +15,15 @@ every output one of the stage's declared output types; anything else fails the r
 
 ``StageIO`` is a stage's view of the data plane: the connector of each edge it reads or writes (the spec's
 ``edges.<edge>.connector``, or one connector for all, e.g. in tests), payloads checked against the edge's
-declared type on both sides.
+declared type on both sides. ``handle`` first tells the connectors of the edges the stage reads that it will read
+the request's streams (``Connector.expect``); a host whose call failed or was cancelled calls
+``StageIO.free_request`` to drop what the request left on this stage's connectors.
 """
 
 from __future__ import annotations
 
 import abc
+import logging
 from typing import Any, AsyncIterator
 
 from omni_serve.engines.base import Engine, StageProgram
@@ -32,6 +35,7 @@ from omni_serve.graph.registry import import_path
 from omni_serve.transport.base import ChunkWriter, Connector, chunk_key, observed_get, read_chunks
 from omni_serve.transport.connectors import get_connector
 
+log = logging.getLogger(__name__)
 
 DECLARED = object()  # ``StageRunner.drive``'s default: the edges the stage declares
 
@@ -82,6 +86,22 @@ class StageIO:
 
     def writer(self, edge: str, request_id: str) -> "EdgeWriter":
         return EdgeWriter(self._edge(edge, "writes"), self.connector(edge), request_id)
+
+    def expect(self, request_id: str) -> None:
+        """Tell the connectors of the edges this stage reads that this process will read the request's streams
+        (a call just started): a connector that routes by the consumer's node learns it before the first put."""
+        for edge in self.stage.reads:
+            self.connector(edge).expect(request_id, edge)
+
+    async def free_request(self, request_id: str) -> None:
+        """Drop what the request left on this stage's connectors (its call failed or was cancelled): this node's
+        shared memory, and what the directory still lists of it."""
+        edges = (*self.stage.reads, *self.stage.writes)
+        for connector in {id(c): c for c in map(self.connector, edges)}.values():
+            try:
+                await connector.free_request(request_id)
+            except Exception:  # noqa: BLE001 - the producers' TTL sweeps are the backstop
+                log.exception("request %s: freeing %s data-plane payloads failed", request_id, connector.name)
 
 
 class EdgeWriter:
@@ -154,6 +174,9 @@ class StageRunner(abc.ABC):
     async def handle(self, engine: Engine, call: Message) -> AsyncIterator[Message]:
         if not isinstance(call, self.stage.call):
             raise TypeError(f"stage {self.stage.name} takes {self.stage.call.__name__}, not {type(call).__name__}")
+        request_id = getattr(call, "request_id", None)
+        if request_id:
+            self.io.expect(request_id)
         async for out in self.run(engine, self.stage.call.model_validate(call)):
             if not isinstance(out, self.stage.outputs):
                 raise TypeError(f"stage {self.stage.name} produced a {type(out).__name__}, not one of its declared "

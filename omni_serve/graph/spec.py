@@ -177,6 +177,9 @@ class IngressSpec(BaseModel):
         "Ray Serve autoscaling_config of the ingress (it has no engine: Serve's default policy, on ongoing "
         "HTTP requests per replica, target_ongoing_requests)."))
     num_cpus: float = Field(0.25, ge=0, description="CPUs reserved per ingress replica.")
+    resources: dict[str, float] = Field(default_factory=dict, description=(
+        "Custom Ray resources reserved per ingress replica, e.g. {'omni_ingress': 1}: places the ingress on the "
+        "nodes that declare them (see docs/multinode.md)."))
     max_ongoing_requests: int = Field(256, ge=1, description="Concurrent HTTP requests per ingress replica.")
     request_timeout_s: float = Field(300.0, gt=0, description=(
         "Deadline for one request across all stages (504 past it); a request's X-Request-Timeout header "

@@ -1,23 +1,19 @@
-"""The ``auto`` connector: the fastest data-plane backend that reaches every replica of a graph, chosen once.
+"""The ``auto`` connector: the fastest data-plane backend that reaches every consumer, chosen per process.
 
 Contract:
 - ``choose(data_plane)`` returns a ``Choice`` (backend name, reason):
   - ``OMNI_SERVE_AUTO_CONNECTOR`` when set (a registered backend name): a deployment that knows its topology
-    better than a look at the cluster says so (the Helm chart sets it: pods are separate nodes to Ray, and a
-    cluster may start with the head alone);
-  - ``shm`` when Ray is not up (one process) or its cluster has one alive node, and the shared-memory
-    directory is usable: a directory this user can write with at least ``SHM_MIN_FREE_BYTES`` free (a
-    container's default 64 MiB /dev/shm is not: the payloads of one image request can exceed it);
-  - otherwise ``mooncake`` (P2P over tcp or rdma, any node) when its module loads, else ``ray``.
+    better says so;
+  - ``nearest`` when this process is connected to Ray (a deployed graph, one node or many): per stream, shared
+    memory when producer and consumer share a node, Mooncake (or ``ray``) otherwise, decided at run time, so a
+    cluster that gains or loses nodes keeps working (``omni_serve.transport.nearest``);
+  - without Ray (one process): ``shm`` when the shared-memory directory is usable (a directory this user can
+    write with at least ``SHM_MIN_FREE_BYTES`` free: a container's default 64 MiB /dev/shm is not, the payloads
+    of one image request can exceed it); otherwise ``mooncake`` when its module loads, else ``ray``.
 - ``resolve(name, data_plane)``: concrete names unchanged, ``auto`` the process' choice (made on first use and
   logged with its reason). The Serve builder resolves every ``auto`` edge before it binds the deployments when
-  it can see the cluster (``can_choose_for_cluster``: Ray is up there, as under ``omni-serve serve`` and ``serve
-  run``/``serve deploy`` of a config file), so all replicas of a graph agree on the backend, whatever node each
-  lands on and whenever it starts. A builder without Ray (``serve run module:app`` imports the app before it
-  connects) leaves ``auto`` to each replica, which chooses the same way on its own.
-- A one-node cluster that gains nodes after the graph was built keeps its ``shm`` edges; a consumer on another
-  node then fails with a ``DataPlaneError`` naming the edge's connector. Clusters that grow should name their
-  backend (``OMNI_SERVE_AUTO_CONNECTOR`` or the edges' ``connector``).
+  it can see the cluster (``can_choose_for_cluster``), so all replicas of a graph agree on the backend; a
+  builder without Ray leaves ``auto`` to each replica, which is connected to Ray and chooses the same.
 - Names come from the registry (``omni_serve.transport.registry``), which never imports this module; the
   process' connectors (``omni_serve.transport.connectors``) resolve ``auto`` here.
 """
@@ -76,13 +72,15 @@ def choose(data_plane=None) -> Choice:
                              f"{', '.join(n for n in known_connectors() if n != AUTO)}")
         return Choice(override, f"{ENV} says so")
     nodes = alive_nodes()
-    where = "Ray is not running: one process" if nodes is None else f"the Ray cluster has {nodes} alive node(s)"
-    if nodes is None or nodes <= 1:
-        usable, why = shm_usable(shm_dir(data_plane))
-        if usable:
-            return Choice("shm", f"{where}; {why}")
-        where = f"{where}, but {why}"
-    if _mooncake_loads():
+    if nodes is not None:
+        return Choice("nearest", f"the Ray cluster has {nodes} alive node(s): per stream, shared memory between "
+                                 "stages of one node, Mooncake (or the Ray object store) between nodes")
+    where = "Ray is not running: one process"
+    usable, why = shm_usable(shm_dir(data_plane))
+    if usable:
+        return Choice("shm", f"{where}; {why}")
+    where = f"{where}, but {why}"
+    if mooncake_loads():
         return Choice("mooncake", f"{where}; the Mooncake Transfer Engine reaches every node")
     return Choice("ray", f"{where}; Mooncake is not installed, the Ray object store reaches every node")
 
@@ -117,7 +115,7 @@ def shm_usable(directory: str) -> tuple[bool, str]:
     return True, f"shared memory in {directory} ({free >> 20} MiB free)"
 
 
-def _mooncake_loads() -> bool:
+def mooncake_loads() -> bool:
     try:
         import mooncake.engine  # noqa: F401 - the Transfer Engine's binding
     except Exception:  # noqa: BLE001 - ImportError, or a wheel whose shared library does not load here

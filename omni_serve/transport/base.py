@@ -6,7 +6,7 @@ Contract:
   the producer is gone) and hands ownership to the caller, which ``free``s it once read; ``free_request``
   drops everything a request left behind (cancellation, errors); ``sweep`` frees what nobody read within the
   TTL, ``stats`` counts what the process holds (``/health``, leak checks), ``close`` releases the backend's
-  resources (idempotent). Its ``Settings`` (a pydantic model, or None) is the graph spec's
+  resources (idempotent); ``expect(request_id, edge)`` is a consumer's early word that it will read a stream. Its ``Settings`` (a pydantic model, or None) is the graph spec's
   ``data_plane.<settings_section or registered name>`` section (``omni_serve.transport.config``).
 - Keys are ``chunk_key(request_id, edge, index)``; ``ChunkWriter``/``read_chunks`` turn a key sequence into
   an ordered stream that ends with a payload whose ``end`` attribute is true (``omni_serve.graph.messages.
@@ -92,6 +92,16 @@ class Connector(abc.ABC):
         Args:
             key: a ``chunk_key``; each key is put once.
             payload: the message to deliver; the caller must not change it afterwards.
+        """
+
+    def expect(self, request_id: str, edge: str) -> None:
+        """Say, before reading, that this process will read the request's stream on ``edge`` (a stage calls it for
+        every edge it reads when its call starts). A connector that routes each stream by where its consumer
+        runs (``nearest``) tells the producer; the default does nothing.
+
+        Args:
+            request_id: the first part of the stream's ``chunk_key``s.
+            edge: the edge the stream is on.
         """
 
     @abc.abstractmethod

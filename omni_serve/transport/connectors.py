@@ -29,8 +29,15 @@ def get_connector(name: str, data_plane=None) -> Connector:
     name = resolve(name, data_plane)
     if name not in _INSTANCES:
         data_plane = DataPlaneSpec() if data_plane is None else data_plane
-        _INSTANCES[name] = connector_class(name).from_settings(data_plane.section(name))
+        cls = connector_class(name)
+        build = getattr(cls, "from_data_plane", None)  # a connector made of others (nearest) gets the whole spec
+        _INSTANCES[name] = build(data_plane) if build else cls.from_settings(data_plane.section(name))
     return _INSTANCES[name]
+
+
+def built_connector(name: str) -> Connector | None:
+    """The process' connector of a registered backend if it was built, else None (builds nothing)."""
+    return _INSTANCES.get(name)
 
 
 def connector_stats() -> dict[str, dict[str, int]]:

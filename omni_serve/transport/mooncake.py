@@ -17,7 +17,8 @@ next put. A dead producer makes the read fail (``DataPlaneError``).
 Store (placed in the producer's own global segment), ``get`` is ``get_into`` + ``remove``;
 ``free_request`` is one ``remove_by_regex`` over the request's keys. The master comes from
 ``MooncakeSettings.master_address``, or omni_serve starts one (``mooncake_master`` from the wheel) in a
-detached Ray actor that kills it when it dies.
+detached Ray actor on the head node that kills it when it dies; it listens on the node's IP, so store clients on
+every node reach it.
 
 Unread payloads are freed by their producer after ``OMNI_SERVE_DATA_TTL_S``. Mooncake logs at ERROR unless
 ``MC_LOG_LEVEL`` is set, and a stalled peer times out after ``MC_TCP_PROGRESS_TIMEOUT_SEC`` (default 5 s
@@ -84,14 +85,14 @@ class MooncakeSettings(BaseModel):
         "Registered host buffer per process for the Mooncake connectors: payloads a process produced and "
         "nobody read yet, plus payloads it read and still uses (zero-copy). Pages are touched lazily."))
     master_address: str | None = Field(None, description=(
-        "Mooncake Store master 'host:port'. None: omni_serve starts a local mooncake_master on first use "
-        "(single node, local runs)."))
+        "Mooncake Store master 'host:port'. None: omni_serve starts a mooncake_master on first use, on the "
+        "head node at its IP (every node reaches it; it lives as long as the cluster's head)."))
     global_segment_bytes: int = Field(512 << 20, ge=1 << 20, description=(
         "Memory each process contributes to the Mooncake Store's distributed pool."))
     local_buffer_bytes: int = Field(64 << 20, ge=1 << 20, description=(
         "Mooncake Store client's own transfer buffer per process (its non-zero-copy calls)."))
     master_port: int = Field(50051, ge=1, le=65535, description=(
-        "RPC port of the local master omni_serve starts when master_address is None."))
+        "RPC port of the master omni_serve starts when master_address is None."))
 
 
 class _MooncakeConnector(Connector):
@@ -108,7 +109,6 @@ class _MooncakeConnector(Connector):
         self.pool = RegionPool(self.spec.buffer_bytes)
         self.outstanding: dict[str, tuple[int, float]] = {}  # key -> (region offset, put time); producer side
         self.unpublished: set[str] = set()  # puts not (yet) in the directory: cancelled ones are abandoned
-        self._directory = None
         self._sweeper = PeriodicSweep(self.name, self.ttl_s, self.sweep)
         self._started = False
 
@@ -118,11 +118,9 @@ class _MooncakeConnector(Connector):
 
     @property
     def directory(self):
-        if self._directory is None:
-            from omni_serve.transport.ray_store import data_directory
+        from omni_serve.transport.directory import directory
 
-            self._directory = data_directory()
-        return self._directory
+        return directory()
 
     def _ensure_started(self) -> None:
         if not self._started:
@@ -179,7 +177,7 @@ class _MooncakeConnector(Connector):
             await self._stage_and_publish(key, enc, entry)
         else:
             self.outstanding[key] = (-1, time.monotonic())
-        await self.directory.put.remote(key, entry, owned=True)
+        await self.directory.call("put", key, entry, owned=True)
         self.unpublished.discard(key)
 
     @abc.abstractmethod
@@ -219,7 +217,7 @@ class _MooncakeConnector(Connector):
     async def _take(self, key: str, timeout: float) -> dict[str, Any] | None:
         """Claim ``key``'s directory entry. If the caller is cancelled while the claim is in flight, the
         claim may still succeed in the directory: release whatever it took, in the background."""
-        claim = asyncio.ensure_future(self.directory.wait.remote(key, timeout, take=True))
+        claim = asyncio.ensure_future(self.directory.call("wait", key, timeout, take=True))
         try:
             return await asyncio.shield(claim)
         except asyncio.CancelledError:
@@ -238,13 +236,13 @@ class _MooncakeConnector(Connector):
         """Copy the payload's tensor bytes into local registered memory at ``dst`` and release the source."""
 
     async def free(self, key: str) -> None:
-        entry = await self.directory.wait.remote(key, 0, take=True)
+        entry = await self.directory.call("wait", key, 0, take=True)
         if entry is not None:
             self._ensure_started()  # e.g. the ingress frees payloads of edges it never used itself
             self._drop(key, entry)
 
     async def free_request(self, request_id: str) -> None:
-        entries = await self.directory.take_prefix.remote(f"{request_id}/")
+        entries = await self.directory.call("take_prefix", f"{request_id}/")
         if entries:
             self._ensure_started()
         for key, entry in entries.items():
@@ -269,9 +267,9 @@ class _MooncakeConnector(Connector):
             if key in self.unpublished:  # its put was cancelled or failed midway
                 self.unpublished.discard(key)
                 self._abandon(key)
-                await self.directory.free.remote(key)
+                await self.directory.call("free", key)
                 continue
-            entry = await self.directory.wait.remote(key, 0, take=True)
+            entry = await self.directory.call("wait", key, 0, take=True)
             if entry is not None:
                 self._drop(key, entry)
                 expired += 1
@@ -449,20 +447,21 @@ class MooncakeStoreConnector(_MooncakeConnector):
         self.store.remove(key, force=True)
 
 
-# -- a local master for single-node runs ---------------------------------------------------------------------
+# -- the master omni_serve starts when none is configured -----------------------------------------------------
 MASTER_ACTOR = "omni_serve_mooncake_master"
 
 
-def master_command(port: int) -> list[str]:
+def master_command(port: int, bind: str = "0.0.0.0") -> list[str]:
     import mooncake
 
     binary = os.path.join(os.path.dirname(mooncake.__file__), "mooncake_master")
-    return [binary, f"--rpc_port={port}", "--rpc_address=127.0.0.1", f"--metrics_port={port + 1}",
-            "--metrics_host=127.0.0.1", "--logtostderr", "--client_ttl=5"]
+    return [binary, f"--rpc_port={port}", f"--rpc_address={bind}", f"--metrics_port={port + 1}",
+            f"--metrics_host={bind}", "--logtostderr", "--client_ttl=5"]
 
 
-def start_master_process(port: int, timeout_s: float = 30.0):
-    """Start ``mooncake_master`` on 127.0.0.1:``port`` as a child that dies with this process; wait for it."""
+def start_master_process(port: int, timeout_s: float = 30.0, bind: str = "0.0.0.0", probe: str = "127.0.0.1"):
+    """Start ``mooncake_master`` listening on ``bind``:``port`` as a child that dies with this process; wait
+    until ``probe``:``port`` answers."""
     import ctypes
     import signal
     import socket
@@ -471,14 +470,14 @@ def start_master_process(port: int, timeout_s: float = 30.0):
     def die_with_parent():
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
-    proc = subprocess.Popen(master_command(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    proc = subprocess.Popen(master_command(port, bind), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             preexec_fn=die_with_parent)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise DataPlaneError(f"mooncake_master exited with {proc.returncode} (port {port} in use?)")
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            socket.create_connection((probe, port), timeout=0.2).close()
             return proc
         except OSError:
             time.sleep(0.05)
@@ -487,23 +486,36 @@ def start_master_process(port: int, timeout_s: float = 30.0):
 
 
 class _MasterHolder:
-    """Ray actor owning the local master process (it dies with the actor: PR_SET_PDEATHSIG)."""
+    """Ray actor owning the master process (it dies with the actor: PR_SET_PDEATHSIG). The master listens on
+    every interface of the actor's node; its address is that node's IP, which every node of the cluster reaches."""
 
     def __init__(self, port: int):
+        import ray
+
         self.port = port
-        self.proc = start_master_process(port)
+        self.ip = ray.util.get_node_ip_address()
+        self.proc = start_master_process(port, probe=self.ip)
 
     def address(self) -> str:
         if self.proc.poll() is not None:
-            self.proc = start_master_process(self.port)
-        return f"127.0.0.1:{self.port}"
+            self.proc = start_master_process(self.port, probe=self.ip)
+        return f"{self.ip}:{self.port}"
 
 
 def ensure_local_master(port: int) -> str:
-    """The address of this cluster's local master, started on first use (needs Ray)."""
+    """The address of the master omni_serve runs for this cluster, started on first use (needs Ray): on the head
+    node when it is alive (it dies with the cluster, not with a worker node). Should its node die anyway, Ray
+    restarts it elsewhere, empty: the Store's objects of requests in flight are lost, and clients set up
+    against the old address fail their puts and gets until their replicas restart (name a master that outlives
+    nodes with ``data_plane.mooncake.master_address`` for that)."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    holder = ray.remote(num_cpus=0, max_restarts=-1)(_MasterHolder).options(
-        name=MASTER_ACTOR, namespace=settings.RAY_NAMESPACE, get_if_exists=True, lifetime="detached",
-    ).remote(port)
+    from omni_serve.transport.directory import _head_node_id
+
+    options = dict(name=MASTER_ACTOR, namespace=settings.RAY_NAMESPACE, get_if_exists=True, lifetime="detached")
+    head = _head_node_id()
+    if head is not None:
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(head, soft=True)
+    holder = ray.remote(num_cpus=0, max_restarts=-1)(_MasterHolder).options(**options).remote(port)
     return ray.get(holder.address.remote(), timeout=60)

@@ -32,6 +32,7 @@ _REGISTRY: dict[str, str] = {
     "mooncake": "omni_serve.transport.mooncake:MooncakeTransferConnector",
     "mooncake_store": "omni_serve.transport.mooncake:MooncakeStoreConnector",
     "memory": "omni_serve.transport.memory:MemoryConnector",
+    "nearest": "omni_serve.transport.nearest:NearestConnector",
 }
 _entry_points_read = False
 

@@ -478,7 +478,7 @@ class SharedMemoryConnector(Connector):
                 raise DataPlaneError(
                     f"edge {parts[1]!r} uses the shared-memory connector but its producer runs on node "
                     f"{node} and this consumer on {_node_id()}: use connector 'mooncake' or 'ray' for edges "
-                    "between nodes")
+                    "between nodes, or 'auto' (shared memory or Mooncake, chosen per producer/consumer pair)")
 
     # -- freeing ------------------------------------------------------------------------------------------
     def _drop_index(self, path: str) -> bool:
@@ -608,11 +608,11 @@ def _node_id() -> str:
 
 
 class _RayNodeDirectory:
-    """Stream -> producer node, kept in the Ray data directory actor (only when Ray is up)."""
+    """Stream -> producer node, kept in the data directory (``omni_serve.transport.directory``; Ray only), under
+    ``@node/<request>/<edge>`` (apart from the payload keys other connectors keep there)."""
 
-    def __init__(self, directory):
-        self.directory = directory
-        self.cache: dict[tuple[str, str], str] = {}
+    def __init__(self, client):
+        self.client = client
 
     @classmethod
     def create(cls):
@@ -620,18 +620,18 @@ class _RayNodeDirectory:
 
         if not ray.is_initialized():
             return None
-        from omni_serve.transport.ray_store import data_directory
+        from omni_serve.transport.directory import directory
 
-        return cls(data_directory())
+        return cls(directory())
 
     def announce(self, request_id: str, edge: str, node: str) -> None:
-        self.directory.put.remote(f"{request_id}/{edge}/@node", node)  # fire and forget: off the fast path
+        self.client.send("put", f"@node/{request_id}/{edge}", node)  # fire and forget: off the fast path
 
     async def node_of(self, request_id: str, edge: str) -> str | None:
         try:
-            return await asyncio.wait_for(self.directory.lookup.remote(f"{request_id}/{edge}/@node"), 1.0)
-        except asyncio.TimeoutError:
+            return await asyncio.wait_for(self.client.call("lookup", f"@node/{request_id}/{edge}"), 1.0)
+        except (asyncio.TimeoutError, DataPlaneError):
             return None
 
     def forget(self, request_id: str) -> None:
-        self.directory.free_prefix.remote(f"{request_id}/")
+        self.client.send("free_prefix", f"@node/{request_id}/")

@@ -48,7 +48,7 @@ def ray_directory_size() -> int:
     import ray
 
     from omni_serve import settings
-    from omni_serve.transport.ray_store import DIRECTORY_NAME
+    from omni_serve.transport.directory import DIRECTORY_NAME
 
     return ray.get(ray.get_actor(DIRECTORY_NAME, namespace=settings.RAY_NAMESPACE).size.remote())
 

@@ -1,5 +1,6 @@
-"""The ``auto`` connector (every edge's default): which backend it chooses and why, that the choice is made once per
-process, and that the Serve builder's spec carries concrete backends only (no Ray: the cluster is faked)."""
+"""The ``auto`` connector (every edge's default): which backend it chooses and why (``nearest`` wherever Ray runs,
+shared memory or Mooncake/Ray for one process), that the choice is made once per process, and that the Serve
+builder's spec carries concrete backends only (no Ray: whether Ray is up is faked)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def fresh_choice(monkeypatch):
 
 def cluster(monkeypatch, nodes: int | None, mooncake: bool = True) -> None:
     monkeypatch.setattr(auto, "alive_nodes", lambda: nodes)
-    monkeypatch.setattr(auto, "_mooncake_loads", lambda: mooncake)
+    monkeypatch.setattr(auto, "mooncake_loads", lambda: mooncake)
 
 
 def test_auto_is_a_known_name_and_every_edge_defaults_to_it():
@@ -29,26 +30,26 @@ def test_auto_is_a_known_name_and_every_edge_defaults_to_it():
     assert EdgeSpec().connector == "auto"
 
 
-@pytest.mark.parametrize("nodes", [None, 1])
-def test_one_node_with_room_in_shared_memory_chooses_shm(monkeypatch, tmp_path, nodes):
-    cluster(monkeypatch, nodes)
+def test_one_process_with_room_in_shared_memory_chooses_shm(monkeypatch, tmp_path):
+    cluster(monkeypatch, None)
     monkeypatch.setattr(auto.settings, "SHM_DIR", str(tmp_path))
     choice = auto.choose()
     assert choice.name == "shm" and str(tmp_path) in choice.reason
     assert connector_class(auto.resolve("auto")).name == "shm"
 
 
-def test_several_nodes_choose_mooncake_else_ray(monkeypatch):
-    cluster(monkeypatch, 3)
-    assert auto.choose().name == "mooncake"
-    cluster(monkeypatch, 3, mooncake=False)
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_a_ray_cluster_of_any_size_chooses_nearest(monkeypatch, nodes):
+    """Per stream at run time (omni_serve.transport.nearest): a cluster that grows or shrinks keeps working."""
+    cluster(monkeypatch, nodes)
     choice = auto.choose()
-    assert choice.name == "ray" and "3 alive node(s)" in choice.reason
+    assert choice.name == "nearest" and f"{nodes} alive node(s)" in choice.reason
+    assert connector_class(choice.name).scope == "cluster"
 
 
 def test_one_node_without_room_in_shared_memory_does_not_choose_shm(monkeypatch, tmp_path):
     """A container's default 64 MiB /dev/shm: shared memory would fail the first big payload."""
-    cluster(monkeypatch, 1, mooncake=False)
+    cluster(monkeypatch, None, mooncake=False)
 
     class Small:
         f_bavail, f_frsize = 64 << 8, 4096  # 64 MiB
@@ -69,11 +70,12 @@ def test_the_environment_names_the_backend_and_a_bad_name_fails(monkeypatch):
         auto.choose()
 
 
-def test_the_choice_is_made_once_per_process(monkeypatch):
-    cluster(monkeypatch, 2)
-    assert auto.resolve("auto") == "mooncake"
-    cluster(monkeypatch, 1, mooncake=False)  # the cluster changed: this process keeps its choice
-    assert auto.resolve("auto") == "mooncake"
+def test_the_choice_is_made_once_per_process(monkeypatch, tmp_path):
+    monkeypatch.setattr(auto.settings, "SHM_DIR", str(tmp_path))
+    cluster(monkeypatch, None)
+    assert auto.resolve("auto") == "shm"
+    cluster(monkeypatch, 2)  # Ray came up: this process keeps its choice
+    assert auto.resolve("auto") == "shm"
     assert auto.resolve("shm") == "shm"
 
 
@@ -87,7 +89,7 @@ def test_builder_spec_names_concrete_backends_only_when_it_sees_the_cluster(monk
     resolved = FAMILY.resolve_connectors(spec)
     edges = {name: getattr(resolved.edges, name) for name in type(resolved.edges).model_fields}
     assert edges["thinker_talker"].connector == "ray"  # named: kept
-    assert {e.connector for n, e in edges.items() if n != "thinker_talker"} == {"mooncake"}
+    assert {e.connector for n, e in edges.items() if n != "thinker_talker"} == {"nearest"}
     assert edges["talker_code2wav"].chunk_size == spec.edges.talker_code2wav.chunk_size  # the rest kept
 
 
