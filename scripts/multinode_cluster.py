@@ -8,6 +8,7 @@ Usage (root, or CAP_NET_ADMIN + CAP_SYS_ADMIN):
     python scripts/multinode_cluster.py power-off worker1      # SIGKILL to the node's PID 1: the machine is gone
     python scripts/multinode_cluster.py partition worker1      # cut its link; heal puts it back
     python scripts/multinode_cluster.py join worker3 --resources '{"omni_speech": 10}'   # a replacement machine
+    python scripts/multinode_cluster.py deploy qwen_image '{"checkpoint": "/abs/ckpt"}'  # serve.run from the head
     python scripts/multinode_cluster.py down                   # tears everything down, whatever state it is in
 
 Each node is a network namespace (``omni-<node>``) on a bridge (``omni-br0``, 10.77.0.0/24, veth MTU 65000: Mooncake
@@ -233,6 +234,30 @@ def run_in(node: Node, argv: list[str], capture: bool = False, timeout: float | 
                           env={**os.environ, **NODE_ENV, **(env or {}), "RAY_TMPDIR": node.temp_dir})
 
 
+DEPLOY = """
+import json, sys
+import ray
+from ray import serve
+ray.init(address="{address}", namespace="omni_serve", logging_level="ERROR", log_to_driver=False)
+serve.start(http_options={{"host": "0.0.0.0", "port": {port}}}, proxy_location="HeadOnly")
+from omni_serve.families.{family} import build_app
+serve.run(build_app(json.loads(sys.argv[1])), name="{name}", route_prefix="{route_prefix}")
+print("deployed")
+"""
+
+
+def deploy(state: ClusterState, python: str, family: str, args: dict, name: str, route_prefix: str = "/",
+           port: int = 8000, env: dict[str, str] | None = None, timeout: float = 900) -> None:
+    """``serve.run`` of a family's app from a driver on the head (the app outlives the driver); HTTP on the head's
+    IP at ``port``. ``args`` are the graph spec's values (paths absolute: the driver's cwd is not yours)."""
+    head = state.node("head")
+    code = DEPLOY.format(address=f"{head.ip}:{RAY_PORT}", port=port, family=family, name=name,
+                         route_prefix=route_prefix)
+    out = run_in(head, [python, "-c", code, json.dumps(args)], capture=True, timeout=timeout, env=env)
+    if out.returncode != 0 or "deployed" not in out.stdout:
+        raise RuntimeError(f"deploying {family} failed ({out.returncode}):\n{out.stderr[-4000:]}")
+
+
 def power_off(state: ClusterState, name: str) -> None:
     """SIGKILL the node's PID 1: the kernel kills every process of its PID namespace at once."""
     node = state.node(name)
@@ -291,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     u = sub.add_parser("up", help="start a head and worker nodes")
     u.add_argument("--workers", type=int, default=2)
+    u.add_argument("--resources", default=None, help="JSON list of each node's custom resources, head first")
     u.add_argument("--python", default=sys.executable, help="the interpreter whose ray to start (default: this one)")
     sub.add_parser("status", help="the nodes, their IPs and PIDs")
     e = sub.add_parser("exec", help="run a command in a node's namespaces")
@@ -300,6 +326,13 @@ def main(argv: list[str] | None = None) -> int:
     j.add_argument("node")
     j.add_argument("--resources", default="{}", help="its custom resources, JSON")
     j.add_argument("--python", default=sys.executable)
+    d = sub.add_parser("deploy", help="serve.run a family's app from a driver on the head (HTTP on its IP)")
+    d.add_argument("family")
+    d.add_argument("args", nargs="?", default="{}", help="graph spec values, JSON (absolute paths)")
+    d.add_argument("--name", default=None, help="application name (default: the family)")
+    d.add_argument("--route-prefix", default="/")
+    d.add_argument("--port", type=int, default=8000)
+    d.add_argument("--python", default=sys.executable)
     for name in ("power-off", "partition", "heal"):
         sub.add_parser(name, help=f"{name} a node").add_argument("node")
     sub.add_parser("down", help="tear everything down")
@@ -309,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.cmd == "up":
         try:
-            up(args.workers, args.python)
+            up(args.workers, args.python, json.loads(args.resources) if args.resources else None)
         except BaseException:
             down()
             raise
@@ -323,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "exec":
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         return run_in(state.node(args.node), command).returncode
+    elif args.cmd == "deploy":
+        deploy(state, args.python, args.family, json.loads(args.args), args.name or args.family, args.route_prefix,
+               args.port)
     elif args.cmd == "join":
         add_node(state, args.node, args.python, json.loads(args.resources))
     elif args.cmd == "power-off":

@@ -150,6 +150,9 @@ def add_parser(sub, argv: list[str] | None) -> argparse.ArgumentParser:
                     help="payload sizes (default 4KiB,1MiB,64MiB,512MiB)")
     tr.add_argument("--reps", type=int, default=0,
                     help="measured payloads per size (default 0: 50 up to 1 MiB, 10 at 64 MiB, 4 above)")
+    tr.add_argument("--address", default=None, help="Ray cluster to join, host:port (default: a local Ray)")
+    tr.add_argument("--producer-node", default=None, metavar="IP", help="run the producer on this node")
+    tr.add_argument("--consumer-node", default=None, metavar="IP", help="run the consumer on this node")
     bn.set_defaults(func=cmd_bench, bench_error=None)
     if selected:
         chosen = _selection(argv[1:])
@@ -172,6 +175,8 @@ def cmd_bench_transport(args) -> int:
               f"{', '.join(known_connectors())}; sizes: {', '.join(SIZES)})", file=sys.stderr)
         return 2
     cfg = TransportBenchConfig(sizes=args.sizes, reps=args.reps, warmup=max(args.warmup, 1), out=args.out,
+                               address=args.address, producer_node=args.producer_node,
+                               consumer_node=args.consumer_node,
                                **({"backends": args.backends} if args.backends else {}))
     report = run_transport_bench(cfg)
     print(f"report: {report['path']}")

@@ -1,7 +1,9 @@
 """``omni-serve bench transport``: data-plane bandwidth and latency per backend vs memcpy, in one run.
 
-Contract: ``run_transport_bench(TransportBenchConfig)`` starts a local Ray (unless one is up), places a
-producer and a consumer actor (two processes on this node), and for every backend and payload size moves
+Contract: ``run_transport_bench(TransportBenchConfig)`` starts a local Ray (unless one is up, or ``address``
+names a cluster to join), places a producer and a consumer actor (two processes on this node, or on the nodes
+whose IPs ``producer_node`` and ``consumer_node`` name: two nodes measure the cross-node path, e.g. on the
+multi-node harness, docs/multinode.md), and for every backend and payload size moves
 ``reps`` payloads (one float32 tensor of that size, after ``warmup`` unmeasured ones) from the producer to
 the consumer, one at a time:
 
@@ -28,7 +30,7 @@ from pydantic import BaseModel, Field
 
 from omni_serve.bench.report import _num, _table
 
-SIZES = {"4KiB": 4 << 10, "1MiB": 1 << 20, "64MiB": 64 << 20, "512MiB": 512 << 20}
+SIZES = {"4KiB": 4 << 10, "1MiB": 1 << 20, "16MiB": 16 << 20, "64MiB": 64 << 20, "512MiB": 512 << 20}
 PAGE_FLOATS = 1024  # floats per 4 KiB page
 
 
@@ -42,10 +44,14 @@ class TransportBenchConfig(BaseModel):
     backends: list[str] = Field(default_factory=_served_backends, description=(
         "Connectors to measure (names of the connector registry; default: 'auto' and every registered one that "
         "crosses processes). 'auto', the edges' default, is reported with the backend it chose."))
-    sizes: list[str] = Field(default_factory=lambda: list(SIZES), description="Payload sizes (keys of SIZES).")
+    sizes: list[str] = Field(default_factory=lambda: ["4KiB", "1MiB", "64MiB", "512MiB"],
+                             description="Payload sizes (keys of SIZES).")
     reps: int = Field(0, ge=0, description="Measured payloads per size (0: 50 for <=1 MiB, 10 for 64 MiB, 4 above).")
     warmup: int = Field(2, ge=0, description="Unmeasured payloads first (pools, mappings, connections).")
     out: str = Field("bench_transport", description="Directory of transport_bench_report.json.")
+    address: str | None = Field(None, description="Ray cluster to join ('host:port'); None: local Ray.")
+    producer_node: str | None = Field(None, description="IP of the node the producer runs on (None: any).")
+    consumer_node: str | None = Field(None, description="IP of the node the consumer runs on (None: any).")
 
 
 def reps_for(nbytes: int, reps: int) -> int:
@@ -115,12 +121,22 @@ class _Endpoint:
     def stats(self, backend: str) -> dict:
         return self._connector(backend).stats()
 
+    def expect(self, backend: str, request_id: str, edge: str) -> None:
+        """The consumer says where it reads, as a stage does when its call starts (``nearest`` routes by it)."""
+        self._connector(backend).expect(request_id, edge)
+
+    def where(self) -> str:
+        import ray
+
+        return ray.util.get_node_ip_address()
+
 
 def _measure(producer, consumer, backend: str, nbytes: int, reps: int, warmup: int) -> dict[str, Any]:
     import ray
 
     puts, gets = [], []
     run_id = uuid.uuid4().hex[:8]
+    ray.get(consumer.expect.remote(backend, f"bench-{run_id}", backend))
     for i in range(warmup + reps):
         key = f"bench-{run_id}/{backend}/{i}"
         put_s = ray.get(producer.put.remote(backend, key, nbytes))
@@ -135,6 +151,19 @@ def _measure(producer, consumer, backend: str, nbytes: int, reps: int, warmup: i
             "gb_per_s": nbytes / med / 1e9, "reps": reps}
 
 
+def _on_node(ip: str | None) -> dict[str, Any]:
+    """Actor options that pin it to the alive node with IP ``ip`` (none: anywhere)."""
+    if ip is None:
+        return {}
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    for node in ray.nodes():
+        if node.get("Alive") and node["NodeManagerAddress"] == ip:
+            return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)}
+    raise ValueError(f"no alive Ray node has IP {ip}")
+
+
 def run_transport_bench(cfg: TransportBenchConfig) -> dict[str, Any]:
     import ray
 
@@ -144,12 +173,19 @@ def run_transport_bench(cfg: TransportBenchConfig) -> dict[str, Any]:
     started = not ray.is_initialized()
     if started:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        if cfg.address:
+            ray.init(address=cfg.address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         Endpoint = ray.remote(num_cpus=0)(_Endpoint)
         max_bytes = max(SIZES[s] for s in cfg.sizes)
-        producer, consumer = Endpoint.remote(max_bytes), Endpoint.remote(max_bytes)
-        report: dict[str, Any] = {"created": time.time(), "config": cfg.model_dump(), "memcpy": {}, "backends": {}}
+        producer = Endpoint.options(**_on_node(cfg.producer_node)).remote(max_bytes)
+        consumer = Endpoint.options(**_on_node(cfg.consumer_node)).remote(max_bytes)
+        report: dict[str, Any] = {"created": time.time(), "config": cfg.model_dump(), "memcpy": {}, "backends": {},
+                                  "nodes": {"producer": ray.get(producer.where.remote()),
+                                            "consumer": ray.get(consumer.where.remote())}}
+        print(f"producer on {report['nodes']['producer']}, consumer on {report['nodes']['consumer']}", flush=True)
         for size in cfg.sizes:
             nbytes = SIZES[size]
             reps = reps_for(nbytes, cfg.reps)

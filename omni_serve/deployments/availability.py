@@ -1,57 +1,43 @@
-"""Which stages of the ingress' application can take a request now: Serve's own view, polled.
+"""Which stages of the ingress' application can take a request now: the running replicas its handles route to.
 
-Contract: ``StageAvailability(stages, can_be_empty)`` polls Serve's controller (``serve.status()``, in a thread,
-every ``period_s``) for the running replicas of each stage deployment of this ingress' application, once
-``start()`` was called on the ingress' event loop. ``missing()`` lists the stages with no running replica (none
-until the first answer: a stage is taken to be there until Serve says otherwise; stages whose autoscaling allows
-zero replicas never count as missing). The ingress answers new requests 503 with ``Retry-After`` while a stage
-is missing, instead of queueing them for a replica that may never come (its node is gone and nowhere else has
-the resources its placement asks for), and ``/health`` says which stages are missing.
+Contract: ``StageAvailability(handles, can_be_empty)`` over the ingress' stage handles (stage name -> Serve
+``DeploymentHandle``). ``missing()`` lists the stages whose handle knows the deployment's running replicas and
+counts none; a stage whose handle has not heard from Serve yet is taken to be there, and stages whose autoscaling
+allows zero replicas (``can_be_empty``) never count as missing. The ingress answers new requests 503 with
+``Retry-After`` while a stage is missing, instead of queueing them for a replica that may never come (its node
+is gone and nowhere else has the resources its placement asks for), ends requests in flight that wait on such a
+stage (``StageCalls.missing_stages``), and ``/health`` names the missing stages.
 
-Why poll: Serve's handles queue a request while a deployment has no replica and say nothing of it; the
-controller's status is the one place that knows, and one call a second per ingress replica costs nothing.
+Why the handle's router: it holds the deployment's running replicas, pushed by Serve's controller as they change
+(long poll) and dropped at once when a call finds a replica's actor dead, so asking it costs nothing. Serve has no
+public accessor for that set (``running_replicas_populated()`` is public, the set is not), and asking the
+controller instead (``serve.status()``) took ~130 ms of its time per call on a busy 2-core machine: polled by
+every ingress replica, that slowed the whole cluster. Ray is pinned (pyproject), and if the private path ever
+moves, ``running_replicas`` answers None: no stage is reported missing, requests queue as Serve queues them, and
+the multi-node tests (which need the fast 503) fail.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
+from typing import Any, Mapping
 
-log = logging.getLogger(__name__)
+
+def running_replicas(handle: Any) -> int | None:
+    """Running replicas the handle routes to, or None while it does not know (not initialized, or no answer
+    from Serve yet)."""
+    try:
+        if not handle.running_replicas_populated():
+            return None
+        return len(handle._router._asyncio_router._active_request_router.curr_replicas)
+    except AttributeError:
+        return None
 
 
 class StageAvailability:
-    def __init__(self, stages: list[str], can_be_empty: set[str] | None = None, period_s: float = 1.0):
-        self.stages = [s for s in stages if s not in (can_be_empty or set())]
-        self.period_s = period_s
-        self.running: dict[str, int] = {}
-        self.checked_at: float | None = None
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._poll_forever())
-
-    def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
+    def __init__(self, handles: Mapping[str, Any], can_be_empty: set[str] | None = None):
+        self.handles = {s: h for s, h in handles.items() if s not in (can_be_empty or set())}
+        for handle in self.handles.values():
+            handle.options()  # initializes the handle's router (calls share it), so it learns the replicas now
 
     def missing(self) -> list[str]:
-        return [s for s in self.stages if self.running.get(s, 1) == 0]
-
-    async def _poll_forever(self) -> None:
-        from ray import serve
-
-        app = serve.get_replica_context().app_name
-        while True:
-            try:
-                status = await asyncio.to_thread(serve.status)
-                deployments = status.applications[app].deployments
-                self.running = {s: deployments[s].replica_states.get("RUNNING", 0)
-                                for s in self.stages if s in deployments}
-                self.checked_at = time.monotonic()
-            except Exception:  # noqa: BLE001 - keep the last answer; the controller may be restarting
-                log.debug("stage availability: serve.status() failed", exc_info=True)
-            await asyncio.sleep(self.period_s)
+        return [stage for stage, handle in self.handles.items() if running_replicas(handle) == 0]

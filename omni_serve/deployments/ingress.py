@@ -65,9 +65,7 @@ class OpenAIIngress:
         self.ingress_spec = spec.ingress
         self.api_keys = api_keys(spec.ingress)
         self.availability = StageAvailability(
-            self.frontend.stages.stages,
-            {s for s in self.frontend.stages.stages
-             if (spec.stage_spec(s).autoscaling_config or {}).get("min_replicas", 1) == 0})
+            handles, {s for s in handles if (spec.stage_spec(s).autoscaling_config or {}).get("min_replicas", 1) == 0})
         self.frontend.stages.missing_stages = self.availability.missing
 
     def __serve_build_asgi_app__(self) -> FastAPI:
@@ -78,7 +76,6 @@ class OpenAIIngress:
         """(the request's in-flight ticket, its deadline in seconds), or a 429/400 raised."""
         try:
             timeout_s = request_deadline(request.headers.get(TIMEOUT_HEADER), self.default_timeout_s)
-            self.availability.start()
             missing = self.availability.missing()
             if missing:
                 raise OpenAIError(
@@ -148,7 +145,6 @@ class OpenAIIngress:
         return ModelList(data=[ModelCard(id=self.model_name)]).model_dump()
 
     async def health(self, request: Request):
-        self.availability.start()
         stages = await self.frontend.health()
         missing = self.availability.missing()
         for stage in missing:

@@ -28,7 +28,6 @@ is still running.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import traceback
@@ -36,6 +35,7 @@ from typing import Any, AsyncIterator
 
 from ray import serve
 
+from omni_serve.graph.calls import free_within
 from omni_serve.graph.messages import Message
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class StageDeployment:
             # now, whichever node the ingress runs on (the ingress frees what it can reach too).
             request_id = getattr(call, "request_id", None)
             if request_id:
-                await asyncio.shield(self.runner.io.free_request(request_id))
+                await free_within(self.runner.io.free_request(request_id), request_id)
             # The error's traceback keeps the unwound frames of the request (its program, upstream
             # chunks) alive in a cycle that only a full garbage collection frees, which in a busy replica
             # can be minutes away, holding zero-copy payloads (connector memory) all that time. Clear

@@ -68,6 +68,21 @@ def stage_error(stage: str, exc: BaseException, request_id: str) -> OpenAIError:
     return internal_error(f"Stage {stage} failed on request {request_id}; the details are in the server log.")
 
 
+FREE_WAIT_S = 5.0  # how long a request's end waits for its data-plane cleanup before leaving it to the background
+_BACKGROUND: set[asyncio.Task] = set()
+
+
+async def free_within(cleanup: Awaitable[None], request_id: str, wait_s: float = FREE_WAIT_S) -> None:
+    """Run ``cleanup`` shielded from cancellation; wait for it at most ``wait_s``, then let it finish on its own."""
+    task = asyncio.ensure_future(cleanup)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+    done, _ = await asyncio.wait([task], timeout=wait_s)
+    if not done:
+        log.warning("request %s: data-plane cleanup still running after %.0f s; it goes on in the background",
+                    request_id, wait_s)
+
+
 class ReplicaGone(RuntimeError):
     """A stage of a request in flight has no running replica any more (its node died)."""
 
@@ -131,7 +146,7 @@ class StageCalls:
         except BaseException:
             for gen in opened.values():
                 gen.cancel()
-            await asyncio.shield(self.free(request_id))
+            await free_within(self.free(request_id), request_id)
             raise
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -178,8 +193,10 @@ class StageCalls:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             # Shielded: a second cancellation (the client went away while this runs) must not cut the freeing
-            # short between taking the request's directory entries and releasing their payloads.
-            await asyncio.shield(self.free(request_id))
+            # short between taking the request's directory entries and releasing their payloads. Bounded: the
+            # client's answer never waits on cleanup for long (the data directory may be restarting after its
+            # node died); what is left finishes in the background.
+            await free_within(self.free(request_id), request_id)
 
     async def free(self, request_id: str) -> None:
         """Drop everything the request left on the data plane (every connector of the graph)."""

@@ -58,23 +58,24 @@ def test_mooncake_and_shm_edges_carry_a_whole_request_exactly(dp_app, reference,
     check_against_reference(body, reference(kind))
 
 
-def test_default_connector_follows_the_one_node_rule(omni_app, reference):
-    """Edges left on `auto` (the default) use shm on this one-node cluster when its shared memory has room (as on
-    the machines this suite runs on), else the fallback `auto.choose` names. The session's default graph pins
-    thinker_talker to ray; talker_code2wav is on auto, so the talker and code2wav use what auto chose."""
+def test_default_connector_routes_over_shared_memory_on_one_node(omni_app, reference):
+    """Edges left on `auto` (the default) are `nearest` on a Ray cluster: per stream, shared memory when producer
+    and consumer share a node, which on this one-node cluster (with room in its shared memory, as on the
+    machines this suite runs on) is every stream. The session's default graph pins thinker_talker to ray;
+    talker_code2wav is on auto."""
     from omni_serve.transport import auto
 
-    assert auto.alive_nodes() == 1
-    expected = auto.choose().name
-    assert expected == "shm" or not auto.shm_usable(auto.shm_dir())[0]
+    assert auto.alive_nodes() == 1 and auto.choose().name == "nearest"
+    assert auto.shm_usable(auto.shm_dir())[0]
     body = httpx.post(f"{omni_app}/v1/chat/completions", json=oracle_request("audio"), timeout=120).json()
     check_against_reference(body, reference("audio"))
     stats = _stage_data_plane(omni_app)
-    used = {name for stage in ("talker", "code2wav") for name in stats[stage]}
-    if expected == "ray":  # the ray connector keeps no per-process stats
-        assert not used & {"shm", "mooncake", "mooncake_store"}, stats
-    else:
-        assert expected in stats["talker"] and expected in stats["code2wav"], stats
+    for stage in ("talker", "code2wav"):
+        assert "shm" in stats[stage] and stats[stage]["nearest"].get("streams_shm"), stats
+        assert not {k for k in stats[stage]["nearest"] if k != "streams_shm"}, stats  # no stream went elsewhere
+    routes = httpx.get(f"{omni_app}/health", timeout=30).json()["stages"]["code2wav"]["routes"]
+    route = next(r for r in reversed(routes) if r["edge"] == "talker_code2wav")
+    assert route["backend"] == "shm" and route["producer"]["node"] == route["reader"]["node"], route
 
 
 def _stage_data_plane(url: str) -> dict[str, dict]:

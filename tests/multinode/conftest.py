@@ -82,13 +82,7 @@ class Cluster:
 
     def deploy(self, family: str, args: dict, name: str, route_prefix: str) -> None:
         """``serve.run`` of a family's app from a driver on the head (the app outlives the driver)."""
-        code = ("from ray import serve\n"
-                f"serve.start(http_options={{'host': '0.0.0.0', 'port': {HTTP_PORT}}}, proxy_location='HeadOnly')\n"
-                f"from omni_serve.families.{family} import build_app\n"
-                f"serve.run(build_app(json.loads({json.dumps(json.dumps(args))})), name={name!r}, "
-                f"route_prefix={route_prefix!r})\n"
-                "print('deployed')")
-        assert self.python_in("head", code) == "deployed"
+        self.h.deploy(self.state, self.python, family, args, name, route_prefix, HTTP_PORT, env=NODE_ENV)
 
     def directory_keys(self, prefix: str = "") -> list[str]:
         code = ("from omni_serve.transport.directory import directory\n"
@@ -113,6 +107,15 @@ class Cluster:
 
     def alive_nodes(self) -> int:
         return self.h.live_nodes(self.head, self.python)
+
+
+@pytest.fixture(scope="module")
+def http(cluster):
+    """An HTTP client of the module's ``cluster`` fixture (its graph, at the head's IP)."""
+    import httpx
+
+    with httpx.Client(base_url=cluster.url, timeout=300) as client:
+        yield client
 
 
 def start_cluster(resources: list[dict[str, float]]) -> Cluster:

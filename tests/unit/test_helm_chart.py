@@ -192,6 +192,12 @@ def test_every_ray_container_has_a_sized_dev_shm_and_the_omni_serve_env(renders,
         assert _quantity_mib(memory_limit) * MiB > size, "tmpfs pages count against the memory limit"
         # Ray auth is the operator's: KubeRay sets RAY_AUTH_MODE / RAY_AUTH_TOKEN from ray.authOptions.
         assert "RAY_AUTH_MODE" not in env and "RAY_AUTH_TOKEN" not in env
+        # node-death detection bounded by the head's health checks (docs/multinode.md); set on the head only
+        checks = {k: env.get(f"RAY_health_check_{k}") for k in ("period_ms", "timeout_ms", "failure_threshold")}
+        if group["groupName"] == "head":
+            assert int(checks["period_ms"]) * int(checks["failure_threshold"]) <= 10_000, checks
+        else:
+            assert set(checks.values()) == {None}, checks
 
 
 # --------------------------------------------------------------------------------- Ray Serve config + spec

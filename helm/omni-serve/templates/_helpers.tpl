@@ -366,6 +366,16 @@ spec:
           value: {{ $v.dataPlane.dataTtlSeconds | toString | quote }}
         - name: OMNI_SERVE_RAY_NAMESPACE
           value: {{ $v.dataPlane.rayNamespace | quote }}
+        {{- if .head }}
+        {{- with $v.head.nodeHealthCheck }}
+        - name: RAY_health_check_period_ms
+          value: {{ .periodMs | toString | quote }}
+        - name: RAY_health_check_timeout_ms
+          value: {{ .timeoutMs | toString | quote }}
+        - name: RAY_health_check_failure_threshold
+          value: {{ .failureThreshold | toString | quote }}
+        {{- end }}
+        {{- end }}
         {{- with $v.dataPlane.autoConnector }}
         - name: OMNI_SERVE_AUTO_CONNECTOR
           value: {{ . | quote }}
