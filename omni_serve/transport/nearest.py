@@ -202,7 +202,7 @@ class NearestConnector(Connector):
             if route == LOCAL and producer_node != self.here["node"]:
                 raise DataPlaneError(f"data-plane payload {key} is in shared memory on node {producer_node}, but "
                                      f"its consumer runs on node {self.here['node']} (it moved between the two)")
-            self._remember(stream, route, info, "get")
+            self._remember(stream, route, {**info, "reader": self.here}, "get")  # the reader is this process
             timeout = max(timeout - (time.monotonic() - start), 0.001)
         return await self._backend(route).get(key, timeout)
 

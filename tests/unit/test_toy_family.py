@@ -7,30 +7,15 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import importlib.metadata
 import os
 
 import pytest
 
 from omni_serve.api.errors import OpenAIError
-from omni_serve.graph import registry
 from omni_serve.graph.frontend import RequestContext
 from omni_serve.graph.local import LocalGraph
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "toy_family")
-
-
-@pytest.fixture
-def toy(monkeypatch):
-    entry = importlib.metadata.EntryPoint(name="toy", value="tests.toy_family:FAMILY",
-                                          group=registry.ENTRY_POINT_GROUP)
-    real = importlib.metadata.entry_points
-    monkeypatch.setattr(importlib.metadata, "entry_points",
-                        lambda group=None, **kw: [entry] if group == registry.ENTRY_POINT_GROUP
-                        else real(group=group, **kw))
-    registry.families.cache_clear()
-    yield registry.family("toy")
-    registry.families.cache_clear()
 
 
 def _echo(graph: LocalGraph, text: str) -> str:

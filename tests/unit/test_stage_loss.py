@@ -1,0 +1,112 @@
+"""What the ingress does when a stage loses its replicas, without Ray: its handles' view of the running replicas
+(``omni_serve.deployments.availability``), a request waiting on a lost stage ending with a 503, and a request's
+cleanup that never holds the answer for long (``omni_serve.graph.calls.free_within``). The stage calls and the
+handles are in-process stand-ins; tests/multinode does it on a real cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from omni_serve.api.errors import OpenAIError
+from omni_serve.deployments.availability import StageAvailability, running_replicas
+from omni_serve.graph.calls import StageCalls, free_within
+from omni_serve.transport.memory import MemoryConnector
+
+
+class Handle:
+    """A Serve handle's shape as far as ``running_replicas`` reads it."""
+
+    def __init__(self, replicas: int | None):
+        self.replicas = replicas
+        router = type("R", (), {})()
+        router._asyncio_router = type("A", (), {})()
+        router._asyncio_router._active_request_router = type("Q", (), {})()
+        router._asyncio_router._active_request_router.curr_replicas = {i: object() for i in range(replicas or 0)}
+        self._router = router
+        self.initialized = False
+
+    def options(self, **kw):
+        self.initialized = True
+        return self
+
+    def running_replicas_populated(self) -> bool:
+        return self.replicas is not None
+
+
+def test_a_stage_is_missing_only_when_its_handle_knows_it_has_no_running_replica():
+    handles = {"a": Handle(2), "b": Handle(0), "c": Handle(None), "d": Handle(0)}
+    availability = StageAvailability(handles, can_be_empty={"d"})
+    assert all(h.initialized for s, h in handles.items() if s != "d")  # routers start learning at once
+    assert availability.missing() == ["b"]
+    assert running_replicas(object()) is None  # not a handle we know the shape of: never "missing"
+
+
+class NeverAnswers:
+    def __init__(self):
+        self.cancelled = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        await asyncio.sleep(3600)
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def test_a_request_waiting_on_a_stage_that_lost_its_last_replica_ends_with_a_503(toy_family):
+    family, spec = toy_family
+    opened = {}
+
+    def open_call(stage, call):
+        opened[stage] = NeverAnswers()
+        return opened[stage]
+
+    calls = StageCalls(family.graph, spec, open_call, probe=None, connector=MemoryConnector())
+    lost: list[str] = []
+    calls.missing_stages = lambda: list(lost)
+    from tests.toy_family.messages import EchoCall
+
+    async def main():
+        asyncio.get_running_loop().call_later(0.3, lost.append, "decode")
+        t0 = time.monotonic()
+        with pytest.raises(OpenAIError) as err:
+            async for _ in calls.stream("r", {s: EchoCall(request_id="r", text="x") for s in ("encode", "decode")},
+                                        timeout_s=600):
+                pass
+        return err.value, time.monotonic() - t0
+
+    err, took = asyncio.run(main())
+    assert err.status_code == 503 and "Stage decode" in str(err) and err.headers["Retry-After"]
+    assert took < 5 and all(c.cancelled for c in opened.values())
+
+
+def test_cleanup_is_waited_for_only_so_long_then_finishes_in_the_background():
+    done = []
+
+    async def slow_cleanup():
+        await asyncio.sleep(0.5)
+        done.append(True)
+
+    async def main():
+        t0 = time.monotonic()
+        await free_within(slow_cleanup(), "r", wait_s=0.05)
+        waited = time.monotonic() - t0
+        assert not done
+        await asyncio.sleep(0.7)
+        return waited
+
+    assert asyncio.run(main()) < 0.4 and done == [True]
+
+
+@pytest.fixture
+def toy_family(toy, tmp_path):
+    from omni_serve.cli import main
+
+    ckpt = str(tmp_path / "toy-tiny")
+    main(["make-checkpoint", "toy", "--size", "tiny", ckpt])
+    return toy, toy.validate({"checkpoint": ckpt})
