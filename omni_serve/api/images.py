@@ -24,6 +24,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 _SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 
 
+# Guidance scales are finite and bounded: JSON's `Infinity`/`NaN` would otherwise reach the denoising loop and turn
+# every latent into inf/NaN (a 200 with a black image); useful scales are single digits, 100 leaves room.
+MAX_GUIDANCE_SCALE = 100.0
+
+
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -52,9 +57,9 @@ class ImageGenerationRequest(_Lenient):
     user: str | None = Field(default=None, description="Accepted and ignored.")
     seed: int | None = Field(default=None, ge=0, lt=2**63, description="Noise seed (image i uses seed + i).")
     num_inference_steps: int | None = Field(default=None, ge=1, description="Denoising steps.")
-    true_cfg_scale: float | None = Field(default=None, ge=0, description=(
+    true_cfg_scale: float | None = Field(default=None, ge=0, le=MAX_GUIDANCE_SCALE, allow_inf_nan=False, description=(
         "Classifier-free guidance scale; guidance runs when > 1 and a negative_prompt is given."))
-    guidance_scale: float | None = Field(default=None, ge=0, description=(
+    guidance_scale: float | None = Field(default=None, ge=0, le=MAX_GUIDANCE_SCALE, allow_inf_nan=False, description=(
         "Distilled-guidance input of guidance-distilled transformers; for others an alias of true_cfg_scale."))
     negative_prompt: str | None = Field(default=None, description="What not to draw (enables true CFG).")
     cache: CacheOptions | None = Field(default=None, description="Cache acceleration overrides.")

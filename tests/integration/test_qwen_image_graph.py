@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -151,13 +152,17 @@ BAD = [
     ({"prompt": "x", "cache": {"mode": "dbcache", "residual_diff_threshold": 5.0}}, "cache.residual_diff_threshold"),
     ({"prompt": "x", "cache": {"mode": "fastest"}}, "cache.mode"),
     ({"prompt": "x", "true_cfg_scale": -1}, "true_cfg_scale"),
+    ({"prompt": "x", "true_cfg_scale": float("inf")}, "true_cfg_scale"),  # JSON's Infinity
+    ({"prompt": "x", "guidance_scale": float("nan")}, "guidance_scale"),  # JSON's NaN
+    ({"prompt": "x", "true_cfg_scale": 1e6}, "true_cfg_scale"),
     ({"prompt": 5}, "prompt"),
 ]
 
 
 @pytest.mark.parametrize("body,param", BAD, ids=[p for _, p in BAD])
 def test_bad_input_is_a_400_then_a_good_request_succeeds(client, body, param):
-    r = client.post("/v1/images/generations", json=body)
+    # json.dumps, not httpx's json=: it writes float("inf") and float("nan") as JSON's Infinity and NaN
+    r = client.post("/v1/images/generations", content=json.dumps(body), headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"]

@@ -353,3 +353,16 @@ def test_every_field_has_a_description() -> None:
     assert len(models) >= 20
     missing = [f"{m.__name__}.{name}" for m in models for name, field in m.model_fields.items() if not field.description]
     assert missing == []
+
+
+@pytest.mark.parametrize("field", ["true_cfg_scale", "guidance_scale"])
+@pytest.mark.parametrize("text", ["Infinity", "-Infinity", "NaN", "1e6"])
+def test_guidance_scales_are_finite_and_bounded(field: str, text: str) -> None:
+    """JSON's Infinity and NaN (which Python's parser accepts) and absurd scales are refused, naming the field."""
+    from omni_serve.api.images import MAX_GUIDANCE_SCALE, ImageGenerationRequest
+
+    body = json.loads(f'{{"prompt": "x", "{field}": {text}}}')
+    with pytest.raises(ValidationError) as err:
+        ImageGenerationRequest.model_validate(body)
+    assert err.value.errors()[0]["loc"] == (field,)
+    assert getattr(ImageGenerationRequest(prompt="x", **{field: MAX_GUIDANCE_SCALE}), field) == MAX_GUIDANCE_SCALE
