@@ -125,22 +125,22 @@ class DataDirectory:
         return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address()}
 
 
-def _head_node_id() -> str | None:
+def cluster_service_options(name: str) -> dict:
+    """Ray actor options of one of omni_serve's cluster-wide services (the directory, the Store master): named,
+    detached, found if it exists, and preferably on the head node, which dies only with the cluster (elsewhere
+    when the head is not alive)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    options = dict(name=name, namespace=settings.RAY_NAMESPACE, get_if_exists=True, lifetime="detached")
     for node in ray.nodes():
         if node.get("Alive") and "node:__internal_head__" in node.get("Resources", {}):
-            return node["NodeID"]
-    return None
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node["NodeID"], soft=True)
+    return options
 
 
 def _actor():
-    """Find the directory actor, or create it (on the head node when the head is alive; elsewhere otherwise)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    options = dict(name=DIRECTORY_NAME, namespace=settings.RAY_NAMESPACE, get_if_exists=True, lifetime="detached")
-    head = _head_node_id()
-    if head is not None:
-        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(head, soft=True)
-    return DataDirectory.options(**options).remote(settings.DATA_TTL_S)
+    """Find the directory actor, or create it."""
+    return DataDirectory.options(**cluster_service_options(DIRECTORY_NAME)).remote(settings.DATA_TTL_S)
 
 
 class DirectoryClient:

@@ -509,13 +509,9 @@ def ensure_local_master(port: int) -> str:
     against the old address fail their puts and gets until their replicas restart (name a master that outlives
     nodes with ``data_plane.mooncake.master_address`` for that)."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from omni_serve.transport.directory import _head_node_id
+    from omni_serve.transport.directory import cluster_service_options
 
-    options = dict(name=MASTER_ACTOR, namespace=settings.RAY_NAMESPACE, get_if_exists=True, lifetime="detached")
-    head = _head_node_id()
-    if head is not None:
-        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(head, soft=True)
-    holder = ray.remote(num_cpus=0, max_restarts=-1)(_MasterHolder).options(**options).remote(port)
+    holder = ray.remote(num_cpus=0, max_restarts=-1)(_MasterHolder).options(
+        **cluster_service_options(MASTER_ACTOR)).remote(port)
     return ray.get(holder.address.remote(), timeout=60)
