@@ -2,7 +2,7 @@
 
 Commands (GRAPH: a model family of the registry, ``omni-serve graph`` lists them):
   omni-serve make-checkpoint GRAPH --size tiny|small DIR
-  omni-serve serve [--graph GRAPH] [--config FILE.yaml] [--api-key KEY] [key=value ...]
+  omni-serve serve [--graph GRAPH] [--config FILE.yaml] [--api-key-file FILE] [key=value ...]
   omni-serve build GRAPH [key=value ...] [--config FILE.yaml] [-o serve_config.yaml]
   omni-serve graph [GRAPH] [--layout L] [--markdown | --config-markdown]   (the families, or one graph's stages
     and edges; the reference pages docs/graphs.md and docs/configuration.md)
@@ -98,13 +98,24 @@ def cmd_serve(args) -> int:
         with open(args.config) as f:
             overrides = {**yaml.safe_load(f), **overrides}
     family = _families()[args.graph]
-    if args.api_key:
-        # The ingress replicas read it from their environment (inherited from this process, which starts the
-        # local Ray), so the key is in no deployment's arguments.
-        os.environ[settings.API_KEY_ENV] = args.api_key
+    if args.api_key is not None:
+        # A key on the command line is visible to every local user (ps, /proc/<pid>/cmdline): refused.
+        sys.exit(f"error: --api-key would show the key in the process list; put it in a file "
+                 f"(--api-key-file FILE, one key per line) or in the {settings.API_KEY_ENV} environment variable")
+    if args.api_key_file:
+        from omni_serve.api.guards import read_key_file
+
+        path = os.path.abspath(args.api_key_file)
+        try:
+            if not read_key_file(path):
+                sys.exit(f"error: --api-key-file {path} holds no key")
+        except OSError as exc:
+            sys.exit(f"error: --api-key-file: {exc}")
+        # The ingress replicas read the file when they start (same machine: the local Ray).
+        overrides["ingress.api_key_file"] = path
     elif not os.environ.get(settings.API_KEY_ENV) and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: serving on {args.host} without an API key: anyone who can reach the port can use the "
-              f"API (--api-key, {settings.API_KEY_ENV} or ingress.api_key_file set one).", file=sys.stderr)
+              f"API (--api-key-file, {settings.API_KEY_ENV} or ingress.api_key_file set one).", file=sys.stderr)
     # Ray's own default applies: token authentication for a new local cluster (the token is written to
     # ~/.ray/auth_token); RAY_AUTH_MODE=disabled opts out.
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, namespace=settings.RAY_NAMESPACE)
@@ -174,8 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     sv.add_argument("--config", help="YAML file with graph spec values")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* and /metrics "
-                    "(also: the OMNI_SERVE_API_KEY environment variable, or ingress.api_key_file=FILE)")
+    sv.add_argument("--api-key-file", default=None, metavar="FILE", help="require 'Authorization: Bearer KEY' "
+                    "on /v1/* and /metrics for a KEY of FILE (one per line; also: the OMNI_SERVE_API_KEY "
+                    "environment variable)")
+    sv.add_argument("--api-key", default=None, help=argparse.SUPPRESS)  # refused: argv is public
     sv.add_argument("--num-cpus", type=int, default=None, help="CPUs Ray may use (default: all)")
     sv.set_defaults(func=cmd_serve)
     bd = sub.add_parser("build", help="write a complete Ray Serve config (serve run / serve deploy) for a graph")

@@ -46,10 +46,15 @@ def api_keys(ingress: Any) -> frozenset[str]:
     """Every key the ingress accepts (spec, environment, key file); empty: the API is open."""
     keys = [k.strip() for k in ingress.api_keys]
     keys += [k.strip() for k in os.environ.get(settings.API_KEY_ENV, "").split(",")]
-    if ingress.api_key_file:
-        with open(ingress.api_key_file, encoding="utf-8") as f:  # unreadable: the start fails, loudly
-            keys += [line.strip() for line in f if not line.lstrip().startswith("#")]
+    if ingress.api_key_file:  # unreadable: the start fails, loudly
+        keys += read_key_file(ingress.api_key_file)
     return frozenset(k for k in keys if k)
+
+
+def read_key_file(path: str) -> list[str]:
+    """The keys of a key file: one per line, blank lines and ``#`` comments skipped (``OSError`` if unreadable)."""
+    with open(path, encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
 
 
 async def _answer(scope: Scope, receive: Receive, send: Send, err: OpenAIError, on_reject: Reject | None) -> None:

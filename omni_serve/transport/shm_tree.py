@@ -4,7 +4,8 @@ Contract (the trust boundary of ``omni_serve.transport.shm``):
 - ``tree_path(directory, namespace)``: ``<directory>/omni_serve.<euid>.<namespace>``; ``open_private_tree(root)``
   creates it (and its ``pools``, ``keys``) 0700 or verifies an existing one, raising ``UnsafeSharedMemory`` (naming
   the path and the fault) for a symlink, a non-directory, another owner, group/other access, or a parent others
-  could replace it in.
+  could replace it in (a shared parent must be sticky, like ``/dev/shm``, or a pod's own memory volume:
+  kubelet's ``emptyDir``, a root-owned 0777/2777 tmpfs mount).
 - ``mkdir_private``/``write_new`` create directories and files that did not exist (0700 / 0600, ``O_EXCL``,
   never through a planted link); ``open_ours``/``read_ours`` open only regular files of this uid not open to
   others, without following links (``RefusedPayload`` otherwise).
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import logging
 import os
 import shutil
 import stat
@@ -24,6 +26,8 @@ from urllib.parse import quote
 from omni_serve import settings
 from omni_serve.transport.base import DataPlaneError
 from omni_serve.transport.codec import RefusedPayload
+
+log = logging.getLogger(__name__)
 
 # New files: exclusive, never through a planted link, not inherited by children.
 CREATE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -56,14 +60,50 @@ def unsafe(path: Path | str, fault: str) -> UnsafeSharedMemory:
 
 
 def check_parent(parent: Path) -> None:
-    """Others must not be able to rename the tree away: the parent is ours or root's, and sticky if shared."""
+    """Others must not be able to rename the tree away: the parent is ours or root's, and sticky if shared, or
+    a pod's own memory volume (``pod_memory_volume``)."""
     st = os.stat(parent)
     if st.st_uid not in (0, os.geteuid()):
         raise unsafe(parent, f"the directory holding the tree is owned by uid {st.st_uid}, not by root or "
                               f"this process' uid {os.geteuid()}")
     if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        if pod_memory_volume(parent, st):
+            _warn_pod_volume(str(parent))
+            return
         raise unsafe(parent, f"the directory holding the tree has mode {st.st_mode & 0o7777:04o}: writable by "
                               "group or others without the sticky bit")
+
+
+def pod_memory_volume(path: Path, st: os.stat_result) -> bool:
+    """Whether ``path`` looks like a Kubernetes ``emptyDir`` with ``medium: Memory``: a tmpfs mount point owned
+    by root with mode 0777 (2777 with the pod's ``fsGroup``), no sticky bit. kubelet mounts such a volume into
+    the containers of one pod only, so the only parties that could rename the tree away are that pod's own
+    containers; and even then the tree's 0700 directories and 0600 files (checked by owner on every open) keep
+    them from reading or planting payloads. A host directory with these modes is refused."""
+    if st.st_uid != 0 or stat.S_IMODE(st.st_mode) & ~stat.S_ISGID != 0o777 or not os.path.ismount(path):
+        return False
+    return _fs_type(os.path.realpath(path)) == "tmpfs"
+
+
+def _fs_type(path: str) -> str | None:
+    """The file-system type of the mount at ``path`` (/proc/self/mountinfo), or None."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return None
+    found = None
+    for fields in mounts:  # the last mount on a path is the one in effect
+        sep = fields.index("-")
+        if fields[4].replace("\\040", " ") == path:
+            found = fields[sep + 1]
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_pod_volume(path: str) -> None:
+    log.warning("shared-memory data plane: %s is a memory volume writable by everyone without the sticky bit "
+                "(a Kubernetes emptyDir); accepted, since only this pod's containers mount it", path)
 
 
 def check_private_dir(path: Path) -> None:

@@ -1,5 +1,6 @@
-"""``omni-serve serve --api-key`` as a user runs it: its own local Ray with Ray's default token authentication
-(the CLI no longer turns it off), the key required on the API, the official client working with it."""
+"""``omni-serve serve --api-key-file`` as a user runs it: its own local Ray with Ray's default token
+authentication (the CLI no longer turns it off), the key required on the API, the official client working with
+it, and the key in no process' command line."""
 
 from __future__ import annotations
 
@@ -27,10 +28,11 @@ def served(qwen_image_tiny_dir, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS", "OMNI_SERVE_API_KEY")}
     # HOME: Ray writes its token under ~/.ray; RAY_ADDRESS=local: a cluster of its own, whatever else runs here
     env.update(HOME=str(home), RAY_ADDRESS="local")
+    (home / "keys").write_text(f"# the API's keys\n{KEY}\n")
     log = open(home / "serve.log", "w")
     proc = subprocess.Popen(
         [f"{BIN}/omni-serve", "serve", "--graph", "qwen_image", "--port", str(PORT), "--num-cpus", "2",
-         "--api-key", KEY, f"checkpoint={qwen_image_tiny_dir}", "default_size=64x64", "default_steps=2"],
+         "--api-key-file", str(home / "keys"), f"checkpoint={qwen_image_tiny_dir}", "default_size=64x64", "default_steps=2"],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for_200(f"{URL}/health", 300, f"omni-serve serve did not come up (log: {home / 'serve.log'})",
@@ -64,3 +66,19 @@ def test_the_api_key_is_required_and_the_openai_client_uses_it(served):
     wrong = openai.OpenAI(base_url=f"{URL}/v1", api_key="sk-wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.images.generate(model="qwen-image", prompt="a cat", size="64x64", response_format="b64_json")
+
+
+def test_the_key_is_in_no_command_line(served):
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        assert KEY.encode() not in cmdline, f"pid {pid} shows the API key: {cmdline!r}"
+
+
+def test_a_key_on_the_command_line_is_refused():
+    proc = subprocess.run([f"{BIN}/omni-serve", "serve", "--api-key", "sk-visible"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0 and "--api-key-file" in proc.stderr, proc.stderr

@@ -30,6 +30,7 @@ from omni_serve.families.qwen2_5_omni.spec import OmniGraphSpec
 from omni_serve.graph.spec import StageSpec
 
 from tests.unit.helm_chart_support import (
+    keyed,
     CASES,
     CHART,
     CRD_SCHEMA,
@@ -56,7 +57,7 @@ from tests.unit.helm_chart_support import (
 
 @pytest.mark.parametrize("case", EXAMPLES)
 def test_helm_lint_strict(case):
-    report = helm_python.lint(CHART, values=CASES[case], strict=True)
+    report = helm_python.lint(CHART, values=keyed(CASES[case]), strict=True)
     problems = [m for m in report["messages"] if m["severity"] >= 2]
     assert report["total_charts_linted"] == 1
     assert not problems and not report["errors"], (problems, report["errors"])
@@ -644,7 +645,7 @@ def test_rdma_adds_ipc_lock_to_a_groups_own_security_context(chart):
 
 @pytest.mark.parametrize("values, secret, key", [
     ({"apiKey": {"existingSecret": "omni-api-key"}}, "omni-api-key", "api-key"),
-    ({"apiKey": {"existingSecret": "keys", "secretKey": "openai"}, **CASES["cpu-demo"]}, "keys", "openai"),
+    ({**CASES["cpu-demo"], "apiKey": {"existingSecret": "keys", "secretKey": "openai"}}, "keys", "openai"),
 ])
 def test_api_key_comes_from_the_named_secret(chart, values, secret, key):
     rs = _rayservice(_render(chart, values))
@@ -659,11 +660,20 @@ def test_api_key_comes_from_the_named_secret(chart, values, secret, key):
     assert "the API is open" not in notes and f"get secret {secret}" in notes and "Bearer $KEY" in notes
 
 
-@pytest.mark.parametrize("case", EXAMPLES)
-def test_without_an_api_key_the_api_is_open_and_notes_warn(chart, renders, case):
-    for container in _ray_containers(_rayservice(renders[case])):
+@pytest.mark.parametrize("values", [{}, {"apiKey": {"existingSecret": ""}}, {"apiKey": {"secretKey": "k"}},
+                                    {"apiKey": {"allowUnauthenticated": False}}])
+def test_the_chart_refuses_to_render_without_an_api_key(chart, values):
+    with pytest.raises(helm_python.HelmRenderError, match=re.escape("apiKey: no API key is set")) as err:
+        chart.render(values, name="omni", namespace="omni")
+    assert "apiKey.allowUnauthenticated=true" in str(err.value)
+
+
+def test_only_an_explicitly_open_api_renders_without_a_key_and_notes_warn(chart, renders):
+    assert CASES["cpu-demo"]["apiKey"] == {"allowUnauthenticated": True}
+    assert CASES["gpu-prod"]["apiKey"]["existingSecret"]
+    for container in _ray_containers(_rayservice(renders["cpu-demo"])):
         assert "OMNI_SERVE_API_KEY" not in {e["name"] for e in container["env"]}
-    notes = _notes(chart, CASES[case])
+    notes = _notes(chart, CASES["cpu-demo"])
     assert "WARNING: the API is open" in notes and "--from-literal=api-key=" in notes
 
 

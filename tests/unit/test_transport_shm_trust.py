@@ -101,6 +101,51 @@ def test_a_shared_sticky_parent_such_as_dev_shm_is_fine(shm_root):
     connector(shm_root)
 
 
+# What kubelet gives a pod for an `emptyDir` with `medium: Memory`: a tmpfs mount point owned by root, mode 0777
+# (2777, group fsGroup, when the pod sets fsGroup, as the chart does), no sticky bit.
+KUBELET_MODES = {"no fsGroup": "chmod 0777 {d}", "fsGroup 100": "chown 0:100 {d} && chmod 2777 {d}"}
+ROUND_TRIP = """
+import asyncio, sys, torch
+from omni_serve.transport.shm import SharedMemoryConnector
+c = SharedMemoryConnector(root=sys.argv[1])
+async def main():
+    await c.put("r/e/0", {"x": torch.arange(6.0)})
+    got = await c.get("r/e/0", timeout=5)
+    print("ROUND TRIP", got["x"].tolist())
+asyncio.run(main())
+"""
+
+
+def in_mount_namespace(setup: str, root: str) -> subprocess.CompletedProcess:
+    """Run ``setup`` then the round trip in a mount namespace of its own (the mounts vanish with it)."""
+    script = f"{setup} && exec {sys.executable} -c '{ROUND_TRIP}' {root}"
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=120, cwd=os.getcwd(),
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs (kubelet's emptyDir) needs root")
+@pytest.mark.parametrize("modes", list(KUBELET_MODES))
+def test_a_kubelet_memory_volume_is_accepted(tmp_path, modes):
+    volume = tmp_path / "dev-shm"
+    volume.mkdir()
+    setup = f"mount -t tmpfs -o size=64m tmpfs {volume} && {KUBELET_MODES[modes].format(d=volume)}"
+    proc = in_mount_namespace(setup, str(volume))
+    assert proc.returncode == 0 and "ROUND TRIP [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]" in proc.stdout, proc.stderr[-2000:]
+    assert "a Kubernetes emptyDir" in proc.stderr  # accepted, and said so
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="bind-mounting needs root")
+def test_the_same_modes_on_a_directory_that_is_no_memory_volume_are_refused(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    volume = tmp_path / "dev-shm"
+    volume.mkdir()
+    # A bind mount of a disk directory: a mount point with kubelet's modes, but not tmpfs.
+    proc = in_mount_namespace(f"chmod 0777 {disk} && mount --bind {disk} {volume}", str(volume))
+    assert proc.returncode != 0 and "writable by group or others without the sticky bit" in proc.stderr
+
+
 # -- links planted where the connector reads or writes ---------------------------------------------------------
 def test_a_symlink_planted_as_an_index_file_is_not_followed(shm_root, tmp_path):
     async def main():

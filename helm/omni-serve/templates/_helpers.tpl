@@ -167,6 +167,9 @@ Configuration checks that the values schema cannot express; rendered (empty) by 
 {{- fail (printf "head.ports: %q is declared by the chart (reserved: %s); head.ports holds extra ports only" .name (join ", " $reserved)) }}
 {{- end }}
 {{- end }}
+{{- if and (not .Values.apiKey.existingSecret) (not .Values.apiKey.allowUnauthenticated) }}
+{{- fail "apiKey: no API key is set, so the OpenAI API would be open to every pod and client that reaches the serve Service. Create a Secret (kubectl create secret generic omni-api-key --from-literal=api-key=<key>) and set apiKey.existingSecret=omni-api-key, or set apiKey.allowUnauthenticated=true to serve an open API on purpose" }}
+{{- end }}
 {{- end }}
 
 {{/*
