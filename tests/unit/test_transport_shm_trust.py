@@ -135,14 +135,12 @@ def test_a_kubelet_memory_volume_is_accepted(tmp_path, modes):
     assert "a Kubernetes emptyDir" in proc.stderr  # accepted, and said so
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="bind-mounting needs root")
-def test_the_same_modes_on_a_directory_that_is_no_memory_volume_are_refused(tmp_path):
-    disk = tmp_path / "disk"
-    disk.mkdir()
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting needs root")
+def test_the_same_modes_on_a_mount_point_that_is_not_tmpfs_are_refused(tmp_path):
     volume = tmp_path / "dev-shm"
     volume.mkdir()
-    # A bind mount of a disk directory: a mount point with kubelet's modes, but not tmpfs.
-    proc = in_mount_namespace(f"chmod 0777 {disk} && mount --bind {disk} {volume}", str(volume))
+    # ramfs: a root-owned 0777 mount point like kubelet's, but not tmpfs (whatever file system /tmp is here)
+    proc = in_mount_namespace(f"mount -t ramfs ramfs {volume} && chmod 0777 {volume}", str(volume))
     assert proc.returncode != 0 and "writable by group or others without the sticky bit" in proc.stderr
 
 
