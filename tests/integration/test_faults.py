@@ -1,5 +1,5 @@
 """Faults: a replica of each stage type is killed (ray.kill) while it holds a request past Serve's retry, and
-that request fails because of it. Every in-flight request ends within its deadline with a clear answer (an
+that request fails because of it; an engine hangs in a step; the data plane's directory stops answering. Every in-flight request ends within its deadline with a clear answer (an
 error event in a stream, 503 otherwise, or a normal completion when it was already past that stage, or Serve
 retried it); Serve replaces the replica, later requests succeed, and no request state is left in any stage (no
 active request, every KV block free)."""
@@ -50,6 +50,8 @@ def faults_app(request, ray_serve) -> Target:
     serve.run(build_app(family(request.param), {
         "checkpoint": tiny_checkpoint(request.param), "ingress.num_cpus": 0, "ingress.request_timeout_s": DEADLINE_S,
         **{f"stages.{s}.num_cpus": 0 for s in STAGES}, **talker,
+        # the hung-engine test's hook, and a step bound its hang passes quickly
+        "stages.code2wav.env_vars.OMNI_SERVE_TEST_HOOKS": "1", "stages.code2wav.max_step_s": 5,
     }), name=app, route_prefix=f"/{app}")
     yield Target(f"{ray_serve}/{app}", app, model)
     serve.delete(app)
@@ -176,3 +178,51 @@ def test_killing_a_stage_replica_mid_request_fails_fast_and_the_graph_recovers(f
     _wait_healthy(faults_app.url)
     assert _run(faults_app, stream=True)[0] == "ok"  # later requests succeed
     assert not busy_stages(faults_app.url)  # and nothing of the failed requests is left in any stage
+
+
+def _pid(target: Target, stage: str) -> int | None:
+    info = httpx.get(f"{target.url}/health?fresh=1", timeout=30).json().get("stages", {}).get(stage, {})
+    return info.get("pid")
+
+
+def test_a_hung_engine_makes_its_replica_unhealthy_and_replaced(faults_app):
+    """code2wav's next step blocks for ten minutes (a test hook): past its max_step_s the replica's health check
+    fails, Serve replaces it, the request it held ends with a 503, and the next request is served."""
+    from ray import serve
+
+    _wait_healthy(faults_app.url)
+    before = _pid(faults_app, "code2wav")
+    serve.get_deployment_handle("code2wav", app_name=faults_app.app).hang_engine_for_test.remote(600).result(
+        timeout_s=30)
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(_run, faults_app, False)  # gives the engine a step to hang in
+        wait_until(lambda: _pid(faults_app, "code2wav") not in (before, None), 180,
+                   "the hung code2wav replica was not replaced", interval=1)
+        outcome, seconds = held.result(timeout=DEADLINE_S + 60)
+    assert outcome == "error 503 service_unavailable", (outcome, seconds)
+    _wait_healthy(faults_app.url)
+    assert _run(faults_app, False)[0] == "ok"
+
+
+def test_an_unreachable_directory_makes_health_not_ok_until_it_answers_again(faults_app):
+    """The data directory's event loop blocks (a test hook; what a directory behind a partition looks like):
+    requests fail (their deadline passes), /health says unavailable and names the data plane; once the
+    directory answers, /health is ok and requests succeed."""
+    import ray
+
+    from omni_serve import settings
+    from omni_serve.transport.directory import DIRECTORY_NAME
+
+    _wait_healthy(faults_app.url)
+    assert _run(faults_app, False)[0] == "ok"
+    blocked = ray.get_actor(DIRECTORY_NAME, namespace=settings.RAY_NAMESPACE).debug_block_for.remote(25)
+    wait_until(lambda: httpx.get(f"{faults_app.url}/health", timeout=30).status_code == 503, 20,
+               "/health did not turn 503 while the directory was unreachable", interval=0.5)
+    health = httpx.get(f"{faults_app.url}/health", timeout=30).json()
+    assert "error" in health["data_plane"] and health["status"] == "unavailable", health
+    r = httpx.post(f"{faults_app.url}/v1/chat/completions", json=_request(faults_app, False),
+                   headers={"X-Request-Timeout": "4"}, timeout=60)
+    assert r.status_code in (503, 504), r.text[:300]  # its inputs' put waits on the directory: the deadline ends it
+    ray.get(blocked)
+    _wait_healthy(faults_app.url)
+    assert _run(faults_app, False)[0] == "ok"

@@ -63,7 +63,7 @@ def check(pipe, r) -> None:
 
 def test_served_from_the_head_alone(cluster, http, pipe):
     check(pipe, generate(http))
-    stages = http.get("/health").json()["stages"]
+    stages = http.get("/health?fresh=1").json()["stages"]
     assert {s["node_ip"] for s in stages.values()} == {cluster.ip("head")}
 
 
@@ -91,14 +91,14 @@ def test_two_nodes_join_and_the_graph_moves_onto_them_while_serving(cluster, htt
     print(f"{len(results)} requests during and after the move")
     for r in results:
         check(pipe, r)
-    stages = http.get("/health").json()["stages"]
+    stages = http.get("/health?fresh=1").json()["stages"]
     assert stages["dit"]["node_ip"] == cluster.ip("worker1")
     assert stages["text_encoder"]["node_ip"] == stages["vae"]["node_ip"] == cluster.ip("worker2")
 
 
 def test_cross_node_edges_use_the_transfer_engine_and_a_store_with_a_master_every_node_reaches(cluster, http, pipe):
     check(pipe, generate(http))
-    stages = http.get("/health").json()["stages"]
+    stages = http.get("/health?fresh=1").json()["stages"]
     reads = {r["edge"]: r for s in stages.values() for r in s["routes"] if r["side"] == "get"}
     route = reads["text_encoder_dit"]
     assert route["backend"] == "mooncake", route

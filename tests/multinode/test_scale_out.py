@@ -35,7 +35,7 @@ print(ray.get(d.where.remote())["node_ip"])
 
 
 def surviving_stages_hold_nothing(http, lost: set[str]) -> bool:
-    info = http.get("/health").json()["stages"]
+    info = http.get("/health?fresh=1").json()["stages"]
     for stage, s in info.items():
         if stage in lost or "error" in s:
             continue
@@ -69,7 +69,7 @@ def cluster(omni_tiny_dir):
 
 
 def stages(http) -> dict:
-    return http.get("/health").json()["stages"]
+    return http.get("/health?fresh=1").json()["stages"]
 
 
 def test_served_across_nodes_matches_transformers_and_each_stage_runs_where_placed(cluster, http, reference):
