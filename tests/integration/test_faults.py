@@ -7,6 +7,8 @@ active request, every KV block free)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 import uuid
@@ -226,3 +228,59 @@ def test_an_unreachable_directory_makes_health_not_ok_until_it_answers_again(fau
     ray.get(blocked)
     _wait_healthy(faults_app.url)
     assert _run(faults_app, False)[0] == "ok"
+
+
+def _tree_state() -> tuple[list[str], list[str], list[str]]:
+    """(dead pools, files under keys/, serving processes' mappings of deleted segments) of this node's shm tree."""
+    import psutil
+
+    from omni_serve.transport.shm import tree_path
+    from omni_serve.transport.shm_janitor import pool_alive
+
+    root = tree_path()
+    dead = [p.name for p in root.glob("pools/*") if not p.name.startswith(".new-") and not pool_alive(p)]
+    keys = [str(p.relative_to(root)) for p in root.glob("keys/**/*") if p.is_file()]
+    stale = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if not any("ServeReplica" in part for part in proc.info["cmdline"] or ()):
+            continue
+        try:
+            with open(f"/proc/{proc.info['pid']}/maps") as f:
+                stale += [f"{proc.info['pid']}: {line.split()[-2]}" for line in f
+                          if str(root) in line and line.rstrip().endswith("(deleted)")]
+        except OSError:
+            continue
+    return dead, keys, stale
+
+
+def _kill_mid_stream(target: Target, stage: str) -> None:
+    """SIGKILL the stage's replica process once a stream carries its output (it holds the request's data)."""
+    pid = _pid(target, stage)
+    reached = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        stream = pool.submit(_run, target, True, stage, reached)
+        assert reached.wait(DEADLINE_S), f"no {stage} output"
+        os.kill(pid, signal.SIGKILL)
+        outcome, _ = stream.result(timeout=DEADLINE_S + 60)
+    assert outcome.startswith("error") or outcome == "ok", outcome
+    wait_until(lambda: _pid(target, stage) not in (pid, None), 180, f"the killed {stage} was not replaced",
+               interval=1)
+
+
+def test_killed_readers_and_writers_leave_nothing_in_shared_memory(faults_app):
+    """SIGKILL of a talker (it reads the thinker's hidden states and writes codes) mid-stream, then of a code2wav
+    (it reads the codes, holding its views): within the TTL plus 30 s the node's shared-memory tree holds only
+    live pools and no keys, no serving process maps a deleted segment, and the next 50 requests succeed."""
+    from omni_serve import settings
+
+    _wait_healthy(faults_app.url)
+    for stage in ("talker", "code2wav"):
+        _kill_mid_stream(faults_app, stage)
+        _wait_healthy(faults_app.url)
+    wait_until(lambda: _tree_state() == ([], [], []), settings.DATA_TTL_S + 30,
+               "the shared-memory tree still holds what the killed processes left", interval=1)
+    light = _request(faults_app, False) | {"max_tokens": 4, "min_tokens": 4}
+    with ThreadPoolExecutor(4) as pool:
+        statuses = list(pool.map(lambda _: httpx.post(f"{faults_app.url}/v1/chat/completions", json=light,
+                                                      timeout=DEADLINE_S + 30).status_code, range(50)))
+    assert statuses == [200] * 50, statuses
