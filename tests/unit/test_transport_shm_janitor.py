@@ -42,21 +42,15 @@ def index_files(root) -> list[str]:
 
 
 def test_a_reader_killed_holding_views_has_its_segment_released_by_the_janitor(shm_root):
-    ctx = mp.get_context("spawn")
-    ready = ctx.Event()
-
     async def main():
         producer = connector(shm_root, ttl_s=1)  # its sweeps of the whole tree: every 0.25 s
         await producer.put("r/e/0", {"x": torch.arange(1 << 16, dtype=torch.float32)})
-        reader = ctx.Process(target=_reader, args=(shm_root, "r/e/0", ready))
-        reader.start()
-        assert ready.wait(60)
+        reader = spawned(_reader, shm_root, "r/e/0")
         (seg,) = producer.pool.segments
         assert seg.mm[0] == 1 and seg.mm[CLAIMANT].rstrip(b"\0").startswith(f"{reader.pid}:".encode())
         producer.sweep()  # the reader lives: its segment stays busy
         assert busy(producer) == [1]
-        os.kill(reader.pid, signal.SIGKILL)
-        reader.join()
+        killed(reader)
         assert not token_alive(bytes(seg.mm[CLAIMANT]))
         time.sleep(0.3)
         producer.sweep()  # a turn of this process (the only one) to sweep the whole tree
@@ -67,31 +61,33 @@ def test_a_reader_killed_holding_views_has_its_segment_released_by_the_janitor(s
 
 
 def test_a_full_pool_takes_back_what_dead_readers_held_instead_of_refusing_puts(shm_root):
-    ctx = mp.get_context("spawn")
-
     async def main():
         producer = connector(shm_root, pool_bytes=1 << 20, put_timeout_s=2)
         x = torch.zeros((1 << 20) // 4 - 64)  # one segment fills the pool
         await producer.put("r/e/0", {"x": x})
-        ready = ctx.Event()
-        reader = ctx.Process(target=_reader, args=(shm_root, "r/e/0", ready))
-        reader.start()
-        assert ready.wait(60)
-        os.kill(reader.pid, signal.SIGKILL)
-        reader.join()
+        killed(spawned(_reader, shm_root, "r/e/0"))
         await producer.put("r/e/1", {"x": x})  # no sweep ran: the put itself reclaims the dead reader's segment
         assert len(producer.pool.segments) == 1
     run(main())
 
 
-def test_a_killed_producers_unread_payloads_and_markers_are_removed_past_the_ttl(shm_root):
+def spawned(target, *args):
+    """A process running ``target(*args, ready)``, returned once it has set ``ready``."""
     ctx = mp.get_context("spawn")
     ready = ctx.Event()
-    proc = ctx.Process(target=_producer, args=(shm_root, 3, 600, ready))
+    proc = ctx.Process(target=target, args=(*args, ready))
     proc.start()
     assert ready.wait(60)
+    return proc
+
+
+def killed(proc) -> None:
     os.kill(proc.pid, signal.SIGKILL)
     proc.join()
+
+
+def test_a_killed_producers_unread_payloads_and_markers_are_removed_past_the_ttl(shm_root):
+    killed(spawned(_producer, shm_root, 3, 600))
     left = index_files(shm_root)
     assert len(left) == 4 and any(p.endswith("/producer") for p in left)  # 3 payloads and the stream's marker
 
