@@ -131,17 +131,19 @@ def test_a_reader_forgets_its_mappings_of_removed_segments(shm_root):
         del out
         gc.collect()
         producer.close()  # its pool (and the segment file) removed
-        assert deleted_mappings() == [path]
+        assert deleted_mappings(shm_root) == [path]
         reader.sweep()
         gc.collect()
-        assert reader._mapped == {} and deleted_mappings() == []
+        assert reader._mapped == {} and deleted_mappings(shm_root) == []
     run(main())
 
 
-def deleted_mappings() -> list[str]:
+def deleted_mappings(root) -> list[str]:
+    """This process' mappings of deleted files in the tree at ``root`` (not those other tests left)."""
+    tree = str(tree_path(root))
     with open("/proc/self/maps") as f:
         return [line.split(None, 5)[5].rsplit(" (deleted)", 1)[0].strip() for line in f
-                if "omni_serve." in line and line.rstrip().endswith("(deleted)")]
+                if tree in line and line.rstrip().endswith("(deleted)")]
 
 
 def test_tokens_name_one_process():
