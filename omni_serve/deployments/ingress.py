@@ -48,7 +48,9 @@ from omni_serve.deployments.health import GraphHealth, directory_state
 from omni_serve.graph.calls import StageCalls
 from omni_serve.graph.frontend import ByteStream, EventStream, RawReply, RequestContext, Route
 from omni_serve.graph.registry import import_path, load_family
+from omni_serve.graph.stage_settings import stage_views
 from omni_serve.metrics import IngressMetrics, RequestClock, observe_transfers
+from omni_serve.transport.connectors import keep_node_tidy
 
 
 @serve.deployment
@@ -56,7 +58,8 @@ from omni_serve.metrics import IngressMetrics, RequestClock, observe_transfers
 class OpenAIIngress:
     def __init__(self, family: str, graph_spec: dict[str, Any], **handles):
         fam = load_family(family)
-        spec = fam.spec.model_validate(graph_spec)
+        # a Serve config file carries what the ingress reads of each stage in its own deployment entry
+        spec = fam.spec.model_validate(stage_views(graph_spec))
         self.family = fam.name
         self.frontend = import_path(fam.frontend)(spec, StageCalls.over_serve(fam.graph, spec, handles))
         self.model_name = self.frontend.model_name
@@ -76,6 +79,7 @@ class OpenAIIngress:
             handles, {s for s in handles if (spec.stage_spec(s).autoscaling_config or {}).get("min_replicas", 1) == 0})
         self.frontend.stages.missing_stages = self.availability.missing
         self.graph_health = GraphHealth(self.frontend.health, directory_state)
+        keep_node_tidy(spec.data_plane)  # this node's shm janitor while a replica runs here
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return build_asgi_app(self)

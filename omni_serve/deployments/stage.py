@@ -49,10 +49,13 @@ class StageDeployment:
 
         from omni_serve.graph.registry import load_family
         from omni_serve.graph.runner import build_runner
+        from omni_serve.graph.stage_settings import own_stage
         from omni_serve.metrics import StageMetrics, observe_transfers
+        from omni_serve.transport.connectors import keep_node_tidy
 
         self.stage = stage
-        self.runner = build_runner(load_family(family), stage, graph_spec)
+        # a Serve config file carries this stage's settings in its own deployment entry (stage_settings)
+        self.runner = build_runner(load_family(family), stage, own_stage(graph_spec, stage))
         torch.set_num_threads(self.runner.engine_spec.torch_threads)
         self.engine = self.runner.make_engine()
         # Started here, so an engine that cannot start (e.g. vLLM without room for its KV cache) fails the
@@ -60,6 +63,7 @@ class StageDeployment:
         await self.engine.start()
         self.metrics = StageMetrics(stage, self.engine)
         observe_transfers()
+        keep_node_tidy(self.runner.spec.data_plane)  # this node's shm janitor while a replica runs here
         log.info("stage %s ready in pid %d (%s)", stage, os.getpid(), self.runner.stage.runner)
 
     async def generate(self, call: Message) -> AsyncIterator[Message]:
@@ -120,8 +124,9 @@ class StageDeployment:
         engine = getattr(self, "engine", None)  # None: the constructor failed before the engine existed
         try:
             if engine is not None:
-                deadline_s = self.runner.spec.ingress.request_timeout_s
-                await engine.drain(self.runner.stage_spec.shutdown_timeout_s(deadline_s))
+                # Up to the request deadline: Serve's own graceful_shutdown_timeout_s (a deployment option it may
+                # change in place, so not read here) kills the replica first when it is shorter.
+                await engine.drain(self.runner.spec.ingress.request_timeout_s)
         finally:  # a failed drain must not keep the engine's threads and processes alive
             if getattr(self, "metrics", None) is not None:
                 self.metrics.close()

@@ -79,6 +79,14 @@ class EngineSpec(BaseModel):
 STAGE_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"}
 
 
+MAX_SURGE_DESCRIPTION = (
+    "Extra replicas a rolling update of this deployment (a redeploy that changes it) may start, in percent of its "
+    "replica count, rounded up. Above 0 the replacements start before the old replicas stop, and the old ones keep "
+    "serving while the cluster has no room for the new ones, so the deployment never runs out of replicas while it "
+    "rolls. 0 is Ray Serve's default: stop first (a one-replica deployment cannot serve while its replacement "
+    "starts).")
+
+
 class StageSpec(SpecModel):
     """One stage = one Ray Serve deployment."""
 
@@ -103,6 +111,7 @@ class StageSpec(SpecModel):
         "the rest aborted with a 503 the client may retry) and frees it. Serve kills the replica when the time is "
         "up. Null (the default): the request deadline, ingress.request_timeout_s, the longest a request can "
         "hold a replica, so a redeploy loses no request. An idle replica stops at once whatever the value."))
+    max_surge_percent: int = Field(100, ge=0, le=100, description=MAX_SURGE_DESCRIPTION)
     max_step_s: float = Field(300.0, gt=0, description=(
         "Longest one engine step (one batched forward) may run: past it the replica's health check fails and "
         "Serve replaces the replica, failing its requests with a 503 the client may retry (a hung kernel or a "
@@ -155,6 +164,7 @@ class StageSpec(SpecModel):
             "ray_actor_options": {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus},
             "health_check_period_s": 5,
             "graceful_shutdown_timeout_s": self.shutdown_timeout_s(request_timeout_s),
+            "max_surge_percent": self.max_surge_percent,
         }
         if self.resources:
             opts["ray_actor_options"]["resources"] = dict(self.resources)
@@ -204,6 +214,7 @@ class IngressSpec(BaseModel):
         "Custom Ray resources reserved per ingress replica, e.g. {'omni_ingress': 1}: places the ingress on the "
         "nodes that declare them (see docs/multinode.md)."))
     max_ongoing_requests: int = Field(256, ge=1, description="Concurrent HTTP requests per ingress replica.")
+    max_surge_percent: int = Field(100, ge=0, le=100, description=MAX_SURGE_DESCRIPTION)
     request_timeout_s: float = Field(300.0, gt=0, description=(
         "Deadline for one request across all stages (504 past it); a request's X-Request-Timeout header "
         "may lower it."))

@@ -537,6 +537,12 @@ class SharedMemoryConnector(Connector):
             log.warning("shared memory: freed %d payloads nobody read within %.0f s", expired, self.ttl_s)
         return expired
 
+    def keep_tidy(self) -> None:
+        """Run this process' periodic sweep, and so its turns as the node's janitor, even if it never puts or
+        reads through shared memory (call on the event loop): what processes that died on this node left is swept
+        while any omni_serve process lives there."""
+        self._sweeper.ensure()
+
     def _own_pool_dir(self) -> Path | None:
         return self._pool.dir if self._pool is not None else None
 

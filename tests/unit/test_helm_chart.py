@@ -201,6 +201,24 @@ def test_every_ray_container_has_a_sized_dev_shm_and_the_omni_serve_env(renders,
             assert set(checks.values()) == {None}, checks
 
 
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_pod_drains_before_ray_stops_within_its_grace_period(renders, case):
+    """preStop: `omni-serve drain-node` (Serve moves the pod's replicas away, their requests finish), then
+    `ray stop`; Kubernetes waits the drain's deadline plus a margin before it kills the pod."""
+    for group in _groups(_rayservice(renders[case])):
+        pod = group["template"]["spec"]
+        command = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+        drain = re.fullmatch(r"omni-serve drain-node --deadline-s (\d+); ray stop", command[-1])
+        assert command[:2] == ["/bin/sh", "-c"] and drain, command
+        assert pod["terminationGracePeriodSeconds"] >= int(drain.group(1)) + 5, (group["groupName"], pod)
+
+
+def test_the_drain_command_is_the_clis():
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["drain-node", "--help"])
+    assert exit_.value.code == 0
+
+
 # --------------------------------------------------------------------------------- Ray Serve config + spec
 
 
@@ -217,6 +235,37 @@ def test_serve_config_validates_as_ray_serve_deploy_schema(renders, case):
     assert serve_ports == {config["http_options"]["port"]}
     graph = (CASES[case].get("graph") or {}).get("name", "qwen2_5_omni")
     assert _app(renders[case])["import_path"] == families()[graph].app
+
+
+def _built(**values) -> dict:
+    from omni_serve.graph.serve_config import build_serve_config
+
+    config, _ = build_serve_config("qwen2_5_omni", {"checkpoint": "/models/checkpoint", **values})
+    return config
+
+
+def test_a_config_built_by_omni_serve_is_deployed_as_written(chart):
+    """`serveConfig` (omni-serve build's output): the chart deploys its applications as written, so an upgrade
+    that changes one stage changes only that stage's deployment entry (Serve rolls only it)."""
+    built = _built()
+    config = _serve_config(_render(chart, {"serveConfig": yaml.safe_dump(built)}))
+    assert config["applications"] == built["applications"]
+    assert config["http_options"] == {"host": "0.0.0.0", "port": 8000} and config["proxy_location"] == "EveryNode"
+    changed = _serve_config(_render(chart, {"serveConfig": yaml.safe_dump(_built(**{"stages.talker.num_cpus": 2}))}))
+    (before,), (after,) = config["applications"], changed["applications"]
+    assert before["args"] == after["args"]
+    assert [a["name"] for a, b in zip(after["deployments"], before["deployments"]) if a != b] == ["talker"]
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"serveConfig": "- not a config"}, "not a Serve config"),
+    ({"serveConfig": yaml.safe_dump(_built()), "graph": {"name": "qwen_image"}}, "serves omni_serve.families.qwen2_5"),
+    ({"serveConfig": yaml.safe_dump(_built(checkpoint="/elsewhere"))}, "build with checkpoint=/models/checkpoint"),
+    ({"serveConfig": yaml.safe_dump(_built()), "stages": {"talker": {"num_cpus": 1}}}, "leave them empty"),
+])
+def test_a_built_config_must_match_the_chart(chart, values, message):
+    with pytest.raises(Exception, match=message):
+        chart.render(keyed(values), name="omni", namespace="omni", is_install=True)
 
 
 @pytest.mark.parametrize("case", list(CASES))
