@@ -218,8 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     gr.set_defaults(func=cmd_graph)
     dn = sub.add_parser("drain-node", help="drain this Ray node: Serve moves its replicas elsewhere, their "
                         "requests finish; returns once none is left (run before `ray stop`)")
-    dn.add_argument("--deadline-s", type=float, default=300.0,
-                    help="give up waiting after this long (default 300 s, the default request deadline)")
+    dn.add_argument("--deadline-s", type=float, default=600.0,
+                    help="the drain's deadline: Serve stops a replica at the deadline minus its graceful shutdown "
+                    "time (the request deadline, 300 s by default) whether or not its replacement runs, so leave "
+                    "room for a replacement to start (default 600 s)")
     dn.add_argument("--address", default=None, help="the cluster's GCS address (default: RAY_ADDRESS, else "
                     "the cluster this node belongs to)")
     dn.add_argument("--poll-s", type=float, default=2.0, help=argparse.SUPPRESS)

@@ -2,7 +2,8 @@
 
 Contract: ``StageAvailability(handles, can_be_empty, grace_s)`` over the ingress' stage handles (stage name ->
 Serve ``DeploymentHandle``). ``missing()`` lists the stages whose handle knows the deployment's running replicas
-and has counted none at every look for at least ``grace_s`` (3 s): a handle can count none for a moment while
+and has counted none at every look for at least ``grace_s`` (3 s), with no gap longer than that between two looks
+(a stage nobody looked at for a while may have come back in between): a handle can count none for a moment while
 Serve replaces a replica (a migration off a draining node, a rolling update), the old one refusing calls before the
 handle hears of the new one, and a request then waits for the new one as Serve queues it. A stage whose handle
 has not heard from Serve yet is taken to be there, and stages whose autoscaling allows zero replicas
@@ -45,14 +46,19 @@ class StageAvailability:
         self.handles = {s: h for s, h in handles.items() if s not in (can_be_empty or set())}
         self.grace_s, self._clock = grace_s, clock
         self._empty_since: dict[str, float] = {}  # stage -> when it was first counted empty, since it last was not
+        self._last_look: dict[str, float] = {}
         for handle in self.handles.values():
             handle.options()  # initializes the handle's router (calls share it), so it learns the replicas now
 
     def missing(self) -> list[str]:
         now, out = self._clock(), []
         for stage, handle in self.handles.items():
+            last, self._last_look[stage] = self._last_look.get(stage), now
             if running_replicas(handle) != 0:
                 self._empty_since.pop(stage, None)
-            elif now - self._empty_since.setdefault(stage, now) >= self.grace_s:
+                continue
+            if last is None or now - last > self.grace_s:  # nobody looked for a while: it may have come back
+                self._empty_since[stage] = now
+            if now - self._empty_since.setdefault(stage, now) >= self.grace_s:
                 out.append(stage)
         return out

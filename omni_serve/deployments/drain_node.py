@@ -1,19 +1,24 @@
 """Drain this Ray node before it goes away: what the chart's preStop hook runs before ``ray stop``.
 
 Contract: ``drain_node(deadline_s, poll_s, out, address)`` connects to the running cluster (``address``, by default
-``RAY_ADDRESS`` or the local node's cluster), asks the
-GCS to drain the node it runs on (reason preemption, deadline ``deadline_s`` from now), then waits until no Serve
-replica runs on the node any more, printing progress to ``out``; it returns 0 then, 1 when replicas were still
-there at the deadline (the caller stops the node anyway), 2 when the GCS refused the drain. The head node is not
-drained (Serve's controller and the data directory live there; a head pod leaves only with its cluster): it
-returns 0 at once and says so.
+``RAY_ADDRESS`` or the local node's cluster), asks the GCS to drain the node it runs on (reason preemption, deadline
+``deadline_s`` from now), then waits (``wait_until_gone``) until no Serve replica and no Serve proxy runs on the
+node any more, printing progress to ``out``; it returns 0 then, 1 when something was still there at the deadline
+(the caller stops the node anyway), 2 when the GCS refused the drain. The head node is not drained (Serve's
+controller and the data directory live there; a head pod leaves only with its cluster): it returns 0 at once and
+says so.
 
 What the drain does (Ray Serve, ``migrate_replicas_on_draining_nodes``): Serve starts a replacement for every
-replica on the draining node elsewhere, then stops the old one the graceful way: no new calls, the calls in
-flight run to their end (up to the deployment's ``graceful_shutdown_timeout_s``; a stage's defaults to the
-request deadline), then the stage drains its engine. So a pod's termination loses no request as long as the
-pod's grace period covers the drain (the chart sets ``terminationGracePeriodSeconds`` from the same value) and
-the cluster has room for the replacements.
+replica on the draining node elsewhere, then stops the old one the graceful way: no new calls, the calls in flight
+run to their end (up to the deployment's ``graceful_shutdown_timeout_s``; a stage's defaults to the request
+deadline), then the stage drains its engine. Once no replica is left, the node's proxy drains too: it takes no new
+connections and ends when the streams it relays have ended. Serve stops a migrating replica at the drain's deadline
+minus its ``graceful_shutdown_timeout_s`` whether or not its replacement runs, so ``deadline_s`` must exceed the
+longest graceful timeout by the time a replacement takes to start: 600 s by default (the 300 s request deadline,
+then 300 s to start). The chart sets the pod's grace period from the same value.
+
+Not waited for: a data directory or Mooncake master actor that Ray restarted onto this worker after the head was
+lost (they live on the head otherwise); ``ray stop`` ends them and Ray restarts them elsewhere, empty.
 
 Why not ``ray drain-node`` alone: it only asks; nothing waits for the replicas to leave, and ``ray stop`` right
 after it would kill them mid-request.
@@ -24,19 +29,42 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TextIO
+from typing import Callable, TextIO
 
 REPLICA_CLASS_PREFIX = "ServeReplica:"  # Ray Serve's replica actors' class names
+PROXY_NAME_PREFIX = "SERVE_PROXY_ACTOR"  # Ray Serve's proxy actors' names (ray.serve._private.constants)
+DEFAULT_DEADLINE_S = 600.0
 
 
-def _replicas_on(node_id: str) -> list[str]:
-    """Names of the live Serve replica actors on ``node_id`` (from the GCS: no dashboard needed)."""
+def serve_actors_on(node_id: str) -> list[str]:
+    """The live Serve replicas (by deployment) and proxy on ``node_id``, from the GCS (no dashboard needed)."""
     from ray._private import state
 
-    alive = state.actors(actor_state_name="ALIVE").values()
-    return sorted(a["ActorClassName"][len(REPLICA_CLASS_PREFIX):] for a in alive
-                  if a["ActorClassName"].startswith(REPLICA_CLASS_PREFIX)
-                  and a["Address"]["NodeID"] == node_id)
+    out = []
+    for actor in state.actors(actor_state_name="ALIVE").values():
+        if actor["Address"]["NodeID"] != node_id:
+            continue
+        if actor["ActorClassName"].startswith(REPLICA_CLASS_PREFIX):
+            out.append(actor["ActorClassName"][len(REPLICA_CLASS_PREFIX):])
+        elif (actor.get("Name") or "").startswith(PROXY_NAME_PREFIX):
+            out.append("proxy")
+    return sorted(out)
+
+
+def wait_until_gone(left: Callable[[], list[str]], deadline_s: float, poll_s: float, out: TextIO,
+                    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> int:
+    """Poll ``left()`` until it is empty (0) or ``deadline_s`` passed (1), printing what is still there."""
+    start = clock()
+    while True:
+        still, waited = left(), clock() - start
+        if not still:
+            print(f"nothing of Serve left on this node after {waited:.0f} s: drained", file=out, flush=True)
+            return 0
+        if waited >= deadline_s:
+            print(f"deadline: still on this node after {waited:.0f} s: {', '.join(still)}", file=out, flush=True)
+            return 1
+        print(f"{waited:.0f} s: still on this node: {', '.join(still)}", file=out, flush=True)
+        sleep(poll_s)
 
 
 def _is_head(node_id: str) -> bool:
@@ -46,7 +74,8 @@ def _is_head(node_id: str) -> bool:
                for n in ray.nodes())
 
 
-def drain_node(deadline_s: float, poll_s: float = 2.0, out: TextIO = sys.stdout, address: str | None = None) -> int:
+def drain_node(deadline_s: float = DEFAULT_DEADLINE_S, poll_s: float = 2.0, out: TextIO = sys.stdout,
+               address: str | None = None) -> int:
     import ray
     from ray.core.generated import autoscaler_pb2
 
@@ -63,22 +92,8 @@ def drain_node(deadline_s: float, poll_s: float = 2.0, out: TextIO = sys.stdout,
         if not accepted:
             print(f"the GCS refused to drain node {node_id[:12]}: {why}", file=out, flush=True)
             return 2
-        start = time.monotonic()
         print(f"draining node {node_id[:12]} (up to {deadline_s:g} s): Serve moves its replicas elsewhere",
               file=out, flush=True)
-        while True:
-            left = _replicas_on(node_id)
-            waited = time.monotonic() - start
-            if not left:
-                print(f"node {node_id[:12]} holds no Serve replica after {waited:.0f} s: drained",
-                      file=out, flush=True)
-                return 0
-            if waited >= deadline_s:
-                print(f"deadline: {len(left)} replicas still on node {node_id[:12]} after {waited:.0f} s: "
-                      f"{', '.join(left)}", file=out, flush=True)
-                return 1
-            print(f"{waited:.0f} s: {len(left)} replicas still on this node ({', '.join(left)})",
-                  file=out, flush=True)
-            time.sleep(poll_s)
+        return wait_until_gone(lambda: serve_actors_on(node_id), deadline_s, poll_s, out)
     finally:
         ray.shutdown()

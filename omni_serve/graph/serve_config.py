@@ -44,13 +44,14 @@ def build_serve_config(graph: str, values: dict[str, Any], *, app_name: str | No
     family = find_family(graph)
     spec = family.parse(values)
     checkpoint, note = resolve_checkpoint(spec.checkpoint, family.checkpoint_marker)
-    from omni_serve.graph.stage_settings import deployment_entries
+    from omni_serve.graph.stage_settings import deployment_entries, in_args
 
     spec = spec.model_copy(update={"checkpoint": checkpoint})
     args = spec.model_dump(mode="json", exclude={"stages"})
     # each stage's engine backend decides the graph's shape (a family's layout may follow it): the builder needs
     # it, and changing it redeploys the graph
-    args["stages"] = {name: {"engine": {"backend": spec.stage_spec(name).engine.backend}}
+    args["stages"] = {name: ({"engine": {"backend": spec.stage_spec(name).engine.backend}}
+                             if not in_args(spec.stage_spec(name)) else spec.stage_spec(name).model_dump(mode="json"))
                       for name in type(spec.stages).model_fields}
     deployed = [stage.name for stage in family.graph.deployed(spec.layout())]
     app: dict[str, Any] = {"name": app_name or graph, "route_prefix": route_prefix,

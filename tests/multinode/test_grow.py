@@ -168,8 +168,8 @@ def test_a_draining_node_hands_its_stage_over_and_every_request_finishes(cluster
     with asking(cluster) as results:
         wait_until(lambda: results, 120, 0.2, "a request before the drain")
         drain = cluster.h.run_in(cluster.state.node("worker1"), [
-            cluster.python, "-m", "omni_serve.cli", "drain-node", "--deadline-s", "240", "--poll-s", "0.5",
-            "--address", f"{cluster.ip('head')}:{cluster.h.RAY_PORT}"], capture=True, timeout=300)
+            cluster.python, "-m", "omni_serve.cli", "drain-node", "--deadline-s", "420", "--poll-s", "0.5",
+            "--address", f"{cluster.ip('head')}:{cluster.h.RAY_PORT}"], capture=True, timeout=480)
         during = len(results)
         wait_until(lambda: len(results) >= during + 2, 120, 0.5, "requests after the drain")
     print(drain.stdout)

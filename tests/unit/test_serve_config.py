@@ -4,6 +4,7 @@ a changed stage setting changes only what must roll."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -14,8 +15,8 @@ from omni_serve.autoscaling import STAGE_RATIO_POLICY
 from omni_serve.cli import main
 from omni_serve.families.qwen2_5_omni.spec import OmniGraphSpec
 from omni_serve.families.qwen_image.spec import QwenImageGraphSpec
-from omni_serve.graph.stage_settings import (STAGE_SPEC_ENV, STAGE_VIEWS_ENV, config_graph_spec, own_stage,
-                                                    stage_views)
+from omni_serve.graph.stage_settings import (STAGE_SPEC_ENV, STAGE_VIEWS_ENV, config_graph_spec, in_args,
+                                                    own_stage, stage_views)
 from omni_serve.graph.serve_config import build_serve_config
 
 RATIO = {"policy_function": STAGE_RATIO_POLICY, "policy_kwargs": {
@@ -102,11 +103,37 @@ def test_a_changed_stage_setting_changes_only_what_must_roll():
     # params: the stage and the ingress (the frontend reads them), never the other stages
     v4, params = _entries({"stages.thinker.params.default_max_tokens": 99})
     assert v4 == version and [n for n in before if before[n] != params[n]] == ["thinker", "ingress"]
+    # an engine setting only replicas read: that stage alone
+    v7, threads = _entries({"stages.talker.engine.torch_threads": 2})
+    assert v7 == version and [n for n in before if before[n] != threads[n]] == ["talker"]
+    # autoscaling: its bounds in place; adding a policy changes every deployment's version (Serve hashes it)
+    auto = {"min_replicas": 1, "max_replicas": 2}
+    v8, scaled_auto = _entries({"stages.code2wav.autoscaling_config": auto})
+    assert v8 != version
+    v9, wider = _entries({"stages.code2wav.autoscaling_config": {**auto, "max_replicas": 4}})
+    assert v9 == v8 and [n for n in scaled_auto if scaled_auto[n] != wider[n]] == ["code2wav"]
+    assert wider["code2wav"]["ray_actor_options"] == scaled_auto["code2wav"]["ray_actor_options"]
+    # to zero replicas: the ingress must know (such a stage is never "missing")
+    _, to_zero = _entries({"stages.code2wav.autoscaling_config": {**auto, "min_replicas": 0}})
+    assert [n for n in scaled_auto if scaled_auto[n] != to_zero[n]] == ["code2wav", "ingress"]
     # a graph-level setting is in args: everything rolls; so does a backend (the graph's shape may follow it)
     v5, _ = _entries({"ingress.request_timeout_s": 120})
     assert v5 != version
-    v6, vllm = _entries({"stages.thinker.engine.backend": "vllm"})
+    v6, vllm = _entries({"stages.thinker.engine.backend": "vllm", "stages.thinker.engine.vllm.python": "/opt/v/py"})
     assert v6 != version and "encoder" not in vllm  # the vLLM thinker runs the media towers itself
+    assert vllm["thinker"]["ray_actor_options"]["runtime_env"]["py_executable"] == "/opt/v/py"
+
+
+def test_a_vllm_stage_on_the_clusters_interpreter_keeps_its_settings_in_args(monkeypatch):
+    """Its interpreter (OMNI_SERVE_VLLM_PYTHON) is the cluster's, which only the builder there can read: an entry
+    written here would carry this machine's, or none."""
+    monkeypatch.setenv("OMNI_SERVE_VLLM_PYTHON", "/here/.venv-vllm/bin/python")
+    config, _ = build_serve_config("qwen2_5_omni", {"checkpoint": "/models/omni", "stages.thinker.engine.backend": "vllm",
+                                                    "stages.thinker.num_cpus": 3})
+    (app,) = config["applications"]
+    assert "thinker" not in {e["name"] for e in app["deployments"]}
+    assert app["args"]["stages"]["thinker"]["num_cpus"] == 3
+    assert "/here" not in json.dumps(config)
 
 
 def test_replicas_read_their_settings_from_their_entries(monkeypatch):
@@ -139,5 +166,6 @@ def test_the_builder_deploys_exactly_the_stages_the_entries_name(values):
     config, _ = build_serve_config("qwen2_5_omni", {"checkpoint": "/models/omni", **values})
     (app,) = config["applications"]
     fam = family("qwen2_5_omni")
-    deployed = {s.name for s in fam.graph.deployed(fam.parse(app["args"]).layout())}
+    spec = fam.parse(app["args"])
+    deployed = {s.name for s in fam.graph.deployed(spec.layout()) if not in_args(spec.stage_spec(s.name))}
     assert deployed | {"ingress"} == {e["name"] for e in app["deployments"]}

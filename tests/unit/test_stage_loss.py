@@ -61,6 +61,12 @@ def test_a_stage_counted_empty_for_a_moment_is_not_missing():
     assert availability.missing() == []  # empty again: the grace starts over
     now[0] = 8.0
     assert availability.missing() == ["b"]
+    now[0] = 20.0  # nobody looked for longer than the grace: it may have come back and gone in between
+    assert availability.missing() == []
+    now[0] = 22.0
+    assert availability.missing() == []
+    now[0] = 23.0
+    assert availability.missing() == ["b"]
     assert running_replicas(object()) is None  # not a handle we know the shape of: never "missing"
 
 

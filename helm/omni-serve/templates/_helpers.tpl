@@ -265,6 +265,12 @@ graph and checkpoint. Output: the config as YAML.
 {{- if ne .import_path $graph.importPath }}
 {{- fail (printf "serveConfig: application %s serves %s, but graph.name %s is %s (the checkpoint volume and its generator follow graph.name)" .name .import_path $.Values.graph.name $graph.importPath) }}
 {{- end }}
+{{- if ne (toString .route_prefix) (toString $.Values.graph.routePrefix) }}
+{{- fail (printf "serveConfig: application %s has route_prefix %v, but graph.routePrefix is %s (build with --route-prefix %s, or set graph.routePrefix)" .name .route_prefix $.Values.graph.routePrefix $.Values.graph.routePrefix) }}
+{{- end }}
+{{- if and $.Values.graph.appName (ne (toString .name) (toString $.Values.graph.appName)) }}
+{{- fail (printf "serveConfig: the application is named %s, but graph.appName is %s (build with --name %s, or leave graph.appName empty)" .name $.Values.graph.appName $.Values.graph.appName) }}
+{{- end }}
 {{- if ne (toString (dig "checkpoint" "" (.args | default dict))) $checkpoint }}
 {{- fail (printf "serveConfig: application %s has checkpoint %v, but the pods see it at %s (build with checkpoint=%s)" .name (dig "checkpoint" "" (.args | default dict)) $checkpoint $checkpoint) }}
 {{- end }}
