@@ -162,7 +162,7 @@ class OpenAIIngress:
         fresh = insider and request.query_params.get("fresh", "") not in ("", "0", "false")
         cached, data_plane = await self.graph_health.get(fresh=fresh)
         stages = dict(cached)
-        for stage in self.availability.missing():
+        for stage in self.availability.missing(grace=False):
             stages[stage] = {**stages.get(stage, {}), "error": "no running replica"}
         ok = all("error" not in v for v in stages.values()) and "error" not in data_plane
         status = {"status": "ok" if ok else "unavailable"}

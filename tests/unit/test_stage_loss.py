@@ -49,7 +49,7 @@ def test_a_stage_counted_empty_for_a_moment_is_not_missing():
     now = [0.0]
     handle = Handle(0)
     availability = StageAvailability({"b": handle}, grace_s=3, clock=lambda: now[0])
-    assert availability.missing() == []
+    assert availability.missing() == [] and availability.missing(grace=False) == ["b"]  # /health sees it at once
     now[0] = 2.9
     assert availability.missing() == []
     now[0] = 3.0
