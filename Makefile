@@ -8,7 +8,7 @@ CHECKPOINT ?= checkpoints/qwen2_5_omni-tiny
 IMAGE_CHECKPOINT ?= checkpoints/qwen_image-tiny
 PORT ?= 8000
 
-.PHONY: setup vllm-env checkpoint run run-image test unit integration bench bench-image bench-edit bench-speech bench-glm bench-transport soak k8s docs clean
+.PHONY: setup vllm-env checkpoint run run-image test unit integration gpu-wheels gpu-check bench bench-image bench-edit bench-speech bench-glm bench-transport soak k8s docs clean
 
 $(VENV)/.installed: pyproject.toml
 	scripts/install_system_deps.sh
@@ -72,6 +72,20 @@ unit: setup checkpoint
 
 integration: setup vllm-env checkpoint
 	$(TEST_ENV) OMNI_SERVE_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/pytest tests/integration
+
+# The GPU check (docs/gpu.md). A lent GPU machine has CUDA torch and little else of ours (and no room for Ray):
+# `make gpu-wheels` downloads, here, the wheels of what the check imports beyond torch, at this venv's versions,
+# into gpu-wheels/ (ignored; carry it); `make gpu-check` (or scripts/gpu_check.sh there) installs them and runs.
+GPU_WHEEL_PACKAGES := transformers tokenizers huggingface_hub safetensors diffusers cache_dit pydantic pydantic_core \
+  typing_inspection annotated_types soundfile
+gpu-wheels: setup
+	mkdir -p gpu-wheels
+	$(PY) -c "import importlib.metadata as m; print('\n'.join(f'{n}=={m.version(n)}' for n in '$(GPU_WHEEL_PACKAGES)'.split()))" > gpu-wheels/requirements.txt
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: -d gpu-wheels -r gpu-wheels/requirements.txt
+	du -sh gpu-wheels
+
+gpu-check:
+	scripts/gpu_check.sh
 
 # The issue-3 benchmark on the small checkpoint (~20 min on 2 cores): see docs/benchmarks.md.
 bench: setup vllm-env

@@ -8,6 +8,8 @@ Commands (GRAPH: a model family of the registry, ``omni-serve graph`` lists them
     and edges; the reference pages docs/graphs.md and docs/configuration.md)
   omni-serve bench [--graph GRAPH] [--mode MODE] --url URL --checkpoint DIR ... (see bench [--graph GRAPH] --help)
   omni-serve bench transport [--backends auto,B,...] [--sizes 4KiB,1MiB,64MiB,512MiB]
+  omni-serve drain-node [--deadline-s S]   (on a cluster node about to stop: Serve moves its replicas away and
+    the requests they hold finish; the chart's preStop hook runs it before `ray stop`)
 """
 
 from __future__ import annotations
@@ -168,6 +170,12 @@ def cmd_build(args) -> int:
     return 0
 
 
+def cmd_drain_node(args) -> int:
+    from omni_serve.deployments.drain_node import drain_node
+
+    return drain_node(args.deadline_s, args.poll_s, address=args.address)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(prog="omni-serve", description=__doc__,
@@ -208,6 +216,16 @@ def main(argv: list[str] | None = None) -> int:
     gr.add_argument("--markdown", action="store_true", help="the reference page of docs/graphs.md")
     gr.add_argument("--config-markdown", action="store_true", help="the config reference, docs/configuration.md")
     gr.set_defaults(func=cmd_graph)
+    dn = sub.add_parser("drain-node", help="drain this Ray node: Serve moves its replicas elsewhere, their "
+                        "requests finish; returns once none is left (run before `ray stop`)")
+    dn.add_argument("--deadline-s", type=float, default=600.0,
+                    help="the drain's deadline: Serve stops a replica at the deadline minus its graceful shutdown "
+                    "time (the request deadline, 300 s by default) whether or not its replacement runs, so leave "
+                    "room for a replacement to start (default 600 s)")
+    dn.add_argument("--address", default=None, help="the cluster's GCS address (default: RAY_ADDRESS, else "
+                    "the cluster this node belongs to)")
+    dn.add_argument("--poll-s", type=float, default=2.0, help=argparse.SUPPRESS)
+    dn.set_defaults(func=cmd_drain_node)
     from omni_serve.bench.cli import add_parser as add_bench_parser
 
     add_bench_parser(sub, sys.argv[1:] if argv is None else argv)  # its flags: omni_serve.bench.cli

@@ -11,10 +11,13 @@ Contract:
   with ``WWW-Authenticate: Bearer``) before its body is read; keys are compared in constant time. Every request
   gets ``scope["state"]["authenticated"]`` (True for a valid key, and for every request when there are no keys)
   so open routes (``/health``) can say less to strangers.
-* ``BodyLimit(app, max_bytes, timeout_s)``: the whole body is read here, before anything parses it: 413 when
-  ``Content-Length`` exceeds ``max_bytes`` (nothing read) or when the bytes received do (chunked bodies), 408
-  when the body has not arrived within ``timeout_s`` (a client trickling bytes holds nothing for long). The app
-  then receives the body in one message; later ``receive`` calls (disconnect) go to the server.
+* ``BodyLimit(app, max_bytes, timeout_s, takes_body=None)``: the whole body is read here, before anything parses
+  it: 413 when ``Content-Length`` exceeds ``max_bytes`` (nothing read) or when the bytes received do (chunked
+  bodies), 408 when the body has not arrived within ``timeout_s`` (a client trickling bytes holds nothing for
+  long). The app then receives the body in one message; later ``receive`` calls (disconnect) go to the server.
+  A path for which ``takes_body(path)`` is false (no route there reads a body: ``/health``, an unknown path) has
+  nothing read at all: the app sees an empty body and answers at once (200, 405 or 404), whatever the client
+  is still sending.
 * ``on_reject(status, err)`` (optional, both guards) is told of every answer a guard gave itself.
 
 Why our own body limit rather than FastAPI's ``max_body_size``: that exists only in FastAPI >= 0.137 (vLLM pins
@@ -86,10 +89,7 @@ class ApiKeyAuth:
         header = Headers(scope=scope).get("authorization")
         authenticated = not self.keys or self._valid(header)
         scope.setdefault("state", {})["authenticated"] = authenticated
-        path, root = scope["path"], scope.get("root_path", "")
-        if root and path.startswith(root):  # served under a route prefix: the path below it
-            path = path[len(root):]
-        if not authenticated and path.startswith(self.protected):
+        if not authenticated and _path_below_root(scope).startswith(self.protected):
             if header is None:
                 message = ("You didn't provide an API key. Send it in an Authorization header using Bearer auth "
                            "(Authorization: Bearer YOUR_KEY).")
@@ -102,6 +102,26 @@ class ApiKeyAuth:
         await self.app(scope, receive, send)
 
 
+def _path_below_root(scope: Scope) -> str:
+    """The request's path below the app's route prefix (``root_path``) when it is served under one."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
+
+
+def _no_body(receive: Receive) -> Receive:
+    """A ``receive`` whose first message is an empty body; later calls (disconnect) go to the server."""
+    delivered = False
+
+    async def empty() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        return await receive()
+
+    return empty
+
+
 class _TooLarge(Exception):
     pass
 
@@ -112,11 +132,13 @@ def _too_large(max_bytes: int) -> OpenAIError:
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float, on_reject: Reject | None = None):
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float, on_reject: Reject | None = None,
+                 takes_body: Callable[[str], bool] | None = None):
         self.app = app
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         self.on_reject = on_reject
+        self.takes_body = takes_body
 
     async def _read(self, receive: Receive) -> tuple[bytes, Message | None]:
         """(the body, a disconnect that ended it early or None); raises ``_TooLarge`` / ``TimeoutError``."""
@@ -137,6 +159,9 @@ class BodyLimit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if self.takes_body is not None and not self.takes_body(_path_below_root(scope)):
+            await self.app(scope, _no_body(receive), send)
             return
         declared = Headers(scope=scope).get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):

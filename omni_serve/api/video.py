@@ -4,13 +4,21 @@ Contract:
 
 * ``video_url_bytes(url, max_bytes, param)`` returns the encoded video of a data URL; remote URLs, other media
   types and bad base64 are a 400 (``OpenAIError`` naming ``param``), as for images.
-* ``decode_video(raw, limits, sample, param, audio_rate)`` opens the container and reads its header first: the
-  video stream's frame count and rate, its duration and its frame size are checked against ``VideoLimits``
-  before any frame is decoded. ``sample(metadata) -> frame indices`` picks the frames to keep (the frontend
-  passes transformers' own ``sample_frames`` of the checkpoint's video processor, so the frames are those the
-  reference processor samples); frames are decoded in order and only the sampled ones are kept, as
-  transformers' PyAV reader (``read_video_pyav``) does, from the same header fields. With ``audio_rate`` set, the
-  audio track (if any) is decoded to mono float32 at that rate (for Qwen-Omni's ``use_audio_in_video``).
+* ``decode_videos([(raw, param), ...], limits, sample, audio_rate)`` decodes all of one request's videos. First
+  every container is opened and its header read: the video stream's frame count and rate, its duration and its
+  frame size are checked against ``VideoLimits`` per video, and then against the request's budgets across all
+  videos (``max_request_decoded_pixels``: every frame up to the last sampled one is decoded; and
+  ``max_request_sampled_pixels``: the kept frames' memory) before any frame is decoded. ``sample(header) -> frame
+  indices`` picks the frames to keep (the frontend passes transformers' own ``sample_frames`` of the checkpoint's
+  video processor, so the frames are those the reference processor samples); frames are decoded in order and
+  only the sampled ones are kept, as transformers' PyAV reader (``read_video_pyav``) does, from the same header
+  fields. While decoding, each frame is charged at its real size: a frame larger than its header said (a stream
+  that changes resolution, a lying header) is a 400 at once, and so is going over a budget. With
+  ``audio_rate`` set, the audio track (if any) is decoded to mono float32 at that rate (for Qwen-Omni's
+  ``use_audio_in_video``).
+* FFmpeg opens a request's bytes only with a container allowlist (``VIDEO_CONTAINERS``, ``AUDIO_CONTAINERS``:
+  no playlist, concat or image-sequence demuxer) and an empty protocol whitelist, so no demuxer can make it open
+  a URL or a file (an HLS playlist pointing at ``http://`` or ``file:`` is refused, nothing is fetched).
 * Unreadable, empty or oversized videos are a 400 that says what is wrong; nothing else escapes for bad input.
 * Decoding is CPU work: callers on an event loop run it in a thread.
 """
@@ -28,7 +36,15 @@ from pydantic import BaseModel, Field
 from omni_serve.api.errors import OpenAIError, bad_request
 from omni_serve.api.media import data_url_bytes
 
-__all__ = ["VideoLimits", "DecodedVideo", "VideoHeader", "video_url_bytes", "decode_video"]
+__all__ = ["VideoLimits", "DecodedVideo", "VideoHeader", "video_url_bytes", "decode_videos", "decode_video"]
+
+# Demuxers a request's bytes may be opened with (FFmpeg's format_whitelist; a demuxer matches when one of its
+# names is listed). Probing picks among these only: no hls/dash playlists, concat, image2 sequences or tee.
+VIDEO_CONTAINERS = "mov,mp4,matroska,webm,avi"
+AUDIO_CONTAINERS = "wav,mp3,flac,ogg,aac,mov,mp4,m4a,matroska,webm"
+# No protocol at all: PyAV hands FFmpeg the bytes through its own I/O context, so only a demuxer that opens a
+# URL of its own would use one, and it must not. (An empty whitelist is "none allowed" to FFmpeg.)
+NO_PROTOCOLS = {"protocol_whitelist": ""}
 
 
 class VideoLimits(BaseModel):
@@ -39,6 +55,13 @@ class VideoLimits(BaseModel):
     max_source_frames: int = Field(3600, gt=0, description=(
         "Most frames a video may have in all (every frame is decoded to reach the sampled ones)."))
     max_sampled_frames: int = Field(256, gt=0, description="Most frames sampled from one video for the model.")
+    max_request_decoded_pixels: int = Field(3600 * 1920 * 1080, gt=0, description=(
+        "Most pixels decoded for all of one request's videos together (every frame up to the last sampled one "
+        "is decoded): checked from the headers before decoding, and frame by frame while decoding. The default "
+        "is one video at max_source_frames and max_frame_pixels."))
+    max_request_sampled_pixels: int = Field(256 * 1920 * 1080, gt=0, description=(
+        "Most pixels of the sampled (kept) frames of all of one request's videos together, 3 bytes each in "
+        "memory. The default is one video at max_sampled_frames and max_frame_pixels."))
 
 
 @dataclass
@@ -65,13 +88,15 @@ def video_url_bytes(url: str, *, max_bytes: int, param: str) -> bytes:
     return data_url_bytes(url, "video", max_bytes=max_bytes, param=param)
 
 
-def _open(raw: bytes, param: str):
+def open_container(raw: bytes, containers: str, param: str, what: str = "video"):
+    """An input container over ``raw``, probed among ``containers`` only, with no protocol allowed."""
     import av
 
     try:
-        return av.open(io.BytesIO(raw), mode="r")
+        return av.open(io.BytesIO(raw), mode="r", options={"format_whitelist": containers, **NO_PROTOCOLS})
     except (av.FFmpegError, ValueError, OSError) as exc:
-        raise bad_request(f"{param}: could not read the video: {_detail(exc)}", param=param) from None
+        raise bad_request(f"{param}: could not decode the {what}, which must be in a container of {containers}: "
+                          f"{_detail(exc)}", param=param) from None
 
 
 def _detail(exc: Exception) -> str:
@@ -113,38 +138,97 @@ def read_header(container, limits: VideoLimits, param: str) -> VideoHeader:
                        has_audio=bool(container.streams.audio))
 
 
-def decode_video(raw: bytes, *, limits: VideoLimits, sample: Callable[[VideoHeader], list[int]], param: str,
-                 audio_rate: int | None = None) -> DecodedVideo:
-    """Decode the sampled frames (and the audio track, at ``audio_rate``) of an encoded video; see the module doc."""
+class _Budget:
+    """What the request's videos have left to decode and keep, in pixels; charged frame by frame."""
+
+    def __init__(self, limits: VideoLimits):
+        self.decoded = self.sampled = 0
+        self.limits = limits
+
+    def charge(self, decoded: int, sampled: int, param: str) -> None:
+        self.decoded += decoded
+        self.sampled += sampled
+        if self.decoded > self.limits.max_request_decoded_pixels:
+            raise bad_request(f"{param}: the request's videos need {self.decoded} or more decoded pixels; at most "
+                              f"{self.limits.max_request_decoded_pixels} are decoded for one request "
+                              "(video.max_request_decoded_pixels)", param=param)
+        if self.sampled > self.limits.max_request_sampled_pixels:
+            raise bad_request(f"{param}: the request's videos would keep {self.sampled} or more pixels of sampled "
+                              f"frames; at most {self.limits.max_request_sampled_pixels} are kept for one request "
+                              "(video.max_request_sampled_pixels)", param=param)
+
+
+def decode_videos(items: list[tuple[bytes, str]], *, limits: VideoLimits, sample: Callable[[VideoHeader], list[int]],
+                  audio_rate: int | None = None) -> list[DecodedVideo]:
+    """Decode a request's videos ((encoded bytes, param) each): every header and the request's budgets checked
+    before any frame is decoded, then each frame charged as it is decoded; see the module doc."""
     import av
 
+    containers, plans = [], []
+    param = items[0][1] if items else "video"
     try:
-        with _open(raw, param) as container:
-            header = read_header(container, limits, param)
-            indices = sorted({int(i) for i in sample(header)})
-            if not indices or indices[0] < 0 or indices[-1] >= header.total_num_frames:
-                raise bad_request(f"{param}: no frames could be sampled from the video", param=param)
-            if len(indices) > limits.max_sampled_frames:
-                raise bad_request(f"{param}: the video would be sampled to {len(indices)} frames; at most "
-                                  f"{limits.max_sampled_frames} are accepted", param=param)
-            frames = _frames(container, indices, param)
-            audio = None
-            if audio_rate is not None and header.has_audio:
-                container.seek(0)
-                audio = _audio_track(container, audio_rate, limits.max_seconds, param)
+        planned = _Budget(limits)
+        for raw, param in items:  # headers only: the whole request is judged before any decoding
+            containers.append(open_container(raw, VIDEO_CONTAINERS, param))
+            header = read_header(containers[-1], limits, param)
+            indices = _sampled(header, sample, limits, param)
+            planned.charge((indices[-1] + 1) * header.width * header.height,
+                           len(indices) * header.width * header.height, param)
+            plans.append((containers[-1], header, indices, param))
+        spent = _Budget(limits)
+        decoded = []
+        for container, header, indices, param in plans:
+            decoded.append(_decode(container, header, indices, param, spent, limits, audio_rate))
+        return decoded
     except OpenAIError:
         raise
     except (av.FFmpegError, ValueError, OSError, RuntimeError) as exc:
         raise bad_request(f"{param}: could not decode the video: {_detail(exc)}", param=param) from None
+    finally:
+        for container in containers:
+            container.close()
+
+
+def decode_video(raw: bytes, *, limits: VideoLimits, sample: Callable[[VideoHeader], list[int]], param: str,
+                 audio_rate: int | None = None) -> DecodedVideo:
+    """One video, as ``decode_videos`` decodes a request's."""
+    return decode_videos([(raw, param)], limits=limits, sample=sample, audio_rate=audio_rate)[0]
+
+
+def _sampled(header: VideoHeader, sample: Callable[[VideoHeader], list[int]], limits: VideoLimits,
+             param: str) -> list[int]:
+    indices = sorted({int(i) for i in sample(header)})
+    if not indices or indices[0] < 0 or indices[-1] >= header.total_num_frames:
+        raise bad_request(f"{param}: no frames could be sampled from the video", param=param)
+    if len(indices) > limits.max_sampled_frames:
+        raise bad_request(f"{param}: the video would be sampled to {len(indices)} frames; at most "
+                          f"{limits.max_sampled_frames} are accepted", param=param)
+    return indices
+
+
+def _decode(container, header: VideoHeader, indices: list[int], param: str, budget: _Budget, limits: VideoLimits,
+            audio_rate: int | None) -> DecodedVideo:
+    frames = _frames(container, header, indices, param, budget)
+    audio = None
+    if audio_rate is not None and header.has_audio:
+        container.seek(0)
+        audio = _audio_track(container, audio_rate, limits.max_seconds, param)
     return DecodedVideo(frames=frames, header=header, audio=audio)
 
 
-def _frames(container, indices: list[int], param: str) -> np.ndarray:
+def _frames(container, header: VideoHeader, indices: list[int], param: str, budget: _Budget) -> np.ndarray:
     wanted, last, kept = set(indices), indices[-1], []
+    declared = header.width * header.height
     for i, frame in enumerate(container.decode(video=0)):
         if i > last:
             break
-        if i in wanted:
+        pixels = frame.width * frame.height
+        if pixels > declared:
+            raise bad_request(f"{param}: frame {i} is {frame.width}x{frame.height}, larger than the "
+                              f"{header.width}x{header.height} the video's header declares", param=param)
+        keep = i in wanted
+        budget.charge(pixels, pixels if keep else 0, param)
+        if keep:
             kept.append(frame.to_ndarray(format="rgb24"))
     if len(kept) != len(indices):
         raise bad_request(f"{param}: the video has fewer decodable frames ({len(kept)} of the sampled "
@@ -188,7 +272,7 @@ def read_audio_container(raw: bytes, *, rate: int, max_seconds: float, param: st
     import av
 
     try:
-        with av.open(io.BytesIO(raw)) as container:
+        with open_container(raw, AUDIO_CONTAINERS, param, what="audio") as container:
             if not container.streams.audio:
                 raise bad_request(f"{param}: the file has no audio track", param=param)
             stream = container.streams.audio[0]

@@ -29,7 +29,7 @@ def build_app(family: Family, args: dict[str, Any] | None = None) -> serve.Appli
     logging_config = spec.logging.model_dump()
     handles = {}
     for stage in family.graph.deployed(spec.layout()):
-        options = spec.stage_spec(stage.name).deployment_options(stage.name)
+        options = spec.stage_spec(stage.name).deployment_options(stage.name, spec.ingress.request_timeout_s)
         handles[stage.name] = StageDeployment.options(**options, logging_config=logging_config).bind(
             family.path, stage.name, spec_dict)
     ing = spec.ingress
@@ -37,7 +37,9 @@ def build_app(family: Family, args: dict[str, Any] | None = None) -> serve.Appli
                 else {"num_replicas": ing.num_replicas})
     return OpenAIIngress.options(
         name="ingress", max_ongoing_requests=ing.max_ongoing_requests,
-        max_queued_requests=ing.max_queued_requests,
+        max_queued_requests=ing.max_queued_requests, max_surge_percent=ing.max_surge_percent,
+        # a stopping ingress replica (redeploy, scale-down) finishes its streams: up to the request deadline
+        graceful_shutdown_timeout_s=ing.request_timeout_s,
         backpressure_config=BackpressureConfig(status_code=503, retry_after_s=ing.retry_after_s),
         ray_actor_options={"num_cpus": ing.num_cpus, **({"resources": dict(ing.resources)} if ing.resources else {})},
         logging_config=logging_config, **replicas,

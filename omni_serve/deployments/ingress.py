@@ -4,15 +4,19 @@ Contract: ``OpenAIIngress(family, graph_spec, **handles)`` loads the family (``m
 spec and builds the family's frontend with the spec and the ``StageCalls`` over the stage handles (stage name ->
 handle). Its FastAPI app is built per replica (Serve's ``__serve_build_asgi_app__``) from the frontend's
 ``routes`` (``omni_serve.graph.frontend``), plus ``GET /v1/models``, ``GET /health`` (200 only when every stage
-answers and has a running replica) and ``GET /metrics`` (this replica's request counters, Prometheus text; the cluster-wide metrics of
+answers and has a running replica and the data plane's directory answers; ``omni_serve.deployments.health``:
+answered from a cache refreshed at most every 2 s, never one probe per call; ``?fresh=1`` from an authenticated
+caller probes now) and ``GET /metrics`` (this replica's request counters, Prometheus text; the cluster-wide metrics of
 ``omni_serve.metrics`` go through Ray's metrics endpoint). Any other route answers 404 with an OpenAI-style body
-naming the routes served; all errors are OpenAI-style bodies (``omni_serve.api.errors``). ``/docs``, ``/redoc``
+naming only the method and path asked for; all errors are OpenAI-style bodies (``omni_serve.api.errors``). ``/docs``, ``/redoc``
 and ``/openapi.json`` exist only with ``ingress.enable_docs``.
 
 Guards (``omni_serve.api.guards``), before any body is read or parsed: with API keys configured, ``/v1/*`` and
 ``/metrics`` need ``Authorization: Bearer <key>`` (401 otherwise) and ``/health`` tells an unauthenticated
-caller only its status; every body is bounded (``ingress.max_body_bytes``: 413) and must arrive within
-``ingress.body_timeout_s`` (408).
+caller only its status; only the routes that take a body have one read (a body sent to ``/health`` or an
+unknown path is never read, so it holds nothing); every body is bounded (``ingress.max_body_bytes``: 413) and
+must arrive within ``ingress.body_timeout_s`` (408). A JSON body is then bounded in objects, messages and content
+parts before it is parsed and validated (``omni_serve.api.json_body``).
 
 Every frontend route goes through one path: admission, the handler, metrics and errors. Beyond
 ``ingress.max_inflight_requests`` per replica a request is answered 429 with ``Retry-After`` at once (Serve
@@ -28,20 +32,25 @@ import inspect
 from typing import Annotated, Any, AsyncIterator
 
 from fastapi import FastAPI, Form, Request
+from fastapi.routing import APIRoute
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from ray import serve
 from starlette.background import BackgroundTask
 
-from omni_serve.api.errors import OpenAIError, install_error_handlers, not_found
+from omni_serve.api.errors import OpenAIError, install_error_handlers
 from omni_serve.api.guards import ApiKeyAuth, BodyLimit, api_keys
+from omni_serve.api.json_body import parse_json_body
 from omni_serve.api.protocol import ModelCard, ModelList
 from omni_serve.deployments.admission import TIMEOUT_HEADER, InflightLimit, Ticket, request_deadline
 from omni_serve.deployments.availability import StageAvailability
+from omni_serve.deployments.health import GraphHealth, directory_state
 from omni_serve.graph.calls import StageCalls
 from omni_serve.graph.frontend import ByteStream, EventStream, RawReply, RequestContext, Route
 from omni_serve.graph.registry import import_path, load_family
+from omni_serve.graph.stage_settings import stage_views
 from omni_serve.metrics import IngressMetrics, RequestClock, observe_transfers
+from omni_serve.transport.connectors import keep_node_tidy
 
 
 @serve.deployment
@@ -49,7 +58,8 @@ from omni_serve.metrics import IngressMetrics, RequestClock, observe_transfers
 class OpenAIIngress:
     def __init__(self, family: str, graph_spec: dict[str, Any], **handles):
         fam = load_family(family)
-        spec = fam.spec.model_validate(graph_spec)
+        # a Serve config file carries what the ingress reads of each stage in its own deployment entry
+        spec = fam.spec.model_validate(stage_views(graph_spec))
         self.family = fam.name
         self.frontend = import_path(fam.frontend)(spec, StageCalls.over_serve(fam.graph, spec, handles))
         self.model_name = self.frontend.model_name
@@ -63,10 +73,13 @@ class OpenAIIngress:
         self.inflight = InflightLimit(spec.ingress.max_inflight_requests, spec.ingress.retry_after_s)
         self.default_timeout_s = spec.ingress.request_timeout_s
         self.ingress_spec = spec.ingress
+        self.limits = spec.limits
         self.api_keys = api_keys(spec.ingress)
         self.availability = StageAvailability(
             handles, {s for s in handles if (spec.stage_spec(s).autoscaling_config or {}).get("min_replicas", 1) == 0})
         self.frontend.stages.missing_stages = self.availability.missing
+        self.graph_health = GraphHealth(self.frontend.health, directory_state)
+        keep_node_tidy(spec.data_plane)  # this node's shm janitor while a replica runs here
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return build_asgi_app(self)
@@ -145,16 +158,19 @@ class OpenAIIngress:
         return ModelList(data=[ModelCard(id=self.model_name)]).model_dump()
 
     async def health(self, request: Request):
-        stages = await self.frontend.health()
-        missing = self.availability.missing()
-        for stage in missing:
+        insider = request.scope.get("state", {}).get("authenticated", True)
+        fresh = insider and request.query_params.get("fresh", "") not in ("", "0", "false")
+        cached, data_plane = await self.graph_health.get(fresh=fresh)
+        stages = dict(cached)
+        for stage in self.availability.missing(grace=False):
             stages[stage] = {**stages.get(stage, {}), "error": "no running replica"}
-        ok = all("error" not in v for v in stages.values())
+        ok = all("error" not in v for v in stages.values()) and "error" not in data_plane
         status = {"status": "ok" if ok else "unavailable"}
-        if request.scope.get("state", {}).get("authenticated", True):  # strangers learn only the status
+        if insider:  # strangers learn only the status
             status["ingress"] = {"inflight": self.inflight.inflight, "max_inflight": self.inflight.limit,
                                  "rejected": self.inflight.rejected}
             status["stages"] = stages
+            status["data_plane"] = data_plane
         return JSONResponse(status, status_code=200 if ok else 503)
 
     def rejected(self, status: int, err: OpenAIError) -> None:
@@ -175,7 +191,7 @@ def build_asgi_app(ingress: OpenAIIngress) -> FastAPI:
     # Added last = outermost: the key is checked before the body is read.
     spec = ingress.ingress_spec
     app.add_middleware(BodyLimit, max_bytes=spec.max_body_bytes, timeout_s=spec.body_timeout_s,
-                       on_reject=ingress.rejected)
+                       on_reject=ingress.rejected, takes_body=lambda path: _takes_body(app, path))
     app.add_middleware(ApiKeyAuth, keys=ingress.api_keys, protected=("/v1/", "/metrics"), on_reject=ingress.rejected)
     for route in ingress.frontend.routes:
         app.add_api_route(route.path, _endpoint(ingress, route), methods=[route.method], name=route.name,
@@ -183,25 +199,55 @@ def build_asgi_app(ingress: OpenAIIngress) -> FastAPI:
     app.add_api_route("/v1/models", ingress.models, methods=["GET"], name="models")
     app.add_api_route("/health", ingress.health, methods=["GET"], name="health")
     app.add_api_route("/metrics", ingress.metrics_text, methods=["GET"], name="metrics")
-    served = ", ".join(f"{m} {r.path}" for r in app.routes if hasattr(r, "methods") and r.name not in
-                       ("openapi", "swagger_ui_html", "swagger_ui_redirect", "redoc_html") for m in sorted(r.methods))
-
-    async def unknown_route(request: Request, exc: Exception):
-        err = not_found(f"Unknown route: {request.method} {request.url.path}. This server serves the "
-                        f"{ingress.model_name!r} model ({ingress.family} graph): {served}.")
-        return JSONResponse(err.body(), status_code=404)
-
-    app.add_exception_handler(404, unknown_route)
+    if docs:
+        app.openapi = lambda: _openapi_with_json_bodies(app, ingress.frontend.routes)
     return app
 
 
+def _takes_body(app: FastAPI, path: str) -> bool:
+    """Whether a route of ``app`` at ``path`` reads a request body (a POST/PUT/PATCH route matches it)."""
+    return any(isinstance(r, APIRoute) and r.methods & {"POST", "PUT", "PATCH"} and r.path_regex.match(path)
+               for r in app.routes)
+
+
+def _openapi_with_json_bodies(app: FastAPI, routes: tuple[Route, ...]) -> dict[str, Any]:
+    """FastAPI's OpenAPI document plus the JSON routes' request bodies (their endpoints parse the body
+    themselves, so FastAPI does not see the model)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    from fastapi.openapi.utils import get_openapi
+    from pydantic.json_schema import models_json_schema
+
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    json_routes = [r for r in routes if not r.form]
+    refs, defs = models_json_schema([(r.body, "validation") for r in json_routes],
+                                    ref_template="#/components/schemas/{model}")
+    schema.setdefault("components", {}).setdefault("schemas", {}).update(defs.get("$defs", {}))
+    for route in json_routes:
+        operation = schema["paths"][route.path][route.method.lower()]
+        operation["requestBody"] = {"required": True, "content": {
+            "application/json": {"schema": refs[(route.body, "validation")]}}}
+    app.openapi_schema = schema
+    return schema
+
+
 def _endpoint(ingress: OpenAIIngress, route: Route):
-    """A FastAPI endpoint for ``route``: the body model (JSON, or a multipart form) and the raw request."""
-    async def endpoint(body, request: Request):
+    """A FastAPI endpoint for ``route``. A multipart form is FastAPI's to parse (``Form()``); a JSON body is
+    parsed here (``omni_serve.api.json_body``: bounded before it is parsed and validated, large ones in a
+    thread), so the OpenAPI page shows the model's schema by reference only."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    if route.form:
+        async def form_endpoint(body, request: Request):
+            return await ingress.serve_route(route, body, request)
+
+        form_endpoint.__signature__ = inspect.Signature([
+            inspect.Parameter("body", kind, annotation=Annotated[route.body, Form()]),
+            inspect.Parameter("request", kind, annotation=Request)])
+        return form_endpoint
+
+    async def json_endpoint(request: Request):
+        body = await parse_json_body(await request.body(), request.headers.get("content-type"), route.body,
+                                     ingress.limits)
         return await ingress.serve_route(route, body, request)
 
-    body = Annotated[route.body, Form()] if route.form else route.body
-    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    endpoint.__signature__ = inspect.Signature([inspect.Parameter("body", kind, annotation=body),
-                                                inspect.Parameter("request", kind, annotation=Request)])
-    return endpoint
+    return json_endpoint

@@ -16,10 +16,11 @@ and builds the stage's declared runner (loading only that stage's weights) and e
   backlog, queued, KV use, batch occupancy, diffusion steps in flight); the ``omni_serve.autoscaling``
   policies scale the stage on them.
 - ``parameter_names()``: names of the parameters this replica holds (for tests and operators).
-Ray Serve calls ``check_health`` periodically; a dead engine thread marks the replica unhealthy. The
+Ray Serve calls ``check_health`` periodically; a dead engine thread, or a step running longer than the stage's
+``max_step_s`` (a hung engine), marks the replica unhealthy and Serve replaces it. The
 replica exports its engine's metrics (``omni_serve.metrics.StageMetrics``) and its data-plane transfers.
 
-Shutdown (the stage's ``graceful_shutdown_timeout_s``, passed to Serve): Serve stops routing calls to a stopping
+Shutdown (the stage's ``graceful_shutdown_timeout_s``, by default the request deadline, passed to Serve): Serve stops routing calls to a stopping
 replica, waits for the calls in flight, then calls ``__del__``, which drains the engine (``Engine.drain``: a request
 still there or arriving late is refused or, past the same deadline, aborted with ``Draining``, a 503 at the
 ingress) and cleans it up. Serve kills the replica ``graceful_shutdown_timeout_s`` after the stop began, whatever
@@ -48,10 +49,13 @@ class StageDeployment:
 
         from omni_serve.graph.registry import load_family
         from omni_serve.graph.runner import build_runner
+        from omni_serve.graph.stage_settings import own_stage
         from omni_serve.metrics import StageMetrics, observe_transfers
+        from omni_serve.transport.connectors import keep_node_tidy
 
         self.stage = stage
-        self.runner = build_runner(load_family(family), stage, graph_spec)
+        # a Serve config file carries this stage's settings in its own deployment entry (stage_settings)
+        self.runner = build_runner(load_family(family), stage, own_stage(graph_spec, stage))
         torch.set_num_threads(self.runner.engine_spec.torch_threads)
         self.engine = self.runner.make_engine()
         # Started here, so an engine that cannot start (e.g. vLLM without room for its KV cache) fails the
@@ -59,6 +63,7 @@ class StageDeployment:
         await self.engine.start()
         self.metrics = StageMetrics(stage, self.engine)
         observe_transfers()
+        keep_node_tidy(self.runner.spec.data_plane)  # this node's shm janitor while a replica runs here
         log.info("stage %s ready in pid %d (%s)", stage, os.getpid(), self.runner.stage.runner)
 
     async def generate(self, call: Message) -> AsyncIterator[Message]:
@@ -103,12 +108,25 @@ class StageDeployment:
     def check_health(self) -> None:
         if not self.engine.alive:
             raise RuntimeError(f"engine thread of stage {self.stage} died")
+        stalled, limit = self.engine.stalled_s(), self.runner.stage_spec.max_step_s
+        if stalled > limit:
+            raise RuntimeError(f"engine of stage {self.stage} has been in one step for {stalled:.0f} s "
+                               f"(max_step_s {limit:g}): hung")
+
+    def hang_engine_for_test(self, seconds: float) -> None:
+        """Make the engine's next step block ``seconds`` (the hung-engine test); only in a replica started with
+        ``OMNI_SERVE_TEST_HOOKS=1`` in its environment."""
+        if os.environ.get("OMNI_SERVE_TEST_HOOKS") != "1":
+            raise PermissionError("test hooks are off (OMNI_SERVE_TEST_HOOKS=1 in the stage's env_vars)")
+        self.engine.hang_next_step(seconds)
 
     async def __del__(self):
         engine = getattr(self, "engine", None)  # None: the constructor failed before the engine existed
         try:
             if engine is not None:
-                await engine.drain(self.runner.stage_spec.graceful_shutdown_timeout_s)
+                # Up to the request deadline: Serve's own graceful_shutdown_timeout_s (a deployment option it may
+                # change in place, so not read here) kills the replica first when it is shorter.
+                await engine.drain(self.runner.spec.ingress.request_timeout_s)
         finally:  # a failed drain must not keep the engine's threads and processes alive
             if getattr(self, "metrics", None) is not None:
                 self.metrics.close()

@@ -121,6 +121,11 @@ class Engine(abc.ABC):
         """False once the engine can no longer serve (its worker died, vLLM's engine errored): the host reports
         the replica unhealthy. True before ``start``."""
 
+    def stalled_s(self) -> float:
+        """Seconds the step the engine is running now has taken (0 between steps, and for engines that do not
+        step in this process): past the stage's ``max_step_s`` the host reports the replica unhealthy."""
+        return 0.0
+
     @abc.abstractmethod
     def load(self) -> dict[str, float]:
         """This replica's autoscaling signals, all numbers: at least ``load`` (demand as a fraction of what the

@@ -24,6 +24,7 @@ import abc
 import asyncio
 import logging
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
@@ -74,6 +75,8 @@ class LoopEngine(AdmittingEngine):
         self._thread: threading.Thread | None = None
         self._stopped = False
         self.error: BaseException | None = None  # why the worker died, if it did
+        self._tick_since: float | None = None  # monotonic start of the step running now (None: between steps)
+        self._hang_s = 0.0  # test hook (``hang_next_step``): the next step first sleeps this long
 
     # -- subclass hooks (worker thread) -------------------------------------------------------------------
     def has_work(self) -> bool:
@@ -123,6 +126,16 @@ class LoopEngine(AdmittingEngine):
     @property
     def alive(self) -> bool:
         return self._thread is None or self._thread.is_alive()
+
+    def stalled_s(self) -> float:
+        """Seconds the step running now has taken (0 between steps)."""
+        since = self._tick_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def hang_next_step(self, seconds: float) -> None:
+        """Test hook: the worker's next step blocks ``seconds`` first, as a hung kernel or a deadlock would."""
+        self._hang_s = seconds
+        self.wake()
 
     # -- requests ----------------------------------------------------------------------------------------
     async def generate(self, request_id: str, program: StageProgram,
@@ -264,10 +277,15 @@ class LoopEngine(AdmittingEngine):
                     return
             self.busy.start()
             worked = None
+            self._tick_since = time.monotonic()
             try:
+                if self._hang_s:
+                    hang, self._hang_s = self._hang_s, 0.0
+                    time.sleep(hang)
                 with torch.inference_mode():
                     worked = self.tick()
             finally:
+                self._tick_since = None
                 if worked is False:  # it only waited: not busy
                     self.busy.discard()
                 else:

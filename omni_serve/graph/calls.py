@@ -9,9 +9,10 @@ Edges use the connectors the spec names (``edges.<edge>.connector``), or ``conne
   name -> the stage's declared call message), puts ``inputs`` (edge -> payload, as ``put``) and yields
   ``(stage, output)`` in arrival order until every call ended. Each
   output must be one of the stage's declared output types. A stage failure raises an ``OpenAIError`` naming the
-  stage: 503 with Retry-After when the stage's replica died, is unavailable or is shutting down (or, per
-  ``missing_stages``, a stage of the request lost its last replica while the request waits), 500 when the
-  stage failed on the request; passing the deadline raises a 504. Whatever ends the iteration (success,
+  stage: 503 with Retry-After when the stage's replica died, is unavailable, is shutting down or its queue is
+  full, whether the call was refused when opened or failed later (or, per ``missing_stages``, a stage of the
+  request lost its last replica while the request waits), 500 when the stage failed on the request; an input
+  the data plane could not take is a 503 too; passing the deadline raises a 504. Whatever ends the iteration (success,
   error, the client going away, a failure while putting the inputs or opening the calls), every open call is
   cancelled (which aborts the request in the stage's engine) and the request's data-plane payloads are freed on
   every connector the deployed graph uses.
@@ -22,13 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Protocol
 
 from omni_serve.api.errors import Draining, OpenAIError, internal_error
 from omni_serve.graph.graph import INGRESS, GraphDef
 from omni_serve.graph.messages import Message
-from omni_serve.transport.base import Connector, chunk_key, observed_put
+from omni_serve.transport.base import Connector, DataPlaneError, chunk_key, observed_put
 from omni_serve.transport.connectors import get_connector
 
 log = logging.getLogger(__name__)
@@ -56,15 +58,17 @@ def _replica_lost_errors() -> tuple[type[BaseException], ...]:
             BackPressureError)
 
 
-def stage_error(stage: str, exc: BaseException, request_id: str) -> OpenAIError:
-    """The client's error for a failed stage call: 503 with Retry-After when the stage's replica died, is
-    unavailable or is shutting down (``Draining``: a retry reaches a healthy one), 500 when the stage failed on the
-    request itself. The message is fixed (stage and request id): what went wrong inside the stage goes to the log,
-    never to the client."""
+def stage_error(stage: str, exc: BaseException, request_id: str, retry_after_s: float = 1.0) -> OpenAIError:
+    """The client's error for a failed stage call: 503 with ``Retry-After`` (``retry_after_s``, whole seconds) when
+    the stage's replica died, is unavailable, is shutting down (``Draining``: a retry reaches a healthy one) or its
+    queue is full (Serve's ``BackPressureError``, past the stage's ``max_queued_requests``), 500 when the stage
+    failed on the request itself. The message is fixed (stage and request id): what went wrong inside the stage
+    goes to the log, never to the client."""
     if isinstance(exc, (*_replica_lost_errors(), Draining, ReplicaGone)):
         return OpenAIError(f"Stage {stage} is temporarily unavailable (its replica was lost, is shutting down or "
                            f"is overloaded); retry the request (request {request_id}).", status_code=503,
-                           type="service_unavailable", code="stage_unavailable", headers={"Retry-After": "1"})
+                           type="service_unavailable", code="stage_unavailable",
+                           headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))})
     return internal_error(f"Stage {stage} failed on request {request_id}; the details are in the server log.")
 
 
@@ -83,6 +87,16 @@ async def free_within(cleanup: Awaitable[None], request_id: str, wait_s: float =
                     request_id, wait_s)
 
 
+def _cancel_all(calls) -> None:
+    """Cancel every call. Serve's ``cancel()`` re-raises the error a call was refused with (e.g. its queue was
+    full: ``BackPressureError``), which the request has already answered: nothing to cancel there."""
+    for call in calls:
+        try:
+            call.cancel()
+        except Exception:  # noqa: BLE001 - the call never started
+            pass
+
+
 class ReplicaGone(RuntimeError):
     """A stage of a request in flight has no running replica any more (its node died)."""
 
@@ -94,6 +108,7 @@ class StageCalls:
     def __init__(self, graph: GraphDef, spec: Any, open_call: Callable[[str, Message], StageCall],
                  probe: Callable[[str], Awaitable[dict[str, Any]]], connector: Connector | None = None):
         self.graph, self.spec = graph, spec
+        self.retry_after_s = spec.ingress.retry_after_s  # the 503s' Retry-After
         # () -> stages with no running replica now (the ingress sets it: omni_serve.deployments.availability)
         self.missing_stages: Callable[[], list[str]] = list
         self._open, self._probe = open_call, probe
@@ -124,6 +139,10 @@ class StageCalls:
             raise TypeError(f"edge {edge} carries {expected.__name__}, not {type(payload).__name__}")
         await observed_put(self._edge_connector[edge], chunk_key(request_id, edge, 0), payload)
 
+    async def _put_all(self, request_id: str, inputs: Mapping[str, Message]) -> None:
+        for edge, payload in inputs.items():
+            await self.put(request_id, edge, payload)
+
     def _check_call(self, stage: str, call: Message) -> None:
         if stage not in self.stages:
             raise ValueError(f"stage {stage!r} is not deployed in this graph (deployed: {self.stages})")
@@ -134,19 +153,33 @@ class StageCalls:
     async def stream(self, request_id: str, calls: Mapping[str, Message], timeout_s: float,
                      inputs: Mapping[str, Message] | None = None) -> AsyncIterator[tuple[str, Message]]:
         opened: dict[str, StageCall] = {}
+        opening = None
+        deadline = time.monotonic() + timeout_s
         try:
             for stage, call in calls.items():
                 self._check_call(stage, call)
             # Calls first, then the inputs: a stage says where it reads from when its call starts, and a
             # connector that routes by the reader's node (nearest) waits for that word on its first put.
-            for stage, call in calls.items():
-                opened[stage] = self._open(stage, call)
-            for edge, payload in (inputs or {}).items():
-                await self.put(request_id, edge, payload)
-        except BaseException:
-            for gen in opened.values():
-                gen.cancel()
+            for opening, call in calls.items():
+                opened[opening] = self._open(opening, call)
+            opening = None
+            if inputs:  # under the deadline too: a put may wait on the data plane (a route, the directory)
+                await asyncio.wait_for(self._put_all(request_id, inputs), max(deadline - time.monotonic(), 0.001))
+        except BaseException as exc:
+            _cancel_all(opened.values())
             await free_within(self.free(request_id), request_id)
+            if opening is not None and isinstance(exc, Exception):  # the stage's handle refused the call
+                log.error("request %s: opening a call of stage %s failed: %r", request_id, opening, exc)
+                raise stage_error(opening, exc, request_id, self.retry_after_s) from None
+            if isinstance(exc, TimeoutError):
+                log.error("request %s: its inputs were not taken before its deadline", request_id)
+                raise OpenAIError(f"The request timed out (request {request_id}).", status_code=504,
+                                  type="timeout", code="timeout") from None
+            if isinstance(exc, DataPlaneError):
+                log.error("request %s: putting its inputs failed: %r", request_id, exc)
+                raise OpenAIError(f"The data plane is unavailable; retry the request (request {request_id}).",
+                                  status_code=503, type="service_unavailable", code="data_plane_unavailable",
+                                  headers={"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}) from None
             raise
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -160,7 +193,6 @@ class StageCalls:
 
         tasks = [asyncio.create_task(pump(s, g)) for s, g in opened.items()]
         open_calls = set(opened)
-        deadline = time.monotonic() + timeout_s
         try:
             while open_calls:
                 remaining = deadline - time.monotonic()
@@ -172,14 +204,14 @@ class StageCalls:
                         if not lost:
                             continue
                         log.error("request %s: stage %s has no running replica any more", request_id, lost[0])
-                        raise stage_error(lost[0], ReplicaGone(lost[0]), request_id) from None
+                        raise stage_error(lost[0], ReplicaGone(lost[0]), request_id, self.retry_after_s) from None
                     raise OpenAIError(f"The request timed out (request {request_id}).", status_code=504,
                                       type="timeout", code="timeout") from None
                 if item is None:
                     open_calls.discard(stage)
                 elif isinstance(item, BaseException):
                     log.error("request %s: stage %s failed: %r", request_id, stage, item)
-                    raise stage_error(stage, item, request_id)
+                    raise stage_error(stage, item, request_id, self.retry_after_s)
                 elif not isinstance(item, self.graph.stage(stage).outputs):
                     log.error("request %s: stage %s sent a %s, not one of its declared outputs",
                               request_id, stage, type(item).__name__)
@@ -187,8 +219,7 @@ class StageCalls:
                 else:
                     yield stage, item
         finally:
-            for gen in opened.values():
-                gen.cancel()
+            _cancel_all(opened.values())
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

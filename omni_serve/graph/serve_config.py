@@ -2,11 +2,13 @@
 
 Contract: ``build_serve_config(graph, values, ...)`` validates ``values`` (dotted keys allowed) against the spec
 of the family named ``graph`` (``omni_serve.graph.registry``) and returns a Serve config dict that validates as
-Ray's ``ServeDeploySchema``: one application whose ``args`` are the *whole* validated spec (every default written out, so a deployed config does not
-change when omni_serve's defaults do), the graph's application-level ``autoscaling_policy`` (which only a
-config file can carry) and the HTTP options. Deployment options are not repeated under ``deployments``:
-the builder derives them from ``args.stages`` (one source of truth; Serve would let a ``deployments``
-entry silently override them).
+Ray's ``ServeDeploySchema``: one application whose ``args`` are the validated graph-level spec (every default
+written out, so a deployed config does not change when omni_serve's defaults do) and each stage's engine backend
+(the graph's shape), whose ``deployments`` carry each
+stage's settings (``omni_serve.graph.stage_settings``: a redeploy that changes one stage rolls only that
+stage), the graph's application-level ``autoscaling_policy`` (which only a config file can carry) and the HTTP
+options. Edit the graph spec and build again rather than editing the ``deployments`` entries by hand: each
+carries its stage's whole spec, as JSON, in its replicas' environment.
 
 The checkpoint path is made absolute when it exists here. A path that does not exist here must be
 absolute (the path where the cluster sees it, e.g. a volume in a pod): a relative one would resolve
@@ -42,9 +44,19 @@ def build_serve_config(graph: str, values: dict[str, Any], *, app_name: str | No
     family = find_family(graph)
     spec = family.parse(values)
     checkpoint, note = resolve_checkpoint(spec.checkpoint, family.checkpoint_marker)
-    args = spec.model_copy(update={"checkpoint": checkpoint}).model_dump(mode="json")
+    from omni_serve.graph.stage_settings import deployment_entries, in_args
+
+    spec = spec.model_copy(update={"checkpoint": checkpoint})
+    args = spec.model_dump(mode="json", exclude={"stages"})
+    # each stage's engine backend decides the graph's shape (a family's layout may follow it): the builder needs
+    # it, and changing it redeploys the graph
+    args["stages"] = {name: ({"engine": {"backend": spec.stage_spec(name).engine.backend}}
+                             if not in_args(spec.stage_spec(name)) else spec.stage_spec(name).model_dump(mode="json"))
+                      for name in type(spec.stages).model_fields}
+    deployed = [stage.name for stage in family.graph.deployed(spec.layout())]
     app: dict[str, Any] = {"name": app_name or graph, "route_prefix": route_prefix,
-                           "import_path": family.app, "args": args}
+                           "import_path": family.app, "args": args,
+                           "deployments": deployment_entries(spec, deployed)}
     if spec.autoscaling_policy:
         app["autoscaling_policy"] = spec.autoscaling_policy
     config = {"proxy_location": "EveryNode", "http_options": {"host": host, "port": port},
@@ -57,8 +69,10 @@ HEADER = """\
 # Ray Serve config for the {graph} graph, written by `omni-serve build` (omni_serve {version}).
 #   serve run {path}           (local: starts Ray and serves; RAY_AUTH_MODE=disabled without Ray auth)
 #   serve deploy {path}        (a running cluster: ray start --head, or KubeRay's serveConfigV2)
-# `args` is the whole graph spec (see docs/configuration.md); deployment options (replicas,
-# autoscaling_config, resources) are derived from args.stages: edit them there.
+# `args` is the graph-level spec and each stage's engine backend (see docs/configuration.md); the rest of each
+# stage's settings is in its
+# `deployments` entry (its whole spec as JSON in OMNI_SERVE_STAGE_SPEC): change them with `omni-serve build`
+# and `serve deploy` the result; only the stages whose settings changed roll.
 """
 
 

@@ -79,6 +79,14 @@ class EngineSpec(BaseModel):
 STAGE_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"}
 
 
+MAX_SURGE_DESCRIPTION = (
+    "Extra replicas a rolling update of this deployment (a redeploy that changes it) may start, in percent of its "
+    "replica count, rounded up. Above 0 the replacements start before the old replicas stop, and the old ones keep "
+    "serving while the cluster has no room for the new ones, so the deployment never runs out of replicas while it "
+    "rolls. 0 is Ray Serve's default: stop first (a one-replica deployment cannot serve while its replacement "
+    "starts).")
+
+
 class StageSpec(SpecModel):
     """One stage = one Ray Serve deployment."""
 
@@ -93,11 +101,22 @@ class StageSpec(SpecModel):
         "Custom Ray resources reserved per replica, e.g. {'omni_ar_gpu': 1}: places the stage on the worker "
         "group (node type) that declares them (see docs/kubernetes.md)."))
     max_ongoing_requests: int = Field(64, ge=1, description="Ray Serve cap on concurrent calls per replica.")
-    graceful_shutdown_timeout_s: float = Field(20.0, ge=0, description=(
+    max_queued_requests: int = Field(64, ge=-1, description=(
+        "Calls an ingress replica queues for this stage while every replica of it is at max_ongoing_requests; "
+        "past it a request is answered 503 at once with the ingress' Retry-After (ingress.retry_after_s) "
+        "instead of waiting into its deadline (-1: unbounded)."))
+    graceful_shutdown_timeout_s: float | None = Field(None, ge=0, description=(
         "Seconds a stopping replica (scale-down, redeploy, shutdown) gets to finish its requests: Serve stops "
         "routing calls to it and waits for those in flight; the replica then drains its engine (no new requests, "
         "the rest aborted with a 503 the client may retry) and frees it. Serve kills the replica when the time is "
-        "up. Long generations (minutes of audio, many denoising steps) need more."))
+        "up. Null (the default): the request deadline, ingress.request_timeout_s, the longest a request can "
+        "hold a replica, so a redeploy loses no request. An idle replica stops at once whatever the value."))
+    max_surge_percent: int = Field(100, ge=0, le=100, description=MAX_SURGE_DESCRIPTION)
+    max_step_s: float = Field(300.0, gt=0, description=(
+        "Longest one engine step (one batched forward) may run: past it the replica's health check fails and "
+        "Serve replaces the replica, failing its requests with a 503 the client may retry (a hung kernel or a "
+        "deadlock must not hold requests until their deadline). Steps of large models on CPU can take tens of "
+        "seconds; keep it well above the longest step."))
     engine: EngineSpec = Field(default_factory=EngineSpec, description="Engine settings inside each replica.")
     env_vars: dict[str, str] = Field(default_factory=lambda: dict(STAGE_ENV), description=(
         "Environment variables of each replica's process (Ray runtime_env). The default makes idle OpenMP threads "
@@ -125,13 +144,27 @@ class StageSpec(SpecModel):
     def _autoscaling_config(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         return None if value is None else checked_autoscaling_config(value)
 
-    def deployment_options(self, name: str) -> dict[str, Any]:
+    @field_validator("max_queued_requests")
+    @classmethod
+    def _queue(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("max_queued_requests must be -1 (unbounded) or at least 1 (Ray Serve's rule)")
+        return value
+
+    def shutdown_timeout_s(self, request_timeout_s: float) -> float:
+        """Seconds a stopping replica gets: ``graceful_shutdown_timeout_s``, or the request deadline."""
+        given = self.graceful_shutdown_timeout_s
+        return request_timeout_s if given is None else given
+
+    def deployment_options(self, name: str, request_timeout_s: float = 300.0) -> dict[str, Any]:
         opts: dict[str, Any] = {
             "name": name,
             "max_ongoing_requests": self.max_ongoing_requests,
+            "max_queued_requests": self.max_queued_requests,
             "ray_actor_options": {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus},
             "health_check_period_s": 5,
-            "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
+            "graceful_shutdown_timeout_s": self.shutdown_timeout_s(request_timeout_s),
+            "max_surge_percent": self.max_surge_percent,
         }
         if self.resources:
             opts["ray_actor_options"]["resources"] = dict(self.resources)
@@ -181,6 +214,7 @@ class IngressSpec(BaseModel):
         "Custom Ray resources reserved per ingress replica, e.g. {'omni_ingress': 1}: places the ingress on the "
         "nodes that declare them (see docs/multinode.md)."))
     max_ongoing_requests: int = Field(256, ge=1, description="Concurrent HTTP requests per ingress replica.")
+    max_surge_percent: int = Field(100, ge=0, le=100, description=MAX_SURGE_DESCRIPTION)
     request_timeout_s: float = Field(300.0, gt=0, description=(
         "Deadline for one request across all stages (504 past it); a request's X-Request-Timeout header "
         "may lower it."))
@@ -228,6 +262,11 @@ class RequestLimits(BaseModel):
         "Most characters of text in one request (all messages' text, or a prompt and its negative prompt), "
         "checked before tokenizing."))
     max_media_parts: int = Field(16, ge=0, description="Most media parts (images, audio clips) in one request.")
+    max_messages: int = Field(1024, ge=1, description=(
+        "Most messages in one chat request, counted before the body is validated."))
+    max_content_parts: int = Field(4096, ge=1, description=(
+        "Most content parts in all of a chat request's messages together, counted before the body is validated "
+        "(with max_messages and max_prompt_chars it also bounds the JSON objects a body may hold)."))
     max_audio_sample_rate: int = Field(48_000, ge=8_000, description=(
         "Highest sample rate of input audio (Hz), read from the file's header before decoding."))
     max_audio_channels: int = Field(2, ge=1, description="Most channels of input audio, read from the header.")

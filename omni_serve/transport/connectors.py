@@ -3,15 +3,20 @@
 Contract: ``get_connector(name, data_plane)`` returns the process-wide connector of a backend (``auto``: the
 one this process chose, ``omni_serve.transport.auto``), built from its ``data_plane`` section the first time
 (every process of one graph validates the same spec, so all get the same settings); ``connector_stats()``
-counts what those connectors hold (``/health``); ``close_connectors()`` closes and forgets them.
+counts what those connectors hold (``/health``); ``close_connectors()`` closes and forgets them;
+``keep_node_tidy(data_plane)`` makes this process take its turns as its node's shared-memory janitor.
 """
 
 from __future__ import annotations
+
+import logging
 
 from omni_serve.transport.auto import resolve
 from omni_serve.transport.base import Connector
 from omni_serve.transport.config import DataPlaneSpec
 from omni_serve.transport.registry import connector_class
+
+log = logging.getLogger(__name__)
 
 _INSTANCES: dict[str, Connector] = {}
 
@@ -33,6 +38,19 @@ def get_connector(name: str, data_plane=None) -> Connector:
         build = getattr(cls, "from_data_plane", None)  # a connector made of others (nearest) gets the whole spec
         _INSTANCES[name] = build(data_plane) if build else cls.from_settings(data_plane.section(name))
     return _INSTANCES[name]
+
+
+def keep_node_tidy(data_plane=None) -> None:
+    """Take this process' part in its node's shared-memory housekeeping (``SharedMemoryConnector.keep_tidy``),
+    whichever backends its edges use: every stage and ingress replica calls it on its event loop when it starts,
+    so a node keeps a janitor while any of them runs there. Where shared memory cannot be used, it logs why."""
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+        get_connector("shm", data_plane).keep_tidy()
+    except Exception as exc:  # noqa: BLE001 - housekeeping never fails a replica's start
+        log.warning("this process does not sweep its node's shared memory: %s", exc)
 
 
 def built_connector(name: str) -> Connector | None:

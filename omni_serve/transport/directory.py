@@ -7,7 +7,8 @@ connector publishes each stream's route (``omni_serve.transport.nearest``). Payl
 
 Contract:
 - ``directory()`` is this process' ``DirectoryClient``. ``await client.call(method, *args)`` calls a
-  ``DataDirectory`` method; ``client.send(method, *args)`` calls it without waiting (announcements off a fast path).
+  ``DataDirectory`` method (cancelling the awaiting task cancels the call in the actor: a cancelled consumer's
+  ``wait`` leaves nothing behind); ``client.send(method, *args)`` calls it without waiting (announcements off a fast path).
 - The actor is detached, named (``DIRECTORY_NAME`` in ``settings.RAY_NAMESPACE``), created by the first process
   that needs it, preferably on the head node (it dies with the cluster, not with a worker node), and restarted
   by Ray wherever it can run when its node dies anyway (``max_restarts=-1``); calls in flight then are retried
@@ -43,6 +44,7 @@ class DataDirectory:
         self.ttl_s = ttl_s
         self.entries: dict[str, tuple[object, float]] = {}
         self.waiters: dict[str, asyncio.Event] = {}
+        self.waiting: dict[str, int] = {}  # key -> how many ``wait`` calls wait on its event
         self.owned: set[str] = set()  # keys whose producer frees them itself after the TTL (it owns the bytes)
         self._sweeper = None
 
@@ -79,15 +81,25 @@ class DataDirectory:
         self._ensure_sweeper()
         if key not in self.entries:
             event = self.waiters.setdefault(key, asyncio.Event())
+            self.waiting[key] = self.waiting.get(key, 0) + 1
             try:
                 await asyncio.wait_for(event.wait(), timeout)
             except asyncio.TimeoutError:
-                self.waiters.pop(key, None)
                 return None
+            finally:  # timed out, cancelled (its caller gave up) or set
+                left = self.waiting.pop(key, 1) - 1
+                if left:
+                    self.waiting[key] = left
+                elif self.waiters.get(key) is event and not event.is_set():
+                    self.waiters.pop(key, None)  # the last waiter left: nothing will set it
         entry = self.entries.pop(key, None) if take else self.entries.get(key)
         if take:
             self.owned.discard(key)
         return None if entry is None else entry[0]
+
+    async def waits(self) -> int:
+        """How many ``wait`` calls are waiting now (tests, operators)."""
+        return sum(self.waiting.values())
 
     async def lookup(self, key: str):
         """The value under ``key`` now, or None (never waits)."""
@@ -118,6 +130,11 @@ class DataDirectory:
     async def keys(self, prefix: str = "") -> list[str]:
         """The keys held (tests, operators)."""
         return sorted(k for k in self.entries if k.startswith(prefix))
+
+    async def debug_block_for(self, seconds: float) -> None:
+        """Tests: block the actor's event loop ``seconds`` (every call waits), as a directory behind a network
+        partition looks to its callers."""
+        time.sleep(seconds)
 
     async def where(self) -> dict[str, str]:
         """The node this instance runs on (tests, operators)."""
@@ -159,8 +176,14 @@ class DirectoryClient:
         """``DataDirectory.<method>(*args, **kwargs)``; ``DataPlaneError`` when the directory cannot be reached."""
         for attempt in range(CALL_ATTEMPTS):
             handle = self.handle
+            ref = getattr(handle, method).remote(*args, **kwargs)
             try:
-                return await getattr(handle, method).remote(*args, **kwargs)
+                return await ref
+            except asyncio.CancelledError:
+                # The caller gave up (its request ended): cancel the call in the actor too, so a ``wait`` does
+                # not hold its waiter there until its own timeout.
+                ray.cancel(ref)
+                raise
             except ray.exceptions.RayActorError as exc:
                 if self._handle is handle:
                     self._handle = None  # find or create it again

@@ -20,7 +20,9 @@ Protocol:
   sweeper or ``free_request``), maps the segment once per process and returns tensors that are views of
   it (zero-copy). The segment goes back to its pool (state byte 0) when the last of those tensors dies.
 - ``free_request`` claims and releases everything a request left behind on this node. Unclaimed payloads
-  older than ``OMNI_SERVE_DATA_TTL_S`` are released by their producer's sweeper.
+  older than ``OMNI_SERVE_DATA_TTL_S`` are released by their producer's sweeper, or by the node's janitor when
+  the producer died (``omni_serve.transport.shm_janitor``); a reader writes its process token into the
+  segment's header when it claims it, so a segment whose reader died holding views is released too.
 - Producer gone: while a consumer waits, it checks the stream's pool lock and raises ``DataPlaneError``
   once the producer process is dead. Another node: the producer announces its node id for each stream
   in the Ray data directory (when Ray is up); a consumer on another node gets a ``DataPlaneError`` saying
@@ -51,7 +53,6 @@ import mmap
 import os
 import re
 import shutil
-import stat
 import threading
 import time
 import uuid
@@ -70,6 +71,10 @@ from omni_serve.transport.base import (
 )
 from omni_serve.transport.codec import RefusedPayload
 from omni_serve.transport.message_types import Payload
+from omni_serve.transport.shm_janitor import (
+    BUSY, CLAIMANT, FREE, NO_CLAIMANT, Janitor, pool_alive as _pool_alive, process_token, reclaim_dead_claims,
+    release as _release, unmap_unlinked,
+)
 from omni_serve.transport.shm_tree import (  # noqa: F401 - UnsafeSharedMemory and tree_path are part of this API
     CREATE, OPEN, UnsafeSharedMemory, idle as _idle, mkdir_private as _mkdir_private, name_part as _name,
     open_ours as _open_ours, open_private_tree, read_ours as _read_ours, remove as _remove, rmdir_quiet as _rmdir,
@@ -78,10 +83,10 @@ from omni_serve.transport.shm_tree import (  # noqa: F401 - UnsafeSharedMemory a
 
 log = logging.getLogger(__name__)
 
-HEADER = 64  # bytes before a segment's payload area (byte 0: state)
-FREE, BUSY = 0, 1
+HEADER = 64  # bytes before a segment's payload area (byte 0: state; bytes 8-40: its reader, shm_janitor.CLAIMANT)
 MIN_SEGMENT = 64 << 10
 LIVENESS_PERIOD_S = 0.25
+JANITOR_PERIOD_S = 5.0  # the whole tree is swept this often by one of the processes using it
 NODE_CHECK_PERIOD_S = 2.0  # a waiting get asks the cluster-wide directory where its producer runs this often
 MAPPED_SEGMENTS = 1024  # segments a process keeps mapped (LRU) for reading
 INDEX_FORMAT = 1
@@ -107,34 +112,6 @@ def _size_class(nbytes: int) -> int:
     need = max(nbytes + HEADER, MIN_SEGMENT)
     granule = 1 << max(need.bit_length() - 3, 12)
     return -(-need // granule) * granule
-
-
-def _pool_alive(pool_dir: Path) -> bool:
-    """True while the pool's owner process holds its lock."""
-    try:
-        fd = os.open(pool_dir / "lock", os.O_RDWR | OPEN)
-    except OSError:  # gone, or a planted link
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # also drops the lock if we just took it
-    return False
-
-
-def _release(path: str) -> None:
-    """Mark a segment free from any process (its owner reuses it on a later put)."""
-    try:
-        fd = os.open(path, os.O_WRONLY | OPEN)
-    except OSError:
-        return  # its pool is gone (or a planted link: never written through)
-    try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            os.pwrite(fd, bytes([FREE]), 0)
-    finally:
-        os.close(fd)
 
 
 @dataclass
@@ -185,6 +162,7 @@ class _Pool:
                     self._drop(max(idle, key=lambda s: s.size))
                 seg = self._create(size)
             seg.mm[0] = BUSY
+            seg.mm[CLAIMANT] = NO_CLAIMANT  # read by nobody yet
             return seg
 
     def _create(self, size: int) -> _Segment:
@@ -258,6 +236,7 @@ class SharedMemoryConnector(Connector):
         self._pools = str(self.root / "pools")
         self._tag = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._seq = itertools.count()
+        self.janitor = Janitor(self.root)
         self.collect_dead_pools()
 
     # -- paths --------------------------------------------------------------------------------------------
@@ -368,6 +347,8 @@ class SharedMemoryConnector(Connector):
             seg = self.pool.acquire(nbytes)
             if seg is not None:
                 return seg
+            if reclaim_dead_claims(str(self.pool.dir)):  # segments a dead reader held: free now
+                continue
             if time.monotonic() > deadline:
                 raise DataPlaneError(
                     f"shared-memory pool full: {self.pool.nbytes} bytes in payloads nobody has read or freed "
@@ -390,6 +371,7 @@ class SharedMemoryConnector(Connector):
 
     # -- consumer -----------------------------------------------------------------------------------------
     async def get(self, key: str, timeout: float) -> Payload:
+        self._sweeper.ensure()  # a reader sweeps too: its mappings, and the node's tree if it is the janitor
         path = self._index_path(key)
         stream = os.path.dirname(path)
         claimed = self._scratch(stream, "claimed")
@@ -430,6 +412,7 @@ class SharedMemoryConnector(Connector):
             raise DataPlaneError(f"data-plane payload {key} is lost: its producer process died") from None
         if len(mm) < HEADER + nbytes:
             raise RefusedPayload(f"{seg_path} has {len(mm)} bytes, the index names {HEADER + nbytes}")
+        mm[CLAIMANT] = process_token()  # if this process dies holding views, the janitor frees the segment
         area = memoryview(mm)[HEADER:HEADER + nbytes]
         try:
             payload = codec.rebuild(header, area)
@@ -497,6 +480,16 @@ class SharedMemoryConnector(Connector):
             _release(seg_path)
         return True
 
+    def _drop_claimed(self, claimed: str) -> bool:
+        """Release what a claimed index file (its reader died before reading it) names, and remove it."""
+        try:
+            seg_path = self._read_claimed(claimed)[0]
+        except (RefusedPayload, FileNotFoundError):
+            return False
+        if seg_path is not None:
+            _release(seg_path)
+        return True
+
     async def free(self, key: str) -> None:
         self._drop_index(self._index_path(key))
 
@@ -518,7 +511,9 @@ class SharedMemoryConnector(Connector):
 
     # -- housekeeping -------------------------------------------------------------------------------------
     def sweep(self, now: float | None = None) -> int:
-        """Release this process' payloads unread for longer than the TTL and remove dead pools."""
+        """Release this process' payloads unread for longer than the TTL, forget its mappings of removed segments
+        and, in the node's janitor process, sweep the whole tree (``omni_serve.transport.shm_janitor``: dead
+        pools, segments held by dead readers, index files and markers past the TTL, whoever wrote them)."""
         now = time.monotonic() if now is None else now
         expired = 0
         pool = self._pool
@@ -534,11 +529,22 @@ class SharedMemoryConnector(Connector):
                     del pool.streams[marker]
                     self._announced.discard(os.path.dirname(marker))
                     _remove(marker)
-        self.remove_empty_dirs()
-        self.collect_dead_pools()
+        unmap_unlinked(self._mapped)
+        if self.janitor.turn(min(self.ttl_s / 4, JANITOR_PERIOD_S)):
+            expired += self.janitor.sweep_tree(self._drop_index, self._drop_claimed, self.ttl_s,
+                                               self._own_pool_dir())["expired"]
         if expired:
             log.warning("shared memory: freed %d payloads nobody read within %.0f s", expired, self.ttl_s)
         return expired
+
+    def keep_tidy(self) -> None:
+        """Run this process' periodic sweep, and so its turns as the node's janitor, even if it never puts or
+        reads through shared memory (call on the event loop): what processes that died on this node left is swept
+        while any omni_serve process lives there."""
+        self._sweeper.ensure()
+
+    def _own_pool_dir(self) -> Path | None:
+        return self._pool.dir if self._pool is not None else None
 
     def close(self) -> None:
         """Drop this process' unread payloads and stream markers, and remove its pool."""
@@ -555,29 +561,11 @@ class SharedMemoryConnector(Connector):
 
     def remove_empty_dirs(self) -> None:
         """Remove request/stream directories left empty for longer than the TTL."""
-        wall = time.time()
-        for rdir in _subdirs(self._keys):
-            for stream in _subdirs(rdir):
-                if _idle(stream, wall, self.ttl_s):
-                    _rmdir(stream)
-            if _idle(rdir, wall, self.ttl_s):
-                _rmdir(rdir)
+        self.janitor.remove_empty_dirs(self.ttl_s)
 
     def collect_dead_pools(self) -> int:
         """Remove the pools of processes that died (their unread payloads can never be served)."""
-        removed = 0
-        for pool_dir in map(Path, _subdirs(self._pools)):
-            if pool_dir.name.startswith(".new-"):
-                pid = pool_dir.name[5:].split("-")[0]
-                if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-                    shutil.rmtree(pool_dir, ignore_errors=True)
-                continue
-            if self._pool is not None and pool_dir == self._pool.dir:
-                continue
-            if not _pool_alive(pool_dir):
-                shutil.rmtree(pool_dir, ignore_errors=True)
-                removed += 1
-        return removed
+        return self.janitor.collect_dead_pools(self._own_pool_dir())
 
     def _node_directory(self):
         if self._directory == "ray":

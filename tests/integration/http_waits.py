@@ -35,7 +35,7 @@ def busy_stages(base_url: str, timeout: float = 60) -> dict:
     answer, after waiting up to ``timeout`` s for cancelled work to drain; ``{}`` once every stage is idle."""
     deadline = time.monotonic() + timeout
     while True:
-        stages = httpx.get(f"{base_url}/health", timeout=30).json()["stages"]
+        stages = httpx.get(f"{base_url}/health?fresh=1", timeout=30).json()["stages"]
         busy = {s: info for s, info in stages.items()
                 if "error" in info or info.get("active") or info.get("kv_blocks_used")}
         if not busy or time.monotonic() > deadline:

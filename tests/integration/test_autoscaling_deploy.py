@@ -7,71 +7,25 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
 import yaml
 
-from tests.integration.http_waits import wait_for_200
+from tests.integration.local_cluster import BIN, DASHBOARD, HTTP_PORT, URL, cli, local_cluster, wait_running
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-BIN = os.path.dirname(sys.executable)
-GCS_PORT, DASHBOARD_PORT, HTTP_PORT = 6391, 8266, 8012
-DASHBOARD = f"http://127.0.0.1:{DASHBOARD_PORT}"
-URL = f"http://127.0.0.1:{HTTP_PORT}"
 APP = "omni_autoscale"
 FAST_AUTOSCALING = {  # seconds, so the wave fits a test; production values are in docs/autoscaling.md
     "min_replicas": 1, "max_replicas": 2, "upscale_delay_s": 3, "downscale_delay_s": 10,
     "look_back_period_s": 4, "metrics_interval_s": 0.5}
 
 
-def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    """A local Ray cluster with its dashboard (Serve's REST API, what `serve deploy`/`serve status` use)."""
-    temp_dir = "/tmp/omni_serve_cluster"  # short: Ray's socket paths have a length limit
-    proc = subprocess.Popen(
-        [f"{BIN}/ray", "start", "--head", "--block", f"--port={GCS_PORT}", "--num-cpus=3",
-         "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={DASHBOARD_PORT}",
-         "--dashboard-agent-listen-port=52366", f"--temp-dir={temp_dir}",
-         "--disable-usage-stats"],
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"}, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        wait_for_200(f"{DASHBOARD}/api/serve/applications/", 180, "the dashboard did not come up",
-                     alive=lambda: proc.poll() is None)
-        yield DASHBOARD
-    finally:
-        _cli(f"{BIN}/serve", "shutdown", "-y", "-a", DASHBOARD, timeout=120)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        subprocess.run(["pkill", "-9", "-f", temp_dir], check=False)  # anything the cluster left behind
-
-
-def _wait_running(app: str, timeout: float = 300) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        apps = httpx.get(f"{DASHBOARD}/api/serve/applications/", timeout=10).json()["applications"]
-        status = apps.get(app, {}).get("status")
-        if status == "RUNNING":
-            return apps[app]
-        assert status != "DEPLOY_FAILED", apps[app].get("message")
-        assert time.monotonic() < deadline, f"{app} is {status}"
-        time.sleep(2)
+    with local_cluster(num_cpus=3) as dashboard:
+        yield dashboard
 
 
 @pytest.fixture(scope="module")
@@ -81,15 +35,15 @@ def deployed(cluster, omni_tiny_dir, tmp_path_factory):
         "policy_function": "omni_serve.autoscaling:EngineLoadPolicy", "policy_kwargs": {"target_load": 0.6}}})
     ratio = json.dumps({"policy_function": "omni_serve.autoscaling:StageRatioPolicy", "policy_kwargs": {
         "target_load": 0.6, "ratios": [{"stage": "talker", "per": "thinker", "min": 1}]}})
-    built = _cli(f"{BIN}/omni-serve", "build", "qwen2_5_omni", f"checkpoint={omni_tiny_dir}",
+    built = cli(f"{BIN}/omni-serve", "build", "qwen2_5_omni", f"checkpoint={omni_tiny_dir}",
                  "--name", APP, "--host", "127.0.0.1", "--port", str(HTTP_PORT), "-o", str(config),
                  "stages.talker.params.max_codec_tokens=48", "stages.code2wav.params.num_steps=24",
                  f"stages.code2wav.autoscaling_config={auto}", f"stages.thinker.autoscaling_config={auto}",
                  f"stages.talker.autoscaling_config={auto}", f"autoscaling_policy={ratio}")
     assert built.returncode == 0, built.stderr
-    deploy = _cli(f"{BIN}/serve", "deploy", str(config), "-a", DASHBOARD)
+    deploy = cli(f"{BIN}/serve", "deploy", str(config), "-a", DASHBOARD)
     assert deploy.returncode == 0, deploy.stdout + deploy.stderr
-    _wait_running(APP)
+    wait_running(APP)
     return config
 
 
@@ -101,14 +55,16 @@ def test_build_writes_a_valid_serve_config_that_serve_deploy_serves(deployed):
     config = yaml.safe_load(deployed.read_text())
     ServeDeploySchema.model_validate(config)
     app = config["applications"][0]
-    OmniGraphSpec.model_validate(app["args"])  # the whole spec, every default written out
+    from omni_serve.graph.stage_settings import config_graph_spec
+
+    OmniGraphSpec.model_validate(config_graph_spec(app))  # the whole spec, every default written out
     assert app["autoscaling_policy"]["policy_function"] == "omni_serve.autoscaling:StageRatioPolicy"
     r = httpx.post(f"{URL}/v1/chat/completions", timeout=120, json={
         "model": "qwen2.5-omni", "modalities": ["text", "audio"], "audio": {"voice": "Ethan", "format": "wav"},
         "messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "min_tokens": 6})
     assert r.status_code == 200, r.text
     assert base64.b64decode(r.json()["choices"][0]["message"]["audio"]["data"])[:4] == b"RIFF"
-    status = _cli(f"{BIN}/serve", "status", "-a", DASHBOARD)
+    status = cli(f"{BIN}/serve", "status", "-a", DASHBOARD)
     assert yaml.safe_load(status.stdout)["applications"][APP]["status"] == "RUNNING"
 
 

@@ -36,7 +36,7 @@ def capped(stage: str) -> dict:
 
 def assert_plain_bfloat16_path(base_url: str, stage: str) -> None:
     """The stage's replica runs its bfloat16 linear layers on the plain path, and says why."""
-    stats = httpx.get(f"{base_url}/health", timeout=30).json()["stages"][stage]
+    stats = httpx.get(f"{base_url}/health?fresh=1", timeout=30).json()["stages"][stage]
     kernels = stats["kernels"]
     assert kernels["cpu"]["onednn_max_cpu_isa"] == "AVX2" and not kernels["cpu"]["packed"]["bfloat16"], kernels
     path = kernels["paths"]["linear.bfloat16"]

@@ -1,5 +1,5 @@
 """Faults: a replica of each stage type is killed (ray.kill) while it holds a request past Serve's retry, and
-that request fails because of it. Every in-flight request ends within its deadline with a clear answer (an
+that request fails because of it; an engine hangs in a step; the data plane's directory stops answering. Every in-flight request ends within its deadline with a clear answer (an
 error event in a stream, 503 otherwise, or a normal completion when it was already past that stage, or Serve
 retried it); Serve replaces the replica, later requests succeed, and no request state is left in any stage (no
 active request, every KV block free)."""
@@ -7,6 +7,8 @@ active request, every KV block free)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 import uuid
@@ -50,6 +52,8 @@ def faults_app(request, ray_serve) -> Target:
     serve.run(build_app(family(request.param), {
         "checkpoint": tiny_checkpoint(request.param), "ingress.num_cpus": 0, "ingress.request_timeout_s": DEADLINE_S,
         **{f"stages.{s}.num_cpus": 0 for s in STAGES}, **talker,
+        # the hung-engine test's hook, and a step bound its hang passes quickly
+        "stages.code2wav.env_vars.OMNI_SERVE_TEST_HOOKS": "1", "stages.code2wav.max_step_s": 5,
     }), name=app, route_prefix=f"/{app}")
     yield Target(f"{ray_serve}/{app}", app, model)
     serve.delete(app)
@@ -176,3 +180,107 @@ def test_killing_a_stage_replica_mid_request_fails_fast_and_the_graph_recovers(f
     _wait_healthy(faults_app.url)
     assert _run(faults_app, stream=True)[0] == "ok"  # later requests succeed
     assert not busy_stages(faults_app.url)  # and nothing of the failed requests is left in any stage
+
+
+def _pid(target: Target, stage: str) -> int | None:
+    info = httpx.get(f"{target.url}/health?fresh=1", timeout=30).json().get("stages", {}).get(stage, {})
+    return info.get("pid")
+
+
+def test_a_hung_engine_makes_its_replica_unhealthy_and_replaced(faults_app):
+    """code2wav's next step blocks for ten minutes (a test hook): past its max_step_s the replica's health check
+    fails, Serve replaces it, the request it held ends with a 503, and the next request is served."""
+    from ray import serve
+
+    _wait_healthy(faults_app.url)
+    before = _pid(faults_app, "code2wav")
+    serve.get_deployment_handle("code2wav", app_name=faults_app.app).hang_engine_for_test.remote(600).result(
+        timeout_s=30)
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(_run, faults_app, False)  # gives the engine a step to hang in
+        wait_until(lambda: _pid(faults_app, "code2wav") not in (before, None), 180,
+                   "the hung code2wav replica was not replaced", interval=1)
+        outcome, seconds = held.result(timeout=DEADLINE_S + 60)
+    assert outcome == "error 503 service_unavailable", (outcome, seconds)
+    _wait_healthy(faults_app.url)
+    assert _run(faults_app, False)[0] == "ok"
+
+
+def test_an_unreachable_directory_makes_health_not_ok_until_it_answers_again(faults_app):
+    """The data directory's event loop blocks (a test hook; what a directory behind a partition looks like):
+    requests fail (their deadline passes), /health says unavailable and names the data plane; once the
+    directory answers, /health is ok and requests succeed."""
+    import ray
+
+    from omni_serve import settings
+    from omni_serve.transport.directory import DIRECTORY_NAME
+
+    _wait_healthy(faults_app.url)
+    assert _run(faults_app, False)[0] == "ok"
+    blocked = ray.get_actor(DIRECTORY_NAME, namespace=settings.RAY_NAMESPACE).debug_block_for.remote(25)
+    wait_until(lambda: httpx.get(f"{faults_app.url}/health", timeout=30).status_code == 503, 20,
+               "/health did not turn 503 while the directory was unreachable", interval=0.5)
+    health = httpx.get(f"{faults_app.url}/health", timeout=30).json()
+    assert "error" in health["data_plane"] and health["status"] == "unavailable", health
+    r = httpx.post(f"{faults_app.url}/v1/chat/completions", json=_request(faults_app, False),
+                   headers={"X-Request-Timeout": "4"}, timeout=60)
+    assert r.status_code in (503, 504), r.text[:300]  # its inputs' put waits on the directory: the deadline ends it
+    ray.get(blocked)
+    _wait_healthy(faults_app.url)
+    assert _run(faults_app, False)[0] == "ok"
+
+
+def _tree_state() -> tuple[list[str], list[str], list[str]]:
+    """(dead pools, files under keys/, serving processes' mappings of deleted segments) of this node's shm tree."""
+    import psutil
+
+    from omni_serve.transport.shm import tree_path
+    from omni_serve.transport.shm_janitor import pool_alive
+
+    root = tree_path()
+    dead = [p.name for p in root.glob("pools/*") if not p.name.startswith(".new-") and not pool_alive(p)]
+    keys = [str(p.relative_to(root)) for p in root.glob("keys/**/*") if p.is_file()]
+    stale = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if not any("ServeReplica" in part for part in proc.info["cmdline"] or ()):
+            continue
+        try:
+            with open(f"/proc/{proc.info['pid']}/maps") as f:
+                stale += [f"{proc.info['pid']}: {line.split()[-2]}" for line in f
+                          if str(root) in line and line.rstrip().endswith("(deleted)")]
+        except OSError:
+            continue
+    return dead, keys, stale
+
+
+def _kill_mid_stream(target: Target, stage: str) -> None:
+    """SIGKILL the stage's replica process once a stream carries its output (it holds the request's data)."""
+    pid = _pid(target, stage)
+    reached = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        stream = pool.submit(_run, target, True, stage, reached)
+        assert reached.wait(DEADLINE_S), f"no {stage} output"
+        os.kill(pid, signal.SIGKILL)
+        outcome, _ = stream.result(timeout=DEADLINE_S + 60)
+    assert outcome.startswith("error") or outcome == "ok", outcome
+    wait_until(lambda: _pid(target, stage) not in (pid, None), 180, f"the killed {stage} was not replaced",
+               interval=1)
+
+
+def test_killed_readers_and_writers_leave_nothing_in_shared_memory(faults_app):
+    """SIGKILL of a talker (it reads the thinker's hidden states and writes codes) mid-stream, then of a code2wav
+    (it reads the codes, holding its views): within the TTL plus 30 s the node's shared-memory tree holds only
+    live pools and no keys, no serving process maps a deleted segment, and the next 50 requests succeed."""
+    from omni_serve import settings
+
+    _wait_healthy(faults_app.url)
+    for stage in ("talker", "code2wav"):
+        _kill_mid_stream(faults_app, stage)
+        _wait_healthy(faults_app.url)
+    wait_until(lambda: _tree_state() == ([], [], []), settings.DATA_TTL_S + 30,
+               "the shared-memory tree still holds what the killed processes left", interval=1)
+    light = _request(faults_app, False) | {"max_tokens": 4, "min_tokens": 4}
+    with ThreadPoolExecutor(4) as pool:
+        statuses = list(pool.map(lambda _: httpx.post(f"{faults_app.url}/v1/chat/completions", json=light,
+                                                      timeout=DEADLINE_S + 30).status_code, range(50)))
+    assert statuses == [200] * 50, statuses

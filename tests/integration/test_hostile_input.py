@@ -1,9 +1,11 @@
 """Hostile input against a served graph with an API key: every attack gets a 4xx in OpenAI's shape, fast, while
-the ingress keeps answering a concurrent normal request within 2 s and its memory stays bounded.
+the ingress keeps answering a concurrent normal request within 2 s, a concurrent streamed reply never pauses for
+1 s, and its memory stays bounded.
 
 The app is the tiny Omni graph at ``/hostile`` with ``ingress.api_keys`` set and a short body timeout. Each
 attack runs while a thread keeps sending authenticated ``GET /v1/models`` (a request through the ingress
-replica's event loop) and another samples the ingress replica's RSS. The planted shared-memory index file is in
+replica's event loop), another streams chat replies one after another, and a third samples the ingress
+replica's RSS. The planted shared-memory index file is in
 ``test_hostile_input_shm.py``.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import socket
 import threading
 import time
@@ -31,6 +34,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 MODEL = "qwen2.5-omni"
 BODY_TIMEOUT_S = 3.0
 MAX_PROBE_S = 2.0  # the concurrent normal request's bound, throughout every attack
+MAX_STREAM_GAP_S = 1.0  # the longest gap between two events of a concurrent streamed reply, throughout
 # Growth of the ingress replica's RSS over its level before the attacks, at any moment of any attack (each attack
 # prints its peak; the last test prints them all).
 MAX_RSS_GROWTH_MB = 250  # measured peaks on 2 cores: 4-97 MB (the oversized body's 32 MiB buffered, the highest)
@@ -47,6 +51,7 @@ def hostile(ray_serve, omni_tiny_dir):
         "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, "ingress.api_keys": [KEY],
         "ingress.body_timeout_s": BODY_TIMEOUT_S, **{f"stages.{s}.num_cpus": 0 for s in STAGES},
         "stages.talker.params.max_codec_tokens": 8, "stages.code2wav.params.num_steps": 2,
+        "stages.thinker.engine.ar.num_kv_blocks": 64,  # 1024 tokens per request, below the 4096 context
     }), name=APP, route_prefix=PREFIX)
     url = ray_serve + PREFIX
     pid = _ingress_pid()
@@ -72,8 +77,9 @@ def _rss_mb(pid: int) -> float:
 
 @contextmanager
 def watched(state: dict, attack: str):
-    """While the block runs: authenticated /v1/models every 0.1 s (latencies) and the ingress' RSS every 50 ms."""
-    latencies, rss, stop = [], [], threading.Event()
+    """While the block runs: authenticated /v1/models every 0.1 s (latencies), streamed chat replies one after
+    another (the gaps between their events) and the ingress' RSS every 50 ms."""
+    latencies, gaps, rss, stop = [], [], [], threading.Event()
 
     def probe():
         with httpx.Client(base_url=state["url"], headers=AUTH, timeout=30) as c:
@@ -83,12 +89,26 @@ def watched(state: dict, attack: str):
                 latencies.append(time.monotonic() - start)
                 stop.wait(0.1)
 
+    def stream():
+        body = chat("count to twenty") | {"stream": True, "max_tokens": 24, "min_tokens": 24}
+        with httpx.Client(base_url=state["url"], headers=AUTH, timeout=60) as c:
+            while not stop.is_set():
+                with c.stream("POST", "/v1/chat/completions", json=body) as r:
+                    last = None
+                    for line in r.iter_lines():
+                        now = time.monotonic()
+                        if line.startswith("data:"):
+                            if last is not None:
+                                gaps.append(now - last)
+                            last = now
+                    assert line == "data: [DONE]", line
+
     def sample():
         while not stop.is_set():
             rss.append(_rss_mb(state["pid"]))
             stop.wait(0.05)
 
-    threads = [threading.Thread(target=probe), threading.Thread(target=sample)]
+    threads = [threading.Thread(target=probe), threading.Thread(target=stream), threading.Thread(target=sample)]
     for t in threads:
         t.start()
     try:
@@ -99,9 +119,10 @@ def watched(state: dict, attack: str):
         for t in threads:
             t.join()
     state["peak"][attack] = max(rss) - state["rss0"]
-    print(f"\n{attack}: probe max {max(latencies) * 1000:.0f} ms over {len(latencies)}; "
-          f"RSS peak +{state['peak'][attack]:.0f} MB")
+    print(f"\n{attack}: probe max {max(latencies) * 1000:.0f} ms over {len(latencies)}; stream gap max "
+          f"{max(gaps, default=0) * 1000:.0f} ms over {len(gaps)}; RSS peak +{state['peak'][attack]:.0f} MB")
     assert latencies and max(latencies) < MAX_PROBE_S, (attack, max(latencies))
+    assert gaps and max(gaps) < MAX_STREAM_GAP_S, (attack, max(gaps))
     assert state["peak"][attack] < MAX_RSS_GROWTH_MB, (attack, state["peak"][attack])
 
 
@@ -278,3 +299,116 @@ def test_after_the_attacks_a_normal_request_with_media_succeeds(hostile):
     assert r.status_code == 200, r.text
     print(f"\ningress RSS before the attacks {hostile['rss0']:.0f} MB; peak growth per attack (MB): "
           + ", ".join(f"{k} {v:.0f}" for k, v in hostile["peak"].items()))
+
+
+def test_a_million_content_parts_are_refused_before_parsing(hostile):
+    many = json.dumps(chat([{"type": "text", "text": ""}] * 1_200_000), separators=(",", ":")).encode()
+    some = json.dumps(chat([{"type": "text", "text": ""}] * 5000)).encode()  # within the brace bound
+    assert len(many) < 32 << 20
+    headers = {**AUTH, "Content-Type": "application/json"}
+    with watched(hostile, "1.2 M content parts"):
+        r = httpx.post(hostile["url"] + "/v1/chat/completions", content=many, headers=headers, timeout=60)
+        err = openai_error(r, 400)
+        assert err["code"] == "request_too_large" and "JSON objects" in err["message"]
+        err = openai_error(httpx.post(hostile["url"] + "/v1/chat/completions", content=some, headers=headers,
+                                      timeout=60), 400)
+        assert "5000 content parts" in err["message"] and "limits.max_content_parts" in err["message"]
+
+
+OPEN_PATHS = (("POST", "/health", 405), ("GET", "/health", 200), ("POST", "/nothing/here", 404),
+              ("GET", "/v2/anything", 404))
+
+
+def test_bodies_sent_to_paths_that_take_none_are_never_read(hostile):
+    """300 unauthenticated clients each declare a 10 MB body, send 10 bytes of it and wait: every one is answered
+    (200 from the cached /health, 405 or 404) without the ingress reading on; none waits for the body timeout
+    (408), and the stages are not probed once per call."""
+    host, port = httpx.URL(hostile["url"]).host, httpx.URL(hostile["url"]).port
+    socks, replies = [], []
+    with watched(hostile, "300 trickled bodies"):
+        try:
+            for i in range(300):
+                method, path, _ = OPEN_PATHS[i % len(OPEN_PATHS)]
+                sock = socket.create_connection((host, port), timeout=30)
+                socks.append(sock)
+                sock.sendall((f"{method} {PREFIX}{path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json"
+                              "\r\nContent-Length: 10000000\r\n\r\n0123456789").encode())
+            for sock in socks:
+                reply = b""
+                while b"\r\n\r\n" not in reply:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    reply += chunk
+                replies.append(reply)
+        finally:
+            for sock in socks:
+                sock.close()
+    for i, reply in enumerate(replies):
+        method, path, status = OPEN_PATHS[i % len(OPEN_PATHS)]
+        assert reply.startswith(f"HTTP/1.1 {status}".encode()), (method, path, reply[:200])
+
+
+def test_an_unknown_path_s_404_names_no_route_and_no_model(hostile):
+    err = openai_error(httpx.get(hostile["url"] + "/v1/secret/things", headers=AUTH), 404)
+    assert "/v1/chat/completions" not in err["message"] and MODEL not in err["message"]
+    assert "qwen" not in err["message"].lower()
+
+
+def test_prompt_and_max_tokens_beyond_the_kv_cache_are_a_400(hostile):
+    with watched(hostile, "KV capacity"):
+        err = openai_error(post(hostile, chat("hi") | {"max_tokens": 2000}), 400)
+    assert err["code"] == "context_length_exceeded" and "KV cache holds 1024 tokens" in err["message"]
+
+
+def video_part(raw: bytes) -> dict:
+    return {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(raw).decode()}}
+
+
+@pytest.fixture(scope="module")
+def minute_1080p() -> bytes:
+    """59 s of flat 1080p at 30 fps, H.264: ~100 KB, 3.7 G pixels to decode; within every per-video limit."""
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4") as out:
+        stream = out.add_stream("libx264", rate=30)
+        stream.width, stream.height, stream.pix_fmt = 1920, 1080, "yuv420p"
+        stream.options = {"preset": "ultrafast", "crf": "51"}
+        frame = av.VideoFrame(1920, 1080, "yuv420p")
+        for plane in frame.planes:
+            plane.update(bytes(plane.buffer_size))
+        for i in range(59 * 30):
+            frame.pts = i
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def test_sixteen_minute_long_1080p_videos_are_refused_from_their_headers(hostile, minute_1080p):
+    parts = [video_part(minute_1080p)] * 16 + [{"type": "text", "text": "?"}]
+    with watched(hostile, "16 one-minute 1080p videos"):
+        err = openai_error(post(hostile, chat(parts)), 400)
+    assert "video.max_request_decoded_pixels" in err["message"] and err["param"].startswith("messages[0].content[")
+
+
+def test_a_header_that_understates_the_frame_size_is_refused_while_decoding(hostile):
+    from tests.unit.test_video_attacks import mp4
+
+    liar = mp4([(64, 64, 5), (1920, 1080, 5)])
+    with watched(hostile, "understated frame size"):
+        err = openai_error(post(hostile, chat([video_part(liar), {"type": "text", "text": "?"}])), 400)
+    assert "larger than the 64x64 the video's header declares" in err["message"]
+
+
+def test_an_hls_playlist_is_refused_and_connects_nowhere(hostile):
+    from tests.unit.test_video_attacks import Listener, playlist
+
+    listener = Listener()
+    with watched(hostile, "HLS playlist"):
+        err = openai_error(post(hostile, chat([video_part(playlist(f"http://127.0.0.1:{listener.port}/a.ts")),
+                                               {"type": "text", "text": "?"}])), 400)
+    assert listener.close() == 0
+    assert "must be in a container of" in err["message"]

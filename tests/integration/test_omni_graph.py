@@ -105,7 +105,7 @@ def test_stages_are_separate_deployments_holding_their_own_weights(omni_app, htt
     deployments = status.deployments
     assert {"ingress", "encoder", "thinker", "talker", "code2wav"} <= set(deployments)
     assert all(d.status == "HEALTHY" for d in deployments.values())
-    pids = {stage: info["pid"] for stage, info in http.get("/health").json()["stages"].items()}
+    pids = {stage: info["pid"] for stage, info in http.get("/health?fresh=1").json()["stages"].items()}
     assert len(set(pids.values())) == 4
     names = {s: serve.get_deployment_handle(s, app_name="omni").parameter_names.remote().result()
              for s in ("encoder", "thinker", "talker", "code2wav")}

@@ -77,7 +77,7 @@ def test_concurrent_requests_match_diffusers(client, pipe):
     diffusers' QwenImagePipeline on the same checkpoint and seed (with and without true CFG): its final latents
     (``return_latents``) within float rounding, its pixels within a level. The same comparison fails for the
     reference of another request's prompt or seed (negative controls)."""
-    before = client.get("/health").json()["stages"]["dit"]
+    before = client.get("/health?fresh=1").json()["stages"]["dit"]
     with ThreadPoolExecutor(len(CASES)) as pool:
         responses = list(pool.map(lambda c: generate(client, **c, return_latents=True), CASES))
     for i, (case, r) in enumerate(zip(CASES, responses)):
@@ -90,7 +90,7 @@ def test_concurrent_requests_match_diffusers(client, pipe):
         assert m["num_inference_steps"] == case["num_inference_steps"]
         assert m["true_cfg"] == ("negative_prompt" in case)
         assert m["cached_steps"] == [0] * case.get("n", 1)
-    health = client.get("/health").json()
+    health = client.get("/health?fresh=1").json()
     assert all(stage["active"] == 0 for stage in health["stages"].values())
     steps, forwards = (health["stages"]["dit"][k] - before[k] for k in ("items", "calls"))
     print(f"{steps} denoising steps in {forwards} DiT forwards")

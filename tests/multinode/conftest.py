@@ -96,6 +96,13 @@ class Cluster:
                             capture=True, timeout=60)
         return out.stdout.split()
 
+    def shm_leftovers(self, nodes: list[str]) -> dict[str, list[str]]:
+        """``shm_files`` of each of ``nodes`` that holds any (printed: what a failed wait saw last)."""
+        left = {n: files for n in nodes if (files := self.shm_files(n))}
+        if left:
+            print(f"left in /dev/shm: {left}", flush=True)
+        return left
+
     def power_off(self, name: str) -> None:
         self.h.power_off(self.state, name)
 

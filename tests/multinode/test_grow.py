@@ -6,9 +6,11 @@ started itself (default settings: on the head, at its IP)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
+from typing import Iterator
 
 import httpx
 import pytest
@@ -63,13 +65,13 @@ def check(pipe, r) -> None:
 
 def test_served_from_the_head_alone(cluster, http, pipe):
     check(pipe, generate(http))
-    stages = http.get("/health").json()["stages"]
+    stages = http.get("/health?fresh=1").json()["stages"]
     assert {s["node_ip"] for s in stages.values()} == {cluster.ip("head")}
 
 
-def test_two_nodes_join_and_the_graph_moves_onto_them_while_serving(cluster, http, pipe):
-    cluster.join("worker1", {DIT: 10})
-    cluster.join("worker2", {IMAGE: 10})
+@contextlib.contextmanager
+def asking(cluster) -> Iterator[list]:
+    """One client asking for images in a closed loop while the block runs; yields the responses so far."""
     results, stop = [], threading.Event()
 
     def keep_asking():
@@ -80,25 +82,32 @@ def test_two_nodes_join_and_the_graph_moves_onto_them_while_serving(cluster, htt
     asker = threading.Thread(target=keep_asking)
     asker.start()
     try:
+        yield results
+    finally:
+        stop.set()
+        asker.join(300)
+
+
+def test_two_nodes_join_and_the_graph_moves_onto_them_while_serving(cluster, http, pipe):
+    cluster.join("worker1", {DIT: 10})
+    cluster.join("worker2", {IMAGE: 10})
+    with asking(cluster) as results:
         cluster.deploy("qwen_image", {
             **cluster.args, "stages.dit.resources": {DIT: 1},
             "stages.text_encoder.resources": {IMAGE: 1}, "stages.vae.resources": {IMAGE: 1},
         }, name="qwen_image", route_prefix="/")
         wait_until(lambda: len(results) >= 2, 300, 0.5, "requests after the redeploy")
-    finally:
-        stop.set()
-        asker.join(300)
     print(f"{len(results)} requests during and after the move")
     for r in results:
         check(pipe, r)
-    stages = http.get("/health").json()["stages"]
+    stages = http.get("/health?fresh=1").json()["stages"]
     assert stages["dit"]["node_ip"] == cluster.ip("worker1")
     assert stages["text_encoder"]["node_ip"] == stages["vae"]["node_ip"] == cluster.ip("worker2")
 
 
 def test_cross_node_edges_use_the_transfer_engine_and_a_store_with_a_master_every_node_reaches(cluster, http, pipe):
     check(pipe, generate(http))
-    stages = http.get("/health").json()["stages"]
+    stages = http.get("/health?fresh=1").json()["stages"]
     reads = {r["edge"]: r for s in stages.values() for r in s["routes"] if r["side"] == "get"}
     route = reads["text_encoder_dit"]
     assert route["backend"] == "mooncake", route
@@ -151,7 +160,32 @@ def test_an_edge_named_shm_across_nodes_fails_with_the_documented_error(cluster)
     assert out.startswith("DataPlaneError") and "use connector 'mooncake' or 'ray'" in out, out
 
 
+def test_a_draining_node_hands_its_stage_over_and_every_request_finishes(cluster, http, pipe):
+    """What the chart's preStop hook does before ``ray stop``: ``omni-serve drain-node`` on the DiT's node while
+    requests keep coming; Serve starts the DiT on the node that joined and stops the old replica once the requests
+    it holds are done; the hook returns once no replica is left there; no request fails."""
+    cluster.join("worker3", {DIT: 10})
+    with asking(cluster) as results:
+        wait_until(lambda: results, 120, 0.2, "a request before the drain")
+        drain = cluster.h.run_in(cluster.state.node("worker1"), [
+            cluster.python, "-m", "omni_serve.cli", "drain-node", "--deadline-s", "420", "--poll-s", "0.5",
+            "--address", f"{cluster.ip('head')}:{cluster.h.RAY_PORT}"], capture=True, timeout=480)
+        during = len(results)
+        wait_until(lambda: len(results) >= during + 2, 120, 0.5, "requests after the drain")
+    print(drain.stdout)
+    assert drain.returncode == 0 and "drained" in drain.stdout, (drain.stdout, drain.stderr[-3000:])
+    print(f"{len(results)} requests before, during and after the drain")
+    assert [r.status_code for r in results] == [200] * len(results), [r.text for r in results if r.status_code != 200]
+    check(pipe, results[0])
+    expected = reference(pipe, CASE)
+    for i, r in enumerate(results):
+        assert_matches(response_result(r.json()["data"]), expected, f"request {i}")
+    assert http.get("/health?fresh=1").json()["stages"]["dit"]["node_ip"] == cluster.ip("worker3")
+    cluster.power_off("worker1")  # the pod goes (ray stop): nothing of the graph was left on it
+    check(pipe, generate(http))
+
+
 def test_nothing_of_the_finished_requests_stays_on_any_node_or_in_the_directory(cluster, http):
-    wait_until(lambda: not any(cluster.shm_files(n.name) for n in cluster.state.nodes), 60, 2.0,
-               "every node's /dev/shm emptied")
+    alive = [n.name for n in cluster.state.nodes if n.pid is not None]
+    wait_until(lambda: not cluster.shm_leftovers(alive), 60, 2.0, "every node's /dev/shm emptied")
     wait_until(lambda: cluster.directory_keys() == [], 90, 3.0, "the data directory emptied")

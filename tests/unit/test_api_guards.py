@@ -143,3 +143,37 @@ def test_api_keys_come_from_the_spec_the_environment_and_a_file(tmp_path, monkey
     assert api_keys(SimpleNamespace(api_keys=[], api_key_file=None)) == frozenset()
     with pytest.raises(OSError):  # a configured key file that cannot be read never means an open API
         api_keys(SimpleNamespace(api_keys=[], api_key_file=str(tmp_path / "missing")))
+
+
+def test_a_path_that_takes_no_body_never_reads_one():
+    """/health, a wrong method and an unknown path are answered at once, whatever body is on its way."""
+    app = FastAPI()
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=1024, timeout_s=30, takes_body=lambda path: path == "/v1/echo")
+
+    @app.post("/v1/echo")
+    async def echo(request: Request):
+        return {"bytes": len(await request.body())}
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    for method, path, status in (("GET", "/health", 200), ("POST", "/health", 405), ("POST", "/nothing", 404)):
+        reads, sent = [], []
+
+        async def receive():
+            reads.append(1)
+            await asyncio.sleep(60)  # a client trickling its body
+            return {"type": "http.request", "body": b"x", "more_body": True}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": method, "path": path, "root_path": "", "query_string": b"",
+                 "headers": [(b"content-length", b"1000000")], "server": ("t", 80), "scheme": "http",
+                 "client": ("c", 1)}
+        asyncio.run(asyncio.wait_for(app(scope, receive, send), 5))
+        assert sent[0]["status"] == status and not reads, (method, path)
+    r = TestClient(app).post("/v1/echo", content=b"abc")  # a route that takes one still reads it
+    assert r.json() == {"bytes": 3}

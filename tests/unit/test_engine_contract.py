@@ -273,7 +273,8 @@ def test_a_draining_stage_is_a_503_the_client_may_retry():
 def test_the_stage_spec_hands_its_shutdown_budget_to_serve():
     from omni_serve.graph.spec import StageSpec
 
-    assert StageSpec().deployment_options("s")["graceful_shutdown_timeout_s"] == 20.0
+    assert StageSpec().deployment_options("s", request_timeout_s=120)["graceful_shutdown_timeout_s"] == 120
+    assert StageSpec(graceful_shutdown_timeout_s=0).deployment_options("s")["graceful_shutdown_timeout_s"] == 0
     assert StageSpec(graceful_shutdown_timeout_s=90).deployment_options("s")["graceful_shutdown_timeout_s"] == 90
     with pytest.raises(ValueError):
         StageSpec(graceful_shutdown_timeout_s=-1)
@@ -294,7 +295,8 @@ def test_serve_takes_the_options_and_a_stopping_replica_drains_its_engine_then_f
         stuck = asyncio.create_task(_outputs(engine, "r2", Gated(threading.Event())))
         await _until(lambda: engine.num_active == 2)
         replica = SimpleNamespace(engine=engine, metrics=None, runner=SimpleNamespace(
-            stage_spec=StageSpec(graceful_shutdown_timeout_s=0.5)))
+            stage_spec=StageSpec(graceful_shutdown_timeout_s=0.5),
+            spec=SimpleNamespace(ingress=SimpleNamespace(request_timeout_s=300.0))))
         asyncio.get_running_loop().call_later(0.05, lambda: (gate.set(), engine.wake()))
         await StageDeployment.func_or_class.__del__(replica)  # what Serve calls once its own wait is over
         assert await _settled(finishing) == [1, 0]  # given its time: it finished

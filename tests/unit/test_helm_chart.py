@@ -201,6 +201,38 @@ def test_every_ray_container_has_a_sized_dev_shm_and_the_omni_serve_env(renders,
             assert set(checks.values()) == {None}, checks
 
 
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_pod_drains_before_ray_stops_within_its_grace_period(renders, case):
+    """preStop: `omni-serve drain-node` (Serve moves the pod's replicas away, their requests finish), then
+    `ray stop`; Kubernetes waits the drain's deadline plus a margin before it kills the pod."""
+    for group in _groups(_rayservice(renders[case])):
+        pod = group["template"]["spec"]
+        command = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+        drain = re.fullmatch(r"omni-serve drain-node --deadline-s (\d+); ray stop", command[-1])
+        assert command[:2] == ["/bin/sh", "-c"] and drain, command
+        assert pod["terminationGracePeriodSeconds"] >= int(drain.group(1)) + 5, (group["groupName"], pod)
+        # Serve stops a migrating replica at the drain's deadline minus its graceful timeout (by default the
+        # request deadline): the deadline leaves a replacement at least a minute to start first
+        deadline = _graph_spec(renders[case]).ingress.request_timeout_s
+        assert int(drain.group(1)) >= deadline + 60, (drain.group(1), deadline)
+
+
+def test_the_drain_waits_until_nothing_of_serve_is_left_or_the_deadline():
+    import io
+
+    from omni_serve.deployments.drain_node import wait_until_gone
+
+    now, seen = [0.0], iter([["qwen_image:dit", "proxy"], ["proxy"], []])
+    out = io.StringIO()
+    assert wait_until_gone(lambda: next(seen), 60, 2, out, clock=lambda: now[0],
+                           sleep=lambda s: now.__setitem__(0, now[0] + s)) == 0
+    assert "drained" in out.getvalue() and "qwen_image:dit" in out.getvalue()
+    now[0], out = 0.0, io.StringIO()
+    assert wait_until_gone(lambda: ["qwen_image:dit"], 5, 2, out, clock=lambda: now[0],
+                           sleep=lambda s: now.__setitem__(0, now[0] + s)) == 1
+    assert "deadline: still on this node after 6 s: qwen_image:dit" in out.getvalue()
+
+
 # --------------------------------------------------------------------------------- Ray Serve config + spec
 
 
@@ -217,6 +249,39 @@ def test_serve_config_validates_as_ray_serve_deploy_schema(renders, case):
     assert serve_ports == {config["http_options"]["port"]}
     graph = (CASES[case].get("graph") or {}).get("name", "qwen2_5_omni")
     assert _app(renders[case])["import_path"] == families()[graph].app
+
+
+def _built(**values) -> dict:
+    from omni_serve.graph.serve_config import build_serve_config
+
+    config, _ = build_serve_config("qwen2_5_omni", {"checkpoint": "/models/checkpoint", **values})
+    return config
+
+
+def test_a_config_built_by_omni_serve_is_deployed_as_written(chart):
+    """`serveConfig` (omni-serve build's output): the chart deploys its applications as written, so an upgrade
+    that changes one stage changes only that stage's deployment entry (Serve rolls only it)."""
+    built = _built()
+    config = _serve_config(_render(chart, {"serveConfig": yaml.safe_dump(built)}))
+    assert config["applications"] == built["applications"]
+    assert config["http_options"] == {"host": "0.0.0.0", "port": 8000} and config["proxy_location"] == "EveryNode"
+    changed = _serve_config(_render(chart, {"serveConfig": yaml.safe_dump(_built(**{"stages.talker.num_cpus": 2}))}))
+    (before,), (after,) = config["applications"], changed["applications"]
+    assert before["args"] == after["args"]
+    assert [a["name"] for a, b in zip(after["deployments"], before["deployments"]) if a != b] == ["talker"]
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"serveConfig": "- not a config"}, "not a Serve config"),
+    ({"serveConfig": yaml.safe_dump(_built()), "graph": {"name": "qwen_image"}}, "serves omni_serve.families.qwen2_5"),
+    ({"serveConfig": yaml.safe_dump(_built(checkpoint="/elsewhere"))}, "build with checkpoint=/models/checkpoint"),
+    ({"serveConfig": yaml.safe_dump(_built()), "stages": {"talker": {"num_cpus": 1}}}, "leave them empty"),
+    ({"serveConfig": yaml.safe_dump(_built()), "graph": {"routePrefix": "/omni"}}, "build with --route-prefix /omni"),
+    ({"serveConfig": yaml.safe_dump(_built()), "graph": {"appName": "omni"}}, "build with --name omni"),
+])
+def test_a_built_config_must_match_the_chart(chart, values, message):
+    with pytest.raises(Exception, match=message):
+        chart.render(keyed(values), name="omni", namespace="omni", is_install=True)
 
 
 @pytest.mark.parametrize("case", list(CASES))

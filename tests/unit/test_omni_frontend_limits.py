@@ -92,3 +92,27 @@ def test_a_processor_failure_is_a_fixed_400_and_its_text_stays_in_the_log(fronte
         err = prepare(frontend, [image(30, 30)])
     expect_400(err, "messages", "Could not process the request's media (request chatcmpl-")
     assert "secret" not in err.message and "internal detail /opt/secret" in caplog.text
+
+
+def test_prompt_and_max_tokens_beyond_the_kv_cache_are_a_400_not_an_engine_failure(omni_tiny_dir):
+    """The tiny thinker's context is 4096 tokens; a KV cache of 64 blocks x 16 holds 1024 per request."""
+    from omni_serve.families.qwen2_5_omni.frontend import Qwen25OmniFrontend as OmniFrontend
+    from omni_serve.families.qwen2_5_omni.spec import OmniGraphSpec
+
+    spec = OmniGraphSpec.model_validate({"checkpoint": omni_tiny_dir,
+                                         "stages": {"thinker": {"engine": {"ar": {"num_kv_blocks": 64}}}}})
+    small = OmniFrontend(spec, stages=None)
+    assert small.kv_capacity == 1024 < small.max_model_len
+
+    def ask(max_tokens: int):
+        req = P.ChatCompletionRequest.model_validate(
+            {"model": "qwen2.5-omni", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}]})
+        try:
+            return asyncio.run(small.prepare(req))
+        except OpenAIError as err:
+            return err
+
+    err = ask(1500)
+    assert isinstance(err, OpenAIError) and err.status_code == 400 and err.code == "context_length_exceeded"
+    assert "KV cache holds 1024 tokens" in err.message
+    assert not isinstance(ask(100), OpenAIError)

@@ -108,8 +108,8 @@ def test_limits_are_checked_from_the_header(limits, words, monkeypatch):
 
 
 @pytest.mark.parametrize("raw, words", [
-    (b"not a video at all" * 10, "could not read the video"),
-    (b"", "could not read the video"),
+    (b"not a video at all" * 10, "could not decode the video"),
+    (b"", "could not decode the video"),
 ])
 def test_unreadable_bytes_are_a_400(raw, words):
     with pytest.raises(OpenAIError) as info:
@@ -118,15 +118,24 @@ def test_unreadable_bytes_are_a_400(raw, words):
 
 
 def test_a_file_without_a_video_stream_is_a_400():
+    from tests.unit.test_api_media import _m4a
+
+    raw = _m4a(0.5)  # AAC in MP4: a video container holding only audio
+    with pytest.raises(OpenAIError) as info:
+        decode_video(raw, limits=VideoLimits(), sample=sample_all, param="p")
+    assert "no video stream" in info.value.message
+
+
+def test_a_container_outside_the_allowlist_is_refused_unprobed():
     import io
 
     import soundfile as sf
 
     buf = io.BytesIO()
-    sf.write(buf, audio_clip(0.5), 16000, format="WAV")
+    sf.write(buf, audio_clip(0.5), 16000, format="WAV")  # FFmpeg reads WAV, but not as a video
     with pytest.raises(OpenAIError) as info:
         decode_video(buf.getvalue(), limits=VideoLimits(), sample=sample_all, param="p")
-    assert "no video stream" in info.value.message
+    assert "must be in a container of mov,mp4,matroska,webm,avi" in info.value.message
 
 
 def test_a_truncated_video_is_a_400():
@@ -186,7 +195,7 @@ def test_a_silent_video_is_seen_only_unless_its_sound_is_asked_for(frontend):
     ("https://example.com/a.mp4", "remote video URLs are not supported"),
     ("data:image/png;base64,AAAA", "media type must be video/*"),
     ("data:video/mp4;base64,@@@@", "not valid base64"),
-    ("data:video/mp4;base64," + base64.b64encode(b"garbage" * 20).decode(), "could not read the video"),
+    ("data:video/mp4;base64," + base64.b64encode(b"garbage" * 20).decode(), "could not decode the video"),
 ])
 def test_bad_video_urls_are_400s_naming_the_part(frontend, url, words):
     err = prepare(frontend, [video_part(url=url)])

@@ -38,8 +38,34 @@ class Handle:
 
 def test_a_stage_is_missing_only_when_its_handle_knows_it_has_no_running_replica():
     handles = {"a": Handle(2), "b": Handle(0), "c": Handle(None), "d": Handle(0)}
-    availability = StageAvailability(handles, can_be_empty={"d"})
+    availability = StageAvailability(handles, can_be_empty={"d"}, grace_s=0)
     assert all(h.initialized for s, h in handles.items() if s != "d")  # routers start learning at once
+    assert availability.missing() == ["b"]
+
+
+def test_a_stage_counted_empty_for_a_moment_is_not_missing():
+    """A replica being replaced (migration, rolling update): the handle may count none until it hears of the new
+    one; only a stage empty at every look for the grace period is missing."""
+    now = [0.0]
+    handle = Handle(0)
+    availability = StageAvailability({"b": handle}, grace_s=3, clock=lambda: now[0])
+    assert availability.missing() == [] and availability.missing(grace=False) == ["b"]  # /health sees it at once
+    now[0] = 2.9
+    assert availability.missing() == []
+    now[0] = 3.0
+    assert availability.missing() == ["b"]
+    handle._router._asyncio_router._active_request_router.curr_replicas = {0: object()}  # the new one
+    assert availability.missing() == []
+    handle._router._asyncio_router._active_request_router.curr_replicas = {}
+    now[0] = 5.0
+    assert availability.missing() == []  # empty again: the grace starts over
+    now[0] = 8.0
+    assert availability.missing() == ["b"]
+    now[0] = 20.0  # nobody looked for longer than the grace: it may have come back and gone in between
+    assert availability.missing() == []
+    now[0] = 22.0
+    assert availability.missing() == []
+    now[0] = 23.0
     assert availability.missing() == ["b"]
     assert running_replicas(object()) is None  # not a handle we know the shape of: never "missing"
 

@@ -235,6 +235,54 @@ Graph args (Serve config `args`): `args`, plus the checkpoint path and `stages`.
 Ray Serve config (ServeDeploySchema) of the RayService's serveConfigV2, as YAML.
 */}}
 {{- define "omni-serve.serveConfig" -}}
+{{- if .Values.serveConfig }}
+{{- /* A config written by `omni-serve build`: deployed as written (each stage's settings in its own deployment
+       entry), with the chart's proxy location and HTTP options. */}}
+{{- $config := include "omni-serve.builtServeConfig" . | fromYaml }}
+{{- $_ := set $config "proxy_location" .Values.serve.proxyLocation }}
+{{- $_ := set $config "http_options" (dict "host" "0.0.0.0" "port" .Values.serve.port) }}
+{{- toYaml $config }}
+{{- else }}
+{{- include "omni-serve.valuesServeConfig" . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The `serveConfig` value (a Serve config written by `omni-serve build`), parsed and checked against the chart's
+graph and checkpoint. Output: the config as YAML.
+*/}}
+{{- define "omni-serve.builtServeConfig" -}}
+{{- $config := .Values.serveConfig | fromYaml }}
+{{- if or (hasKey $config "Error") (not (kindIs "slice" $config.applications)) }}
+{{- fail "serveConfig: not a Serve config with `applications` (write one with omni-serve build ... -o serve_config.yaml and pass it with --set-file serveConfig=serve_config.yaml)" }}
+{{- end }}
+{{- if or .Values.args .Values.stages .Values.autoscalingPolicy.enabled }}
+{{- fail "serveConfig: args, stages and autoscalingPolicy come from the built config; leave them empty here" }}
+{{- end }}
+{{- $graph := include "omni-serve.graph" . | fromYaml }}
+{{- $checkpoint := include "omni-serve.checkpointPath" . }}
+{{- range $config.applications }}
+{{- if ne .import_path $graph.importPath }}
+{{- fail (printf "serveConfig: application %s serves %s, but graph.name %s is %s (the checkpoint volume and its generator follow graph.name)" .name .import_path $.Values.graph.name $graph.importPath) }}
+{{- end }}
+{{- if ne (toString .route_prefix) (toString $.Values.graph.routePrefix) }}
+{{- fail (printf "serveConfig: application %s has route_prefix %v, but graph.routePrefix is %s (build with --route-prefix %s, or set graph.routePrefix)" .name .route_prefix $.Values.graph.routePrefix $.Values.graph.routePrefix) }}
+{{- end }}
+{{- if and $.Values.graph.appName (ne (toString .name) (toString $.Values.graph.appName)) }}
+{{- fail (printf "serveConfig: the application is named %s, but graph.appName is %s (build with --name %s, or leave graph.appName empty)" .name $.Values.graph.appName $.Values.graph.appName) }}
+{{- end }}
+{{- if ne (toString (dig "checkpoint" "" (.args | default dict))) $checkpoint }}
+{{- fail (printf "serveConfig: application %s has checkpoint %v, but the pods see it at %s (build with checkpoint=%s)" .name (dig "checkpoint" "" (.args | default dict)) $checkpoint $checkpoint) }}
+{{- end }}
+{{- end }}
+{{- toYaml $config }}
+{{- end }}
+
+{{/*
+The Serve config rendered from the chart's values: one application, `args` from `args` + the checkpoint path +
+`stages` (a change to any of them redeploys the whole graph).
+*/}}
+{{- define "omni-serve.valuesServeConfig" -}}
 {{- $graph := include "omni-serve.graph" . | fromYaml }}
 {{- $app := dict
       "name" (include "omni-serve.appName" .)
@@ -311,6 +359,7 @@ spec:
   {{- with $v.serviceAccountName }}
   serviceAccountName: {{ . }}
   {{- end }}
+  terminationGracePeriodSeconds: {{ add (int $v.drain.timeoutSeconds) (int $v.drain.marginSeconds) }}
   {{- with $v.podSecurityContext }}
   securityContext:
     {{- toYaml . | nindent 4 }}
@@ -407,7 +456,9 @@ spec:
       lifecycle:
         preStop:
           exec:
-            command: ["/bin/sh", "-c", "ray stop"]
+            {{- /* Serve moves this pod's replicas elsewhere and their requests finish before Ray stops
+                   (omni-serve drain-node returns at once on the head). */}}
+            command: ["/bin/sh", "-c", {{ printf "omni-serve drain-node --deadline-s %d; ray stop" (int $v.drain.timeoutSeconds) | quote }}]
       volumeMounts:
         - name: shm
           mountPath: /dev/shm

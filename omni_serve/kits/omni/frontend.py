@@ -25,10 +25,10 @@ import numpy as np
 
 from omni_serve.api import protocol as P
 from omni_serve.api.audio_protocol import SpeechRequest, TranscriptionRequest
-from omni_serve.api.errors import OpenAIError, bad_request
+from omni_serve.api.errors import OpenAIError, bad_request, internal_error
 from omni_serve.api.limits import check_request_size
 from omni_serve.api.media import decode_image_bytes, decode_input_audio, encode_audio, image_url_bytes, probe_image
-from omni_serve.api.video import decode_video, video_url_bytes
+from omni_serve.api.video import decode_videos, video_url_bytes
 from omni_serve.api.sse import SSE_DONE, sse_error, sse_event
 from omni_serve.graph.calls import StageCalls
 from omni_serve.graph.frontend import EventStream, Frontend, RequestContext, Route
@@ -88,6 +88,10 @@ class OmniFrontend(AudioEndpoints, Frontend):
         tparams = spec.thinker_params()
         self.max_model_len = tparams.max_model_len or self.thinker_cfg.text_config.max_position_embeddings
         self.raw_media = spec.thinker_backend() == "vllm"  # vLLM preprocesses and encodes media itself
+        # Tokens one request may hold in a native thinker's paged KV cache (vLLM checks its own at start-up).
+        self.kv_capacity = None if self.raw_media else min(
+            spec.stage_spec(s).engine.ar.num_kv_blocks * spec.stage_spec(s).engine.ar.block_size
+            for s in spec.thinker_stages())
         eos = self.inputs.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.stop_token_ids = [eos]
 
@@ -180,6 +184,12 @@ class OmniFrontend(AudioEndpoints, Frontend):
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                 f"{prompt_len + max_new} tokens ({prompt_len} in the prompt, {max_new} in the completion).",
                 param=param, code="context_length_exceeded")
+        if self.kv_capacity is not None and prompt_len + max_new > self.kv_capacity:
+            raise bad_request(
+                f"This server's KV cache holds {self.kv_capacity} tokens per request (the thinker's "
+                f"engine.ar.num_kv_blocks x block_size). However, you requested {prompt_len + max_new} tokens "
+                f"({prompt_len} in the prompt, {max_new} in the completion).", param=param,
+                code="context_length_exceeded")
         seed = seed if seed is not None else random.randrange(2**31)
         media = raw_media(audios, images) if self.raw_media and (audios or images) else MediaInputs.of(inputs)
         thinker = ThinkerCall(
@@ -200,9 +210,8 @@ class OmniFrontend(AudioEndpoints, Frontend):
         images = [self._checked_image(raw, param) for raw, param in encoded]
         asked = req.mm_processor_kwargs.use_audio_in_video if req.mm_processor_kwargs is not None else None
         hear = self.spec.video.use_audio_in_video if asked is None else asked
-        videos = [decode_video(raw, limits=self.spec.video, sample=self.inputs.sample_frames, param=param,
-                               audio_rate=self.inputs.sampling_rate if hear else None)
-                  for raw, param in encoded_videos]
+        videos = decode_videos(encoded_videos, limits=self.spec.video, sample=self.inputs.sample_frames,
+                               audio_rate=self.inputs.sampling_rate if hear else None) if encoded_videos else []
         silent = [param for (_, param), video in zip(encoded_videos, videos) if hear and video.audio is None]
         if silent and asked:
             raise bad_request(f"{silent[0]}: the video has no audio track, but mm_processor_kwargs.use_audio_in_video "
@@ -353,6 +362,13 @@ class OmniFrontend(AudioEndpoints, Frontend):
         except OpenAIError as err:
             p.clock.error = err.type
             yield sse_error(err)
+            yield SSE_DONE
+            return
+        except Exception:  # noqa: BLE001 - the response has started: an error event, never a cut connection
+            log.exception("request %s: the stream failed", p.request_id)
+            p.clock.error = "internal_error"
+            yield sse_error(internal_error(f"Internal server error (request {p.request_id}); the details are in "
+                                           "the server log."))
             yield SSE_DONE
             return
         yield sse_event(chunk(P.ChatCompletionDelta(), finish=finish or "stop"))
