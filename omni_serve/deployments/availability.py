@@ -7,7 +7,8 @@ and has counted none at every look for at least ``grace_s`` (3 s), with no gap l
 Serve replaces a replica (a migration off a draining node, a rolling update), the old one refusing calls before the
 handle hears of the new one, and a request then waits for the new one as Serve queues it. A stage whose handle
 has not heard from Serve yet is taken to be there, and stages whose autoscaling allows zero replicas
-(``can_be_empty``) never count as missing. ``/health`` asks without the grace: it turns 503 at the first empty look. The ingress answers new requests 503 with
+(``can_be_empty``) never count as missing. ``/health`` asks without the grace: it turns 503 at the first empty
+look. The ingress answers new requests 503 with
 ``Retry-After`` while a stage is missing, instead of queueing them for a replica that may never come (its node
 is gone and nowhere else has the resources its placement asks for), ends requests in flight that wait on such a
 stage (``StageCalls.missing_stages``), and ``/health`` names the missing stages.
@@ -61,7 +62,7 @@ class StageAvailability:
                 continue
             if last is None or now - last > self.grace_s:  # nobody looked for a while: it may have come back
                 self._empty_since[stage] = now
-            if not grace or now - self._empty_since.setdefault(stage, now) >= self.grace_s:
-                self._empty_since.setdefault(stage, now)
+            since = self._empty_since.setdefault(stage, now)
+            if not grace or now - since >= self.grace_s:
                 out.append(stage)
         return out

@@ -4,9 +4,8 @@ Contract: ``build_serve_config(graph, values, ...)`` validates ``values`` (dotte
 of the family named ``graph`` (``omni_serve.graph.registry``) and returns a Serve config dict that validates as
 Ray's ``ServeDeploySchema``: one application whose ``args`` are the validated graph-level spec (every default
 written out, so a deployed config does not change when omni_serve's defaults do) and each stage's engine backend
-(the graph's shape), whose ``deployments`` carry each
-stage's settings (``omni_serve.graph.stage_settings``: a redeploy that changes one stage rolls only that
-stage), the graph's application-level ``autoscaling_policy`` (which only a config file can carry) and the HTTP
+(the graph's shape), whose ``deployments`` carry each stage's settings (``omni_serve.graph.stage_settings``: a
+redeploy that changes one stage rolls only that stage), the graph's application-level ``autoscaling_policy`` (which only a config file can carry) and the HTTP
 options. Edit the graph spec and build again rather than editing the ``deployments`` entries by hand: each
 carries its stage's whole spec, as JSON, in its replicas' environment.
 
@@ -50,9 +49,11 @@ def build_serve_config(graph: str, values: dict[str, Any], *, app_name: str | No
     args = spec.model_dump(mode="json", exclude={"stages"})
     # each stage's engine backend decides the graph's shape (a family's layout may follow it): the builder needs
     # it, and changing it redeploys the graph
-    args["stages"] = {name: ({"engine": {"backend": spec.stage_spec(name).engine.backend}}
-                             if not in_args(spec.stage_spec(name)) else spec.stage_spec(name).model_dump(mode="json"))
-                      for name in type(spec.stages).model_fields}
+    args["stages"] = {}
+    for name in type(spec.stages).model_fields:
+        stage_spec = spec.stage_spec(name)
+        args["stages"][name] = (stage_spec.model_dump(mode="json") if in_args(stage_spec)
+                                else {"engine": {"backend": stage_spec.engine.backend}})
     deployed = [stage.name for stage in family.graph.deployed(spec.layout())]
     app: dict[str, Any] = {"name": app_name or graph, "route_prefix": route_prefix,
                            "import_path": family.app, "args": args,
@@ -70,9 +71,8 @@ HEADER = """\
 #   serve run {path}           (local: starts Ray and serves; RAY_AUTH_MODE=disabled without Ray auth)
 #   serve deploy {path}        (a running cluster: ray start --head, or KubeRay's serveConfigV2)
 # `args` is the graph-level spec and each stage's engine backend (see docs/configuration.md); the rest of each
-# stage's settings is in its
-# `deployments` entry (its whole spec as JSON in OMNI_SERVE_STAGE_SPEC): change them with `omni-serve build`
-# and `serve deploy` the result; only the stages whose settings changed roll.
+# stage's settings is in its `deployments` entry (its spec as JSON in OMNI_SERVE_STAGE_SPEC): change them with
+# `omni-serve build` and `serve deploy` the result; only the stages whose settings changed roll.
 """
 
 

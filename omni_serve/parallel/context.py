@@ -11,8 +11,8 @@ torch.accelerator.device_count()``, a division by zero where torch has no accele
 While it resolves, the count reads at least 1, so a CPU rank resolves to the ``cpu`` device it is on.
 ``tests/unit/test_parallel.py`` fails once diffusers no longer needs it. On gloo the image tokens must split evenly
 across the ranks (gloo's all-gather takes equal shards; text of any length is padded by ``ulysses_anything``).
-Ring attention (the other kind) needs an
-attention op that returns the log-sum-exp, CUDA-only in this torch: not offered.
+Ring attention (the other kind) needs an attention op that returns the log-sum-exp, CUDA-only in this torch: not
+offered.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Contract: ``row_range(n, rank, world)`` is the contiguous share of ``n`` rows th
 ``n % world`` ranks take one more; a rank may get none). ``row_parallel(fn, rows, group)`` runs ``fn`` on this
 rank's share of ``rows`` (a tensor, rows on dim 0) and returns every rank's results concatenated in row order, the
 same on every rank; ``fn`` must map ``k`` rows to ``k`` result rows independently of the others (a DiT forward
-does: attention never crosses rows), so the result equals ``fn(rows)`` on one rank. A rank with no share runs
-nothing and contributes nothing. This is CFG parallelism generalised: two CFG branches are two rows.
+does: attention never crosses rows), so the result equals ``fn(rows)`` on one rank. With fewer rows than ranks,
+every rank computes them all (nothing to split). This is CFG parallelism generalised: two CFG branches are two
+rows.
 
 Why our own: xfuser's CFG parallel is a hook around exactly this all-gather but does not import without a GPU;
 the all-gather of uneven shares (padded to the largest, then trimmed) is all there is to it.

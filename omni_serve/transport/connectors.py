@@ -43,11 +43,9 @@ def get_connector(name: str, data_plane=None) -> Connector:
 def keep_node_tidy(data_plane=None) -> None:
     """Take this process' part in its node's shared-memory housekeeping (``SharedMemoryConnector.keep_tidy``),
     whichever backends its edges use: every stage and ingress replica calls it on its event loop when it starts,
-    so a node keeps a janitor while any of them runs there. Where shared memory cannot be used, it logs why."""
-    import asyncio
-
+    so a node keeps a janitor while any of them runs there. Where shared memory cannot be used (or no event loop
+    runs), it logs why."""
     try:
-        asyncio.get_running_loop()
         get_connector("shm", data_plane).keep_tidy()
     except Exception as exc:  # noqa: BLE001 - housekeeping never fails a replica's start
         log.warning("this process does not sweep its node's shared memory: %s", exc)
