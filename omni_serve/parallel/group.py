@@ -1,0 +1,111 @@
+"""A replica's group of rank workers: one Ray actor per rank, one ``torch.distributed`` group among them.
+
+Contract: ``RankGroup(world_size, factory, args, backend, num_cpus, torch_threads)``, made inside a stage replica,
+starts ``world_size`` ``RankWorker`` actors. In a placement group (a Serve deployment with
+``placement_group_bundles = rank_bundles(...)``: the replica's own bundle first, then one per rank, STRICT_PACK),
+rank ``i`` goes to bundle ``i + 1``; elsewhere (tests) Ray places them. Rank 0 picks a free port on its node, every
+rank joins ``torch.distributed`` there (``backend``: ``gloo`` on CPU, ``nccl`` on GPU), then builds its model,
+``factory(*args)`` (``factory``: ``"module:callable"``). ``await group.call(method, *args)`` runs
+``model.method(*args)`` on every rank at once (collectives inside it pair up) and returns the results by rank.
+A rank that died makes ``call`` raise ``RankLost`` and ``alive()`` False (the replica's health check fails, Serve
+replaces the replica and its requests end with a 503), never a hang: a call that does not come back within
+``call_timeout_s`` kills the group. ``shutdown()`` kills the workers; calling it again does nothing.
+
+Why Ray actors, not ``torch.multiprocessing``: each rank may need a device of its own and a place in the replica's
+placement group (the Ray Serve LLM / vLLM pattern), and Ray reports a dead rank as an error on the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import socket
+from typing import Any
+
+import ray
+
+
+class RankLost(RuntimeError):
+    """A rank worker of the group died or stopped answering."""
+
+
+def rank_bundles(replica_cpus: float, rank_cpus: float, world_size: int, rank_gpus: float = 0.0) -> list[dict]:
+    """A deployment's ``placement_group_bundles``: the replica's own bundle, then one per rank."""
+    rank = {"CPU": rank_cpus, **({"GPU": rank_gpus} if rank_gpus else {})}
+    return [{"CPU": replica_cpus}] + [dict(rank) for _ in range(world_size)]
+
+
+def _load(factory: str):
+    module, _, attr = factory.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+class RankWorker:
+    """One rank: joins the group, builds the model, runs its methods."""
+
+    def __init__(self, rank: int, world_size: int, torch_threads: int):
+        import torch
+
+        torch.set_num_threads(torch_threads)
+        self.rank, self.world_size, self.model = rank, world_size, None
+
+    def address(self) -> str:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return f"tcp://{ray.util.get_node_ip_address()}:{port}"
+
+    def setup(self, init_method: str, backend: str, factory: str, args: tuple) -> None:
+        import torch.distributed as dist
+
+        dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.world_size)
+        self.model = _load(factory)(*args)
+
+    def call(self, method: str, *args) -> Any:
+        return getattr(self.model, method)(*args)
+
+
+class RankGroup:
+    def __init__(self, world_size: int, factory: str, args: tuple = (), backend: str = "gloo",
+                 num_cpus: float = 1.0, num_gpus: float = 0.0, torch_threads: int = 1, call_timeout_s: float = 600.0):
+        from ray.util.placement_group import get_current_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.world_size, self.call_timeout_s = world_size, call_timeout_s
+        self._dead: str | None = None
+        pg = get_current_placement_group()
+        worker = ray.remote(RankWorker)
+        self.workers = []
+        for rank in range(world_size):
+            options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": 0}
+            if pg is not None:
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    pg, placement_group_bundle_index=rank + 1)
+            self.workers.append(worker.options(**options).remote(rank, world_size, torch_threads))
+        try:
+            init_method = ray.get(self.workers[0].address.remote())
+            ray.get([w.setup.remote(init_method, backend, factory, tuple(args)) for w in self.workers])
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def alive(self) -> bool:
+        return self._dead is None
+
+    async def call(self, method: str, *args) -> list[Any]:
+        if self._dead is not None:
+            raise RankLost(self._dead)
+        refs = [w.call.remote(method, *args) for w in self.workers]
+        try:
+            return await asyncio.wait_for(asyncio.gather(*refs), self.call_timeout_s)
+        except (ray.exceptions.RayActorError, asyncio.TimeoutError) as exc:
+            self._dead = f"a rank of the group was lost: {type(exc).__name__}"
+            self.shutdown()  # the survivors would wait for it in their next collective
+            raise RankLost(self._dead) from None
+
+    def shutdown(self) -> None:
+        workers, self.workers = self.workers, []
+        for w in workers:
+            ray.kill(w, no_restart=True)
+        if workers and self._dead is None:
+            self._dead = "the group was shut down"
