@@ -65,7 +65,7 @@ run-image: setup checkpoint
 	$(VENV)/bin/omni-serve serve --graph qwen_image --port $(PORT) checkpoint=$(IMAGE_CHECKPOINT)
 
 test: setup vllm-env checkpoint
-	$(TEST_ENV) OMNI_SERVE_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/pytest tests
+	$(TEST_ENV) OMNI_SERVE_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/pytest tests --durations=40
 
 unit: setup checkpoint
 	$(TEST_ENV) $(VENV)/bin/pytest tests/unit

@@ -96,7 +96,8 @@ class StageDeployment:
         return {"stage": self.stage, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
                 "node_ip": ray.util.get_node_ip_address(), **self.engine.stats(), "load": self.engine.load(),
                 "data_plane": connector_stats(), "routes": list(nearest.recent) if nearest is not None else [],
-                "kernels": {"cpu": cpu_capability().as_dict(), "paths": kernel_paths()}}
+                "kernels": {"cpu": cpu_capability().as_dict(), "paths": kernel_paths()},
+                **({"parallel": self.runner.ranked.stats()} if self.runner.ranked is not None else {})}
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         return self.engine.load()
@@ -106,6 +107,7 @@ class StageDeployment:
                 for name, _ in module.named_parameters()]
 
     def check_health(self) -> None:
+        self.runner.check_health()
         if not self.engine.alive:
             raise RuntimeError(f"engine thread of stage {self.stage} died")
         stalled, limit = self.engine.stalled_s(), self.runner.stage_spec.max_step_s
@@ -132,3 +134,5 @@ class StageDeployment:
                 self.metrics.close()
             if engine is not None:
                 await engine.cleanup()
+            if getattr(self, "runner", None) is not None:
+                self.runner.close()

@@ -60,11 +60,13 @@ def _replica_lost_errors() -> tuple[type[BaseException], ...]:
 
 def stage_error(stage: str, exc: BaseException, request_id: str, retry_after_s: float = 1.0) -> OpenAIError:
     """The client's error for a failed stage call: 503 with ``Retry-After`` (``retry_after_s``, whole seconds) when
-    the stage's replica died, is unavailable, is shutting down (``Draining``: a retry reaches a healthy one) or its
-    queue is full (Serve's ``BackPressureError``, past the stage's ``max_queued_requests``), 500 when the stage
-    failed on the request itself. The message is fixed (stage and request id): what went wrong inside the stage
-    goes to the log, never to the client."""
-    if isinstance(exc, (*_replica_lost_errors(), Draining, ReplicaGone)):
+    the stage's replica died or lost one of its ranks, is unavailable, is shutting down (``Draining``: a retry
+    reaches a healthy one) or its queue is full (Serve's ``BackPressureError``, past the stage's
+    ``max_queued_requests``), 500 when the stage failed on the request itself. The message is fixed (stage and
+    request id): what went wrong inside the stage goes to the log, never to the client."""
+    from omni_serve.parallel.group import RankLost  # a rank of the stage's replica died: the replica is replaced
+
+    if isinstance(exc, (*_replica_lost_errors(), Draining, ReplicaGone, RankLost)):
         return OpenAIError(f"Stage {stage} is temporarily unavailable (its replica was lost, is shutting down or "
                            f"is overloaded); retry the request (request {request_id}).", status_code=503,
                            type="service_unavailable", code="stage_unavailable",

@@ -128,6 +128,8 @@ class StageRunner(abc.ABC):
         self.stage_spec = spec.stage_spec(stage.name)
         self.engine_spec = self.stage_spec.engine
         self.io = io or StageIO(graph, stage, spec)
+        self.family_path: str | None = None  # the family's import path (build_runner sets it)
+        self.ranked = None  # the replica's rank workers (omni_serve.graph.ranks.RankedStage), when it has any
         self.model = self.load()
 
     # -- what a family overrides ------------------------------------------------------------------------
@@ -169,7 +171,31 @@ class StageRunner(abc.ABC):
         return self.stage.engine.value if backend == "native" else backend
 
     def make_engine(self) -> Engine:
+        """The stage's engine; a stage with extra ranks (``parallel``) starts its rank workers first."""
+        if self.stage_spec.parallel.ranks > 1 and self.ranked is None:
+            from omni_serve.graph.ranks import RankedStage
+
+            self.ranked = RankedStage.start(self)
         return make_engine(self.engine_kind(), self)
+
+    def split_rows(self, compute):
+        """``compute`` (a batched computation over works with ``rows``) with its rows split across the replica's
+        ranks when the stage has extra ranks (``omni_serve.graph.ranks``); as is otherwise."""
+        if self.ranked is None:
+            return compute
+        from omni_serve.graph.ranks import RowSplitCompute
+
+        return RowSplitCompute(compute, self.ranked)
+
+    def check_health(self) -> None:
+        """Raises when the replica cannot serve: a rank worker was lost."""
+        if self.ranked is not None and not self.ranked.alive():
+            raise RuntimeError(f"stage {self.stage.name}: a rank worker of this replica was lost")
+
+    def close(self) -> None:
+        """Stop what the runner started (rank workers); calling it again does nothing."""
+        if self.ranked is not None:
+            self.ranked.shutdown()
 
     async def handle(self, engine: Engine, call: Message) -> AsyncIterator[Message]:
         if not isinstance(call, self.stage.call):
@@ -219,4 +245,6 @@ def build_runner(family: Family, stage: str, spec: Any, connector: Connector | N
     stage_def = family.graph.stage(stage)
     io = StageIO(family.graph, stage_def, spec, connector)
     runner = stage_def.runner_for(spec.stage_spec(stage).engine.backend)
-    return import_path(runner)(family.graph, stage_def, spec, io)
+    built = import_path(runner)(family.graph, stage_def, spec, io)
+    built.family_path = family.path
+    return built

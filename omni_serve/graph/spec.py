@@ -9,12 +9,13 @@ Dotted keys (``stages.thinker.num_replicas=2``) override nested fields.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from omni_serve.engines.ar.config import ARConfig
 from omni_serve.engines.vllm_engine.config import VLLM_PYTHON_ENV, VllmSettings
+from omni_serve.parallel.spec import ParallelSpec
 from omni_serve.transport.config import DataPlaneSpec
 
 
@@ -118,6 +119,8 @@ class StageSpec(SpecModel):
         "deadlock must not hold requests until their deadline). Steps of large models on CPU can take tens of "
         "seconds; keep it well above the longest step."))
     engine: EngineSpec = Field(default_factory=EngineSpec, description="Engine settings inside each replica.")
+    parallel: ParallelSpec = Field(default_factory=ParallelSpec, description=(
+        "Ranks one replica spans (stages that support it: the DiTs' rows). See docs/parallel.md."))
     env_vars: dict[str, str] = Field(default_factory=lambda: dict(STAGE_ENV), description=(
         "Environment variables of each replica's process (Ray runtime_env). The default makes idle OpenMP threads "
         "sleep after ~0.1 ms instead of spinning for ~3 ms (a spinning or preempted thread on a shared CPU stalls the "
@@ -127,6 +130,17 @@ class StageSpec(SpecModel):
         "them spinning ~10k iterations). Entries you set are added to the default; an entry set to null removes "
         "that variable (e.g. `stages.dit.env_vars.OMP_WAIT_POLICY=null`)."))
     params: dict[str, Any] = Field(default_factory=dict, description="Stage-specific settings (see the graph's docs).")
+
+    # the parallel kinds (ParallelSpec fields) this stage's runner supports; others must stay 1
+    parallel_kinds: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="after")
+    def _parallel_supported(self) -> "StageSpec":
+        unsupported = sorted(set(self.parallel.kinds()) - set(self.parallel_kinds))
+        if unsupported:
+            raise ValueError(f"parallel.{unsupported[0]} > 1 is not supported by this stage (it supports: "
+                             f"{', '.join(self.parallel_kinds) or 'none'})")
+        return self
 
     @field_validator("env_vars", mode="before")
     @classmethod
@@ -176,6 +190,16 @@ class StageSpec(SpecModel):
             runtime_env["py_executable"] = python
         if runtime_env:
             opts["ray_actor_options"]["runtime_env"] = runtime_env
+        if self.parallel.ranks > 1:  # the replica's bundle, then one per extra rank, on one node
+            p = self.parallel
+            replica = {**opts["ray_actor_options"].get("resources", {}), "CPU": self.num_cpus}
+            if self.num_gpus:
+                replica["GPU"] = self.num_gpus
+            rank_cpus = self.num_cpus if p.rank_cpus is None else p.rank_cpus
+            rank_gpus = self.num_gpus if p.rank_gpus is None else p.rank_gpus
+            rank = {"CPU": rank_cpus, **({"GPU": rank_gpus} if rank_gpus else {})}
+            opts["placement_group_bundles"] = [replica] + [dict(rank) for _ in range(p.ranks - 1)]
+            opts["placement_group_strategy"] = "STRICT_PACK"
         if self.autoscaling_config:
             opts["autoscaling_config"] = self.autoscaling_config
         else:

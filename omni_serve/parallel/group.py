@@ -6,7 +6,9 @@ starts ``world_size`` ``RankWorker`` actors. In a placement group (a Serve deplo
 rank ``i`` goes to bundle ``i + 1``; elsewhere (tests) Ray places them. Rank 0 picks a free port on its node, every
 rank joins ``torch.distributed`` there (``backend``: ``gloo`` on CPU, ``nccl`` on GPU), then builds its model,
 ``factory(*args)`` (``factory``: ``"module:callable"``). ``await group.call(method, *args)`` runs
-``model.method(*args)`` on every rank at once (collectives inside it pair up) and returns the results by rank.
+``model.method(*args)`` on every rank at once (collectives inside it pair up) and returns the results by rank;
+``submit``/``collect`` do the same with each rank's own arguments, for a caller (an engine thread) that computes a
+share itself meanwhile: with ``first_rank=1`` the caller is rank 0 and the workers take bundles 1...
 A rank that died makes ``call`` raise ``RankLost`` and ``alive()`` False (the replica's health check fails, Serve
 replaces the replica and its requests end with a 503), never a hang: a call that does not come back within
 ``call_timeout_s`` kills the group. ``shutdown()`` kills the workers; calling it again does nothing.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 import socket
 from typing import Any
 
@@ -41,7 +44,7 @@ def _load(factory: str):
 
 
 class RankWorker:
-    """One rank: joins the group, builds the model, runs its methods."""
+    """One rank: joins the group (when there is a backend), builds the model, runs its methods."""
 
     def __init__(self, rank: int, world_size: int, torch_threads: int):
         import torch
@@ -55,36 +58,47 @@ class RankWorker:
             port = s.getsockname()[1]
         return f"tcp://{ray.util.get_node_ip_address()}:{port}"
 
-    def setup(self, init_method: str, backend: str, factory: str, args: tuple) -> None:
-        import torch.distributed as dist
+    def setup(self, init_method: str | None, backend: str | None, factory: str, args: tuple) -> None:
+        if backend is not None:
+            import torch.distributed as dist
 
-        dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.world_size)
+            dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.world_size)
         self.model = _load(factory)(*args)
 
     def call(self, method: str, *args) -> Any:
         return getattr(self.model, method)(*args)
 
+    def pid(self) -> int:
+        return os.getpid()
+
 
 class RankGroup:
-    def __init__(self, world_size: int, factory: str, args: tuple = (), backend: str = "gloo",
-                 num_cpus: float = 1.0, num_gpus: float = 0.0, torch_threads: int = 1, call_timeout_s: float = 600.0):
+    """``world_size`` rank workers; with ``first_rank`` 1 they are ranks 1.. of a group whose rank 0 is the caller
+    (which then takes bundle 0's place and joins no process group here: ``backend`` None)."""
+
+    def __init__(self, world_size: int, factory: str, args: tuple = (), backend: str | None = "gloo",
+                 num_cpus: float = 1.0, num_gpus: float = 0.0, torch_threads: int = 1, call_timeout_s: float = 600.0,
+                 first_rank: int = 0):
         from ray.util.placement_group import get_current_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self.world_size, self.call_timeout_s = world_size, call_timeout_s
+        self.world_size, self.call_timeout_s, self.first_rank = world_size, call_timeout_s, first_rank
         self._dead: str | None = None
         pg = get_current_placement_group()
         worker = ray.remote(RankWorker)
         self.workers = []
-        for rank in range(world_size):
+        for i in range(world_size):
             options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": 0}
             if pg is not None:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                    pg, placement_group_bundle_index=rank + 1)
-            self.workers.append(worker.options(**options).remote(rank, world_size, torch_threads))
+                    pg, placement_group_bundle_index=i + 1)
+            rank = first_rank + i
+            self.workers.append(worker.options(**options).remote(rank, first_rank + world_size, torch_threads))
         try:
-            init_method = ray.get(self.workers[0].address.remote())
-            ray.get([w.setup.remote(init_method, backend, factory, tuple(args)) for w in self.workers])
+            init_method = ray.get(self.workers[0].address.remote()) if backend is not None else None
+            ray.get([w.setup.remote(init_method, backend, factory, tuple(args)) for w in self.workers],
+                    timeout=call_timeout_s)
+            self.pids = ray.get([w.pid.remote() for w in self.workers], timeout=call_timeout_s)
         except BaseException:
             self.shutdown()
             raise
@@ -92,16 +106,40 @@ class RankGroup:
     def alive(self) -> bool:
         return self._dead is None
 
+    def _lost(self, exc: BaseException) -> RankLost:
+        self._dead = f"a rank of the group was lost: {type(exc).__name__}"
+        self.shutdown()  # the survivors would wait for it in their next collective
+        return RankLost(self._dead)
+
     async def call(self, method: str, *args) -> list[Any]:
+        """``model.method(*args)`` on every rank at once; the results by rank."""
         if self._dead is not None:
             raise RankLost(self._dead)
         refs = [w.call.remote(method, *args) for w in self.workers]
         try:
             return await asyncio.wait_for(asyncio.gather(*refs), self.call_timeout_s)
         except (ray.exceptions.RayActorError, asyncio.TimeoutError) as exc:
-            self._dead = f"a rank of the group was lost: {type(exc).__name__}"
-            self.shutdown()  # the survivors would wait for it in their next collective
-            raise RankLost(self._dead) from None
+            raise self._lost(exc) from None
+
+    def submit(self, method: str, per_rank_args: list[tuple]) -> list["ray.ObjectRef"]:
+        """Start ``model.method(*per_rank_args[i])`` on worker ``i`` (each rank its own arguments); ``collect``
+        the references. For a caller that computes its own share meanwhile (a thread, not an event loop)."""
+        if self._dead is not None:
+            raise RankLost(self._dead)
+        return [w.call.remote(method, *args) for w, args in zip(self.workers, per_rank_args)]
+
+    def collect(self, refs: list["ray.ObjectRef"]) -> list[Any]:
+        """The results of ``submit``, waiting at most ``call_timeout_s``; a lost rank raises ``RankLost``."""
+        try:
+            return ray.get(refs, timeout=self.call_timeout_s)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            raise self._lost(exc) from None
+
+    def notify(self, method: str, *args) -> None:
+        """``model.method(*args)`` on every rank, not waited for (a lost rank shows in the next call)."""
+        if self._dead is None:
+            for w in self.workers:
+                w.call.remote(method, *args)
 
     def shutdown(self) -> None:
         workers, self.workers = self.workers, []

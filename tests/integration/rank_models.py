@@ -29,6 +29,3 @@ class DiTRows:
         pg = ray.util.get_current_placement_group()
         return {"rank": dist.get_rank(), "world": dist.get_world_size(), "pid": os.getpid(),
                 "placement_group": pg.id.hex() if pg is not None else None}
-
-    def die(self) -> None:
-        os._exit(1)

@@ -295,8 +295,9 @@ def test_serve_takes_the_options_and_a_stopping_replica_drains_its_engine_then_f
         stuck = asyncio.create_task(_outputs(engine, "r2", Gated(threading.Event())))
         await _until(lambda: engine.num_active == 2)
         replica = SimpleNamespace(engine=engine, metrics=None, runner=SimpleNamespace(
-            stage_spec=StageSpec(graceful_shutdown_timeout_s=0.5),
-            spec=SimpleNamespace(ingress=SimpleNamespace(request_timeout_s=300.0))))
+            stage_spec=StageSpec(graceful_shutdown_timeout_s=0.5), close=lambda: None,
+            # the replica drains up to the request deadline (Serve's own timeout stops it first when shorter)
+            spec=SimpleNamespace(ingress=SimpleNamespace(request_timeout_s=0.5))))
         asyncio.get_running_loop().call_later(0.05, lambda: (gate.set(), engine.wake()))
         await StageDeployment.func_or_class.__del__(replica)  # what Serve calls once its own wait is over
         assert await _settled(finishing) == [1, 0]  # given its time: it finished

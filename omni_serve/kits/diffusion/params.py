@@ -74,6 +74,8 @@ class TextEncoderStage(StageSpec):
 class DiTStage(StageSpec):
     params: DiTParams = Field(default_factory=DiTParams, description="Denoising loop settings.")
 
+    parallel_kinds = ("rows",)  # a step's rows split across the replica's ranks (omni_serve.graph.ranks)
+
 
 class VAEStage(StageSpec):
     params: VAEParams = Field(default_factory=VAEParams, description="VAE decoder settings.")

@@ -31,7 +31,7 @@ class DiTRunner(StageRunner):
     work_unit = "diffusion_steps"  # rows x steps left, as Qwen-Image counts them
 
     def batch_compute(self):
-        return P.GlmDenoiseCompute(self.model)
+        return self.split_rows(P.GlmDenoiseCompute(self.model))
 
     async def run(self, engine, call: GlmDenoiseCall) -> AsyncIterator:
         program = P.GlmDenoiseProgram(self.model, call)

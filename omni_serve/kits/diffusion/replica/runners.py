@@ -47,7 +47,7 @@ class DiTRunner(StageRunner):
         return model
 
     def batch_compute(self):
-        return P.DenoiseCompute(self.model)
+        return self.split_rows(P.DenoiseCompute(self.model))
 
     def cache_session(self, settings: CacheSettings | None, num_images: int):
         if settings is None or settings.mode == "off":

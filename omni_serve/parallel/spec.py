@@ -1,0 +1,37 @@
+"""A stage's ``parallel`` settings: how many ranks one replica spans, and the placement group that holds them.
+
+Contract: ``ParallelSpec.rows`` > 1 makes every replica of the stage own ``rows - 1`` rank workers besides
+itself (the replica computes as rank 0), each in a bundle of the replica's placement group
+(``placement_group_bundles``: the replica's bundle, then one per extra rank, ``STRICT_PACK``: one node). A step's
+rows (requests, CFG branches) are split across the ranks (``omni_serve.graph.ranks``). A stage declares the
+kinds it supports (``StageSpec.parallel_kinds``); asking another fails validation.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ParallelSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rows: int = Field(1, ge=1, le=64, description=(
+        "Ranks a replica splits each step's rows across (requests' images and CFG branches): the replica is rank "
+        "0, and rows - 1 rank workers (Ray actors) start in its placement group, each loading the model. 1: no "
+        "extra ranks. Outputs equal one rank's up to float rounding (docs/parallel.md)."))
+    rank_cpus: float | None = Field(None, ge=0, description=(
+        "CPUs reserved per extra rank (its placement-group bundle); default: the stage's num_cpus."))
+    rank_gpus: float | None = Field(None, ge=0, description=(
+        "GPUs reserved per extra rank; default: the stage's num_gpus."))
+    call_timeout_s: float = Field(600.0, gt=0, description=(
+        "Longest a rank may take to answer one step: past it (or when a rank dies) the replica's ranks are "
+        "stopped, its requests fail with a 503 the client may retry and Serve replaces the replica."))
+
+    @property
+    def ranks(self) -> int:
+        """Ranks of one replica, the replica included."""
+        return self.rows
+
+    def kinds(self) -> dict[str, int]:
+        """The kinds asked for (degree > 1) and their degrees."""
+        return {k: v for k, v in {"rows": self.rows}.items() if v > 1}
