@@ -63,6 +63,8 @@ class LocalGraph:
             return
         self._closed = True
         await asyncio.gather(*(engine.cleanup() for engine in self.engines.values()))
+        for runner in self.runners.values():
+            runner.close()  # rank workers, if a stage has any
 
     async def __aenter__(self) -> "LocalGraph":
         return self

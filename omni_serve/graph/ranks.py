@@ -1,25 +1,34 @@
-"""A batch stage whose replica spans several ranks: each step's rows split across them (row parallelism).
+"""A stage whose replica spans several ranks: each step's rows split across them (row parallelism, batch stages),
+or each layer split across them (tensor parallelism, AR stages).
 
-Contract: a stage with ``parallel.rows = R > 1`` (``omni_serve.parallel.spec``) runs its engine in the replica as
-always, the replica computing as rank 0; ``RankedStage.start(runner)`` starts ``R - 1`` rank workers in the
-replica's placement group, each building the same stage runner (parallel off) on the same spec: the same model,
-cache settings and batched computation. ``RowSplitCompute(compute, ranks)`` replaces the runner's batched
-computation (``batch_compute()``): given a step's works (each with ``program`` and ``rows``), it splits their rows
-across the ranks, sends each worker its share, computes rank 0's share in the engine thread meanwhile, and puts
-every work's rows back together in order. The result equals one rank's up to the float rounding of batched matrix
-products (a row never attends to another).
+Contract: a stage with ``parallel.rows`` or ``parallel.tensor`` = R > 1 (``omni_serve.parallel.spec``) runs its
+engine in the replica as always, the replica computing as rank 0; ``RankedStage.start(runner)`` starts ``R - 1``
+rank workers in the replica's placement group, each building the same stage runner (parallel off) on the same
+spec: the same model, cache settings and computation.
+
+Rows: ``RowSplitCompute(compute, ranks)`` replaces the runner's batched computation (``batch_compute()``): given a
+step's works (each with ``program`` and ``rows``), it splits their rows across the ranks, sends each worker its
+share, computes rank 0's share in the engine thread meanwhile, and puts every work's rows back together in order.
+The result equals one rank's up to the float rounding of batched matrix products (a row never attends to another).
+
+Tensor: the workers and the replica form one process group (gloo on CPU, NCCL on GPU; the replica is rank 0) and
+each shards its AR adapter (``PagedDecoder.shard``: heads and MLP split, one all-reduce per block half). The
+replica's adapter becomes a ``TensorParallelModel``: each engine step's ``forward_packed`` starts the same step on
+every worker (``TensorRank``: its own paged KV cache of its KV heads, the batch rebuilt from the step's segments)
+and runs rank 0's share; the scheduler, sampling and outputs stay the replica's alone. Greedy tokens equal one
+rank's (the hidden states to float rounding).
 
 Where rows go:
 - A request with cache acceleration keeps per-branch state (its cache-dit contexts) between steps, so each of its
   CFG branches stays on one rank for the whole request: the cond branch on rank 0 (the replica's session, which
   reports the request's cached-step counts), the uncond branch pinned to the worker with the fewest pinned
-  requests (CFG parallelism). A worker keeps a session per request it holds a branch of; it is dropped when the
-  request ends or is aborted (swept at the next step, and when the replica lets go of the program).
+  requests (CFG parallelism). A worker keeps a session per request it holds a branch of; it is dropped at the
+  first step after the request ends, is aborted or its program is collected (an idle replica keeps it until then).
 - A request that runs its step alone (cache-dit's own forward) stays whole on rank 0.
 - Every other row (no per-request state) goes to the least-loaded rank of that step.
 
 Each step ships the rows' inputs to the workers (latents, timestep, the prompt's embeddings): a few MB per row
-for the full-size models, small next to a DiT step.
+for the full-size models, small next to a DiT step. A tensor-parallel step ships its input embeddings and slots.
 
 A worker that dies or does not answer within ``parallel.call_timeout_s`` fails the step's requests with
 ``RankLost`` (a 503 for the client), stops the other workers, and fails the replica's health check, so Serve
@@ -30,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import queue
 import weakref
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -54,12 +64,7 @@ class RankStage:
     """A rank worker's side: the stage runner (parallel off) and the cache sessions of the branches it holds."""
 
     def __init__(self, family: str, stage: str, spec: dict[str, Any]):
-        from omni_serve.graph.registry import load_family
-        from omni_serve.graph.runner import build_runner
-
-        spec = dict(spec)
-        spec["stages"] = {**spec["stages"], stage: {**spec["stages"][stage], "parallel": {}}}
-        self.runner = build_runner(load_family(family), stage, spec)
+        self.runner = _runner_without_ranks(family, stage, spec)
         self.compute = self.runner.batch_compute()
         self.sessions: dict[str, Any] = {}
         self.forgotten: dict[str, None] = {}
@@ -92,27 +97,96 @@ class RankStage:
         return sorted(self.sessions)
 
 
+class TensorRank:
+    """A tensor-parallel rank worker's side: the stage's AR adapter, sharded (``PagedDecoder.shard``), and a paged KV
+    cache of its KV heads with the engine's geometry. ``forward`` runs the replica's step on the same batch (the
+    layers' all-reduces pair up with the other ranks'); rank 0's output is the step's."""
+
+    def __init__(self, family: str, stage: str, spec: dict[str, Any]):
+        import torch.distributed as dist
+        from omni_kernels import pack_linears
+
+        from omni_serve.engines.ar.kv_cache import PagedKVCache
+
+        self.runner = _runner_without_ranks(family, stage, spec)
+        self.model = self.runner.model
+        self.model.shard(dist.get_rank(), dist.get_world_size())
+        c = self.runner.engine_spec.ar
+        if c.packed_linear:  # as the replica's engine packs its own
+            for module in self.model.modules.values():
+                pack_linears(module, batch_hint=min(c.max_num_seqs, 32), plain_max_rows=c.gemv_max_rows)
+        m = self.model
+        self.cache = PagedKVCache(m.num_layers, m.num_kv_heads, m.head_dim, c.num_kv_blocks, c.block_size, m.dtype,
+                                  m.device)
+
+    def forward(self, embeds, positions, segments, logit_rows, want_hidden: bool) -> None:
+        import torch
+
+        from omni_serve.engines.ar.attention import PagedBatch
+
+        with torch.inference_mode():
+            self.model.forward_packed(embeds, positions, PagedBatch.build(self.cache, segments), logit_rows,
+                                      want_hidden)
+
+
+class TensorParallelModel:
+    """The replica's AR adapter as rank 0 of a tensor-parallel group: ``forward_packed`` starts the same step on the
+    workers, runs its own share, and waits for them (a lost worker: ``RankLost``); everything else is the adapter's.
+    The step's batch is rebuilt on each worker's own cache from its segments (``PagedBatch.segments``)."""
+
+    def __init__(self, adapter, ranked: "RankedStage"):
+        self.adapter, self.ranked = adapter, ranked
+
+    def __getattr__(self, name: str):
+        return getattr(self.adapter, name)
+
+    def forward_packed(self, embeds, positions, batch, logit_rows, want_hidden):
+        group = self.ranked.group
+        args = (embeds, positions, batch.segments, logit_rows, want_hidden)
+        refs = group.submit("forward", [args] * group.world_size)
+        try:
+            out = self.adapter.forward_packed(embeds, positions, batch, logit_rows, want_hidden)
+        except Exception:
+            group.collect(refs)  # a lost worker raises RankLost here (the client's 503), not gloo's error
+            raise
+        group.collect(refs)
+        return out
+
+
+def _runner_without_ranks(family: str, stage: str, spec: dict[str, Any]):
+    """The stage's runner with ``parallel`` off: what a rank worker computes with."""
+    from omni_serve.graph.registry import load_family
+    from omni_serve.graph.runner import build_runner
+
+    spec = dict(spec)
+    spec["stages"] = {**spec["stages"], stage: {**spec["stages"][stage], "parallel": {}}}
+    return build_runner(load_family(family), stage, spec)
+
+
 class RankedStage:
     """The replica's handle on its rank workers."""
 
-    def __init__(self, group: RankGroup):
-        self.group = group
-        self.rows = [0] * (group.world_size + 1)  # rows each rank computed (the replica's /health: ranks)
+    def __init__(self, group: RankGroup, kinds: dict[str, int] | None = None):
+        self.group, self.kinds = group, kinds or {}
+        self.rows = [0] * (group.world_size + 1)  # rows each rank computed (row parallelism; /health)
 
     @classmethod
     def start(cls, runner) -> "RankedStage":
         p, stage_spec = runner.stage_spec.parallel, runner.stage_spec
         spec = runner.spec.model_dump(mode="json")
         family = runner.family_path  # set by build_runner
-        backend = None  # row parallelism needs no process group: the replica gathers the rows
+        if p.tensor > 1:  # one process group, the replica its rank 0
+            factory = "omni_serve.graph.ranks:TensorRank"
+            backend = "nccl" if str(runner.engine_spec.device).startswith("cuda") else "gloo"
+        else:  # row parallelism needs no process group: the replica gathers the rows
+            factory, backend = "omni_serve.graph.ranks:RankStage", None
         rank_cpus = stage_spec.num_cpus if p.rank_cpus is None else p.rank_cpus
         rank_gpus = stage_spec.num_gpus if p.rank_gpus is None else p.rank_gpus
-        log.info("stage %s: starting %d rank workers (rows %d)", runner.stage.name, p.ranks - 1, p.rows)
-        group = RankGroup(p.ranks - 1, "omni_serve.graph.ranks:RankStage", (family, runner.stage.name, spec),
-                          backend=backend, num_cpus=rank_cpus, num_gpus=rank_gpus,
-                          torch_threads=runner.engine_spec.torch_threads, call_timeout_s=p.call_timeout_s,
-                          first_rank=1)
-        return cls(group)
+        log.info("stage %s: starting %d rank workers (%s)", runner.stage.name, p.ranks - 1, p.kinds())
+        group = RankGroup(p.ranks - 1, factory, (family, runner.stage.name, spec), backend=backend,
+                          num_cpus=rank_cpus, num_gpus=rank_gpus, torch_threads=runner.engine_spec.torch_threads,
+                          call_timeout_s=p.call_timeout_s, first_rank=1)
+        return cls(group, p.kinds())
 
     @property
     def ranks(self) -> int:
@@ -121,9 +195,16 @@ class RankedStage:
     def alive(self) -> bool:
         return self.group.alive()
 
+    def check(self) -> bool:
+        """Whether every rank is alive, probing the workers (the replica's health check)."""
+        return self.group.check()
+
     def stats(self) -> dict[str, Any]:
-        return {"ranks": self.ranks, "alive": self.alive(), "rows_by_rank": list(self.rows),
-                "worker_pids": list(self.group.pids)}
+        out = {"ranks": self.ranks, "kinds": dict(self.kinds), "alive": self.alive(),
+               "worker_pids": list(self.group.pids)}
+        if "rows" in self.kinds:
+            out["rows_by_rank"] = list(self.rows)
+        return out
 
     def shutdown(self) -> None:
         self.group.shutdown()
@@ -134,8 +215,10 @@ class RowSplitCompute:
 
     def __init__(self, compute: Callable[[list[Any]], list[Any]], ranked: RankedStage):
         self.local, self.ranked = compute, ranked
-        self.pins: dict[int, tuple[int, str, Any]] = {}  # id(program) -> (worker, key, weakref to the program)
-        self._counter = 0
+        # id(program) -> (worker, key, weakref to the program); only the engine thread touches it
+        self.pins: dict[int, tuple[int, str, Any]] = {}
+        # programs collected meanwhile (a finalizer may run on any thread): forgotten at the next step
+        self._collected: queue.SimpleQueue[int] = queue.SimpleQueue()
 
     def _key(self, program) -> str:
         return getattr(getattr(program, "req", None), "request_id", None) or f"program-{id(program)}"
@@ -149,23 +232,21 @@ class RowSplitCompute:
         for worker, _, _ in self.pins.values():
             counts[worker] += 1
         worker = min(range(1, self.ranked.ranks), key=lambda r: (counts[r], r))
-        key = self._key(program)
-        self.pins[id(program)] = (worker, key, weakref.ref(program))
-        weakref.finalize(program, self._release, id(program), key)
+        self.pins[id(program)] = (worker, self._key(program), weakref.ref(program))
+        weakref.finalize(program, self._collected.put, id(program)).atexit = False
         return worker
 
-    def _release(self, pid: int, key: str) -> None:
-        if self.pins.pop(pid, None) is not None:
-            self.ranked.group.notify("forget", [key])
-
     def _sweep(self) -> None:
-        """Forget the pinned requests that ended (done, or their session closed by an abort)."""
+        """Forget the pinned requests that ended (done, their session closed by an abort, or collected)."""
+        collected = set()
+        while not self._collected.empty():
+            collected.add(self._collected.get_nowait())
         ended = []
         for pid, (_, key, ref) in list(self.pins.items()):
             program = ref()
             session = getattr(program, "cache_session", None) if program is not None else None
-            if program is None or program.done or session is None or session.closed:
-                del self.pins[pid]
+            if pid in collected or program is None or program.done or session is None or session.closed:
+                self.pins.pop(pid, None)
                 ended.append(key)
         if ended:
             self.ranked.group.notify("forget", ended)
@@ -206,10 +287,13 @@ class RowSplitCompute:
             for rank, rows in enumerate(plan[i]):
                 if rows:
                     shares[rank].append((i, dataclasses.replace(w, rows=[w.rows[r] for r in rows])))
-        remote = [[self._remote(w) for _, w in share] for share in shares[1:]]
-        refs = self.ranked.group.submit("compute_rows", [(r,) for r in remote]) if any(remote) else []
-        results: list[list[Any]] = [self.local([w for _, w in shares[0]]) if shares[0] else []]
-        results += self.ranked.group.collect(refs) if refs else [[] for _ in remote]
+        busy = [rank for rank in range(1, self.ranked.ranks) if shares[rank]]  # a worker without rows is not asked
+        refs = self.ranked.group.submit("compute_rows", [([self._remote(w) for _, w in shares[rank]],)
+                                                         for rank in busy], workers=[r - 1 for r in busy])
+        results: list[list[Any]] = [[] for _ in shares]
+        results[0] = self.local([w for _, w in shares[0]]) if shares[0] else []
+        for rank, result in zip(busy, self.ranked.group.collect(refs) if refs else []):
+            results[rank] = result
         pieces: list[list[Any]] = [[None] * len(w.rows) for w in works]
         for rank, share in enumerate(shares):
             for (i, _), result in zip(share, results[rank]):

@@ -171,11 +171,20 @@ class StageRunner(abc.ABC):
         return self.stage.engine.value if backend == "native" else backend
 
     def make_engine(self) -> Engine:
-        """The stage's engine; a stage with extra ranks (``parallel``) starts its rank workers first."""
+        """The stage's engine; a stage with extra ranks (``parallel``) starts its rank workers first (with
+        ``parallel.tensor``, the replica's model becomes rank 0 of their tensor-parallel group)."""
         if self.stage_spec.parallel.ranks > 1 and self.ranked is None:
-            from omni_serve.graph.ranks import RankedStage
+            from omni_serve.graph.ranks import RankedStage, TensorParallelModel
 
             self.ranked = RankedStage.start(self)
+            try:
+                if self.stage_spec.parallel.tensor > 1:  # the replica is rank 0 of the tensor-parallel group
+                    self.model.shard(0, self.ranked.ranks)
+                    self.model = TensorParallelModel(self.model, self.ranked)
+                return make_engine(self.engine_kind(), self)
+            except BaseException:
+                self.close()
+                raise
         return make_engine(self.engine_kind(), self)
 
     def split_rows(self, compute):
@@ -189,7 +198,7 @@ class StageRunner(abc.ABC):
 
     def check_health(self) -> None:
         """Raises when the replica cannot serve: a rank worker was lost."""
-        if self.ranked is not None and not self.ranked.alive():
+        if self.ranked is not None and not self.ranked.check():
             raise RuntimeError(f"stage {self.stage.name}: a rank worker of this replica was lost")
 
     def close(self) -> None:

@@ -136,10 +136,22 @@ class StageSpec(SpecModel):
 
     @model_validator(mode="after")
     def _parallel_supported(self) -> "StageSpec":
-        unsupported = sorted(set(self.parallel.kinds()) - set(self.parallel_kinds))
+        p = self.parallel
+        unsupported = sorted(set(p.kinds()) - set(self.parallel_kinds))
         if unsupported:
             raise ValueError(f"parallel.{unsupported[0]} > 1 is not supported by this stage (it supports: "
                              f"{', '.join(self.parallel_kinds) or 'none'})")
+        if p.ranks > 1:  # placement-group bundles: none may be empty, and ranks share the replica's device kind
+            rank_cpus = self.num_cpus if p.rank_cpus is None else p.rank_cpus
+            rank_gpus = self.num_gpus if p.rank_gpus is None else p.rank_gpus
+            if not (self.num_cpus or self.num_gpus):
+                raise ValueError("a stage with parallel ranks needs num_cpus or num_gpus above 0 (its replica's "
+                                 "placement-group bundle cannot be empty)")
+            if not (rank_cpus or rank_gpus):
+                raise ValueError("parallel.rank_cpus or parallel.rank_gpus must be above 0 (a rank's bundle cannot "
+                                 "be empty)")
+            if bool(self.num_gpus) != bool(rank_gpus):
+                raise ValueError("the replica and its ranks must all have GPUs or none (parallel.rank_gpus)")
         return self
 
     @field_validator("env_vars", mode="before")

@@ -10,6 +10,7 @@ mask function for ``omni_paged``, so every layer gets None and attention follows
 An adapter may call ``prepare_layers(decoder)`` once: from then on ``run`` computes the decoder's layers through
 ``omni_serve.models.prepared_decoder.PreparedDecoder`` (same result to float rounding, fewer ops per step) when the
 decoder's structure allows it, and the adapter lists ``prepared`` among its modules so the engine packs its linears.
+A prepared adapter may then be made one rank of a tensor-parallel decoder: ``shard(rank, world, group)``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,13 @@ class PagedDecoder:
                         "layers PreparedDecoder does not reproduce"):
             self.prepared = PreparedDecoder(decoder)
         return self.prepared is not None
+
+    def shard(self, rank: int, world: int, group=None) -> None:
+        """Make this adapter one rank of a tensor-parallel decoder (``PreparedDecoder.shard``): its layers keep this
+        rank's heads and MLP share, and the engine's KV cache holds this rank's KV heads only."""
+        if self.prepared is None:
+            raise ValueError("tensor parallelism needs the prepared layers (engine.ar.prepared_layers)")
+        self.num_kv_heads = self.prepared.shard(rank, world, group)
 
     def run(self, decoder, embeds, positions, batch):
         if self.prepared is not None:

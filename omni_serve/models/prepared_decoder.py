@@ -72,6 +72,14 @@ class _Layer(torch.nn.Module):
         self.intermediate = mlp.gate_proj.out_features
 
 
+def _columns(linear: torch.nn.Linear, columns: list[int], rank: int) -> torch.nn.Linear:
+    """A row-parallel share of ``linear``: its input ``columns``; the bias (added once, after the sum) on rank 0."""
+    bias = linear.bias if linear.bias is not None and rank == 0 else None
+    if linear.bias is not None and rank != 0:
+        bias = torch.zeros_like(linear.bias)
+    return linear_from(linear.weight[:, columns], bias)
+
+
 class PreparedDecoder(torch.nn.Module):
     @staticmethod
     def supports(decoder) -> bool:
@@ -104,7 +112,58 @@ class PreparedDecoder(torch.nn.Module):
         self.rotary_emb = decoder.rotary_emb
         self.norm = decoder.norm.weight
         self.norm_eps = decoder.norm.variance_epsilon
+        self.tp_group, self.tp_world = None, 1  # a tensor-parallel group once shard() ran
         decoder.layers = torch.nn.ModuleList()  # the weights now live here; the library's forward is not used
+
+    def shard(self, rank: int, world: int, group=None) -> int:
+        """Keep this rank's share of every layer for tensor parallelism over ``world`` ranks (an initialized
+        ``torch.distributed`` group; ``group`` None: the default one) and return the KV heads this rank caches.
+
+        Megatron's split, one all-reduce per block half: q heads split evenly; KV heads split evenly when ``world``
+        divides them, else each rank keeps the one KV head its q heads read (replicated, as vLLM does when there are
+        fewer KV heads than ranks); q/k/v and gate/up keep this rank's output rows (column-parallel), o_proj and
+        down_proj its input columns (row-parallel), and their partial outputs are summed across the ranks. Every
+        rank then holds the whole hidden state after each block, so embeddings, norms and the LM head stay whole.
+        Equal to one rank up to the order of the sums (float rounding)."""
+        first = self.layers[0]
+        heads, kv_heads = first.heads, first.kv_heads
+        if heads % world:
+            raise ValueError(f"tensor parallel size {world} must divide the {heads} attention heads")
+        if kv_heads % world and world % kv_heads:
+            raise ValueError(f"tensor parallel size {world} must divide or be a multiple of the {kv_heads} KV heads")
+        if first.intermediate % world:
+            raise ValueError(f"tensor parallel size {world} must divide the MLP width {first.intermediate}")
+        q_per, group_size = heads // world, heads // kv_heads
+        if kv_heads % world == 0:
+            kv = list(range(rank * kv_heads // world, (rank + 1) * kv_heads // world))
+        else:  # fewer KV heads than ranks: this rank's q heads all read one KV head
+            kv = [rank * q_per // group_size]
+        q = list(range(rank * q_per, (rank + 1) * q_per))
+        for layer in self.layers:
+            d, width = layer.head_dim, layer.intermediate // world
+            def rows(first_row: int, heads_kept: list[int]) -> list[int]:
+                return [first_row + h * d + i for h in heads_kept for i in range(d)]
+            keep = rows(0, q) + rows(heads * d, kv) + rows((heads + kv_heads) * d, kv)
+            qkv = layer.qkv
+            layer.qkv = linear_from(qkv.weight[keep], qkv.bias[keep] if qkv.bias is not None else None)
+            layer.o_proj = _columns(layer.o_proj, rows(0, q), rank)
+            mlp = list(range(rank * width, (rank + 1) * width))
+            up = [layer.intermediate + i for i in mlp]
+            gate_up = layer.gate_up
+            layer.gate_up = linear_from(gate_up.weight[mlp + up],
+                                        gate_up.bias[mlp + up] if gate_up.bias is not None else None)
+            layer.down_proj = _columns(layer.down_proj, mlp, rank)
+            layer.heads, layer.kv_heads, layer.intermediate = q_per, len(kv), width
+        self.tp_group, self.tp_world = group, world
+        return len(kv)
+
+    def _reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of every rank's partial output (tensor parallel), or ``x`` on one rank."""
+        if self.tp_world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(x, group=self.tp_group)
+        return x
 
     def _rotation(self, embeds: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin ``[T, 1, head_dim]`` for this step's rows (the decoder's own rotary embedding)."""
@@ -130,8 +189,8 @@ class PreparedDecoder(torch.nn.Module):
             q, k = qk[:, :heads], qk[:, heads:]
             attn, _ = paged_attention(layer.index, q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
                                       v.transpose(0, 1).unsqueeze(0), None, layer.scaling, omni_batch=batch)
-            h = h + layer.o_proj(attn.view(rows, heads * d))
+            h = h + self._reduce(layer.o_proj(attn.reshape(rows, heads * d)))
             x = _rms_norm(h, layer.post_norm, layer.post_eps)
             gate, up = layer.gate_up(x).split(layer.intermediate, dim=-1)
-            h = h + layer.down_proj(F.silu(gate) * up)
+            h = h + self._reduce(layer.down_proj(F.silu(gate) * up))
         return _rms_norm(h, self.norm, self.norm_eps)

@@ -8,7 +8,9 @@ rank joins ``torch.distributed`` there (``backend``: ``gloo`` on CPU, ``nccl`` o
 ``factory(*args)`` (``factory``: ``"module:callable"``). ``await group.call(method, *args)`` runs
 ``model.method(*args)`` on every rank at once (collectives inside it pair up) and returns the results by rank;
 ``submit``/``collect`` do the same with each rank's own arguments, for a caller (an engine thread) that computes a
-share itself meanwhile: with ``first_rank=1`` the caller is rank 0 and the workers take bundles 1...
+share itself meanwhile: with ``first_rank=1`` the caller is rank 0 and the workers take bundles 1..; with a
+``backend`` too, the caller joins the process group as rank 0 (tensor parallelism: its engine thread's collectives
+pair up with the workers').
 A rank that died makes ``call`` raise ``RankLost`` and ``alive()`` False (the replica's health check fails, Serve
 replaces the replica and its requests end with a 503), never a hang: a call that does not come back within
 ``call_timeout_s`` kills the group. ``shutdown()`` kills the workers; calling it again does nothing.
@@ -38,6 +40,24 @@ def rank_bundles(replica_cpus: float, rank_cpus: float, world_size: int, rank_gp
     return [{"CPU": replica_cpus}] + [dict(rank) for _ in range(world_size)]
 
 
+def free_address() -> str:
+    """A ``tcp://IP:PORT`` init method on this node (a port free now)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return f"tcp://{ray.util.get_node_ip_address()}:{port}"
+
+
+def join_group(backend: str, init_method: str, rank: int, world_size: int, timeout_s: float) -> None:
+    """Join the ``torch.distributed`` group; a collective waiting longer than ``timeout_s`` for a rank fails."""
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
 def _load(factory: str):
     module, _, attr = factory.partition(":")
     return getattr(importlib.import_module(module), attr)
@@ -53,16 +73,12 @@ class RankWorker:
         self.rank, self.world_size, self.model = rank, world_size, None
 
     def address(self) -> str:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return f"tcp://{ray.util.get_node_ip_address()}:{port}"
+        return free_address()
 
-    def setup(self, init_method: str | None, backend: str | None, factory: str, args: tuple) -> None:
+    def setup(self, init_method: str | None, backend: str | None, factory: str, args: tuple,
+              timeout_s: float = 600.0) -> None:
         if backend is not None:
-            import torch.distributed as dist
-
-            dist.init_process_group(backend, init_method=init_method, rank=self.rank, world_size=self.world_size)
+            join_group(backend, init_method, self.rank, self.world_size, timeout_s)
         self.model = _load(factory)(*args)
 
     def call(self, method: str, *args) -> Any:
@@ -94,10 +110,19 @@ class RankGroup:
                     pg, placement_group_bundle_index=i + 1)
             rank = first_rank + i
             self.workers.append(worker.options(**options).remote(rank, first_rank + world_size, torch_threads))
+        self.joined = False  # whether this process is rank 0 of the group's process group
+        self._probe: tuple[list, float] | None = None  # check()'s last probe: its references, when it was sent
         try:
-            init_method = ray.get(self.workers[0].address.remote()) if backend is not None else None
-            ray.get([w.setup.remote(init_method, backend, factory, tuple(args)) for w in self.workers],
-                    timeout=call_timeout_s)
+            caller_joins = backend is not None and first_rank == 1
+            init_method = None
+            if backend is not None:
+                init_method = free_address() if caller_joins else ray.get(self.workers[0].address.remote())
+            setups = [w.setup.remote(init_method, backend, factory, tuple(args), call_timeout_s)
+                      for w in self.workers]
+            if caller_joins:  # rank 0 is this process: join while the workers do
+                join_group(backend, init_method, 0, first_rank + world_size, call_timeout_s)
+                self.joined = True
+            ray.get(setups, timeout=call_timeout_s)
             self.pids = ray.get([w.pid.remote() for w in self.workers], timeout=call_timeout_s)
         except BaseException:
             self.shutdown()
@@ -105,6 +130,29 @@ class RankGroup:
 
     def alive(self) -> bool:
         return self._dead is None
+
+    def check(self) -> bool:
+        """``alive()``, also noticing a worker that died between calls: each check looks at the answer to the
+        previous check's probe (a worker answers once its current call is done) and sends a new one. A probe
+        unanswered for longer than ``call_timeout_s`` counts as a lost rank, as a call would."""
+        if self._dead is not None or not self.workers:
+            return self.alive()
+        import time
+
+        if self._probe is not None:
+            refs, sent = self._probe
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            if len(ready) < len(refs):
+                if time.monotonic() - sent > self.call_timeout_s:
+                    self._lost(TimeoutError("a rank did not answer its health probe"))
+                return self.alive()
+            try:
+                ray.get(refs)
+            except ray.exceptions.RayError as exc:
+                self._lost(exc)
+                return False
+        self._probe = ([w.pid.remote() for w in self.workers], time.monotonic())
+        return True
 
     def _lost(self, exc: BaseException) -> RankLost:
         self._dead = f"a rank of the group was lost: {type(exc).__name__}"
@@ -121,18 +169,23 @@ class RankGroup:
         except (ray.exceptions.RayActorError, asyncio.TimeoutError) as exc:
             raise self._lost(exc) from None
 
-    def submit(self, method: str, per_rank_args: list[tuple]) -> list["ray.ObjectRef"]:
-        """Start ``model.method(*per_rank_args[i])`` on worker ``i`` (each rank its own arguments); ``collect``
-        the references. For a caller that computes its own share meanwhile (a thread, not an event loop)."""
+    def submit(self, method: str, per_rank_args: list[tuple],
+               workers: list[int] | None = None) -> list["ray.ObjectRef"]:
+        """Start ``model.method(*per_rank_args[i])`` on worker ``workers[i]`` (default: worker ``i``; each its own
+        arguments); ``collect`` the references. For a caller that computes its own share meanwhile (a thread, not
+        an event loop)."""
         if self._dead is not None:
             raise RankLost(self._dead)
-        return [w.call.remote(method, *args) for w, args in zip(self.workers, per_rank_args)]
+        chosen = [self.workers[i] for i in workers] if workers is not None else self.workers
+        return [w.call.remote(method, *args) for w, args in zip(chosen, per_rank_args)]
 
     def collect(self, refs: list["ray.ObjectRef"]) -> list[Any]:
         """The results of ``submit``, waiting at most ``call_timeout_s``; a lost rank raises ``RankLost``."""
         try:
             return ray.get(refs, timeout=self.call_timeout_s)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+        except ray.exceptions.RayTaskError:
+            raise  # the method itself failed on a rank: the step's requests fail, the ranks live on
+        except ray.exceptions.RayError as exc:  # a dead rank, node or owner, a lost result, a timeout
             raise self._lost(exc) from None
 
     def notify(self, method: str, *args) -> None:
@@ -147,3 +200,11 @@ class RankGroup:
             ray.kill(w, no_restart=True)
         if workers and self._dead is None:
             self._dead = "the group was shut down"
+        if getattr(self, "joined", False):
+            import torch.distributed as dist
+
+            self.joined = False
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - a group whose peers are gone may not tear down cleanly
+                pass

@@ -3,13 +3,15 @@
 Contract: ``ParallelSpec.rows`` > 1 makes every replica of the stage own ``rows - 1`` rank workers besides
 itself (the replica computes as rank 0), each in a bundle of the replica's placement group
 (``placement_group_bundles``: the replica's bundle, then one per extra rank, ``STRICT_PACK``: one node). A step's
-rows (requests, CFG branches) are split across the ranks (``omni_serve.graph.ranks``). A stage declares the
-kinds it supports (``StageSpec.parallel_kinds``); asking another fails validation.
+rows (requests, CFG branches) are split across the ranks (``omni_serve.graph.ranks``). ``tensor`` > 1 does the same
+for an AR stage whose layers split across the ranks (tensor parallelism, one process group with the replica as
+rank 0). One kind per stage. A stage declares the kinds it supports (``StageSpec.parallel_kinds``); asking another
+fails validation.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class ParallelSpec(BaseModel):
@@ -19,19 +21,31 @@ class ParallelSpec(BaseModel):
         "Ranks a replica splits each step's rows across (requests' images and CFG branches): the replica is rank "
         "0, and rows - 1 rank workers (Ray actors) start in its placement group, each loading the model. 1: no "
         "extra ranks. Outputs equal one rank's up to float rounding (docs/parallel.md)."))
+    tensor: int = Field(1, ge=1, le=64, description=(
+        "Tensor-parallel ranks of an AR stage on the native engine: each layer's attention heads and MLP split "
+        "across the ranks (the replica is rank 0, tensor - 1 rank workers join it in a gloo or NCCL group), one "
+        "all-reduce per block half, each rank caching its KV heads. Greedy tokens equal one rank's "
+        "(docs/parallel.md)."))
     rank_cpus: float | None = Field(None, ge=0, description=(
         "CPUs reserved per extra rank (its placement-group bundle); default: the stage's num_cpus."))
     rank_gpus: float | None = Field(None, ge=0, description=(
         "GPUs reserved per extra rank; default: the stage's num_gpus."))
     call_timeout_s: float = Field(600.0, gt=0, description=(
-        "Longest a rank may take to answer one step: past it (or when a rank dies) the replica's ranks are "
-        "stopped, its requests fail with a 503 the client may retry and Serve replaces the replica."))
+        "Longest a rank may take to answer one step (or to start: load its model and join the group): past it "
+        "(or when a rank dies) the replica's ranks are stopped, its requests fail with a 503 the client may retry "
+        "and Serve replaces the replica."))
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "ParallelSpec":
+        if len(self.kinds()) > 1:
+            raise ValueError("one parallel kind per stage: set rows or tensor above 1, not both")
+        return self
 
     @property
     def ranks(self) -> int:
         """Ranks of one replica, the replica included."""
-        return self.rows
+        return self.rows * self.tensor
 
     def kinds(self) -> dict[str, int]:
         """The kinds asked for (degree > 1) and their degrees."""
-        return {k: v for k, v in {"rows": self.rows}.items() if v > 1}
+        return {k: v for k, v in {"rows": self.rows, "tensor": self.tensor}.items() if v > 1}

@@ -2,9 +2,8 @@
 are split between the replica and a rank worker in its placement group, and every request's final latents equal
 the one-rank graph's for the same request, alone and six in flight with different sizes, prompt lengths, image
 counts and CFG, with cache-dit on and off (Qwen-Image, Qwen-Image-Edit; GLM-Image's DiT has no cache). Another
-seed's latents fail the same comparison (the negative control). A rank worker killed (its process, SIGKILL) fails
-the requests of the next step with a 503, never a hang, and Serve replaces the replica, which serves again with
-new ranks."""
+seed's latents fail the same comparison (the negative control). A rank worker killed (its process, SIGKILL) while
+the replica is idle fails the replica's health check, and Serve replaces it with one with new ranks."""
 
 from __future__ import annotations
 
@@ -168,24 +167,24 @@ def test_qwen_image_edit_two_ranks_equal_one(ray_serve):
         serve.delete("edit_ranks")
 
 
-def test_a_killed_rank_gives_503_and_a_replaced_replica(ranked_image_app):
+def test_a_rank_killed_while_idle_fails_the_health_check_and_the_replica_is_replaced(ranked_image_app):
+    """No request meets the dead rank: the replica's health check probes its workers, and Serve replaces it (a
+    request that meets a dead rank gets a 503: ``test_tensor_parallel_stage.py``)."""
     import httpx
 
     workers = _dit(ranked_image_app)["parallel"]["worker_pids"]
     assert len(workers) == 1, workers
     os.kill(workers[0], signal.SIGKILL)  # the same machine: the rank worker's process dies
-    statuses, deadline = [], time.monotonic() + 180
-    while True:  # the first request after the kill meets the dead rank; Serve then replaces the replica
-        r = httpx.post(ranked_image_app + "/v1/images/generations", timeout=120,
-                       json={"model": "qwen-image", "prompt": "a cat", "negative_prompt": "dog", "seed": 1})
-        statuses.append(r.status_code)
-        if r.status_code == 200:
-            break
-        assert r.status_code == 503, r.text
-        assert r.headers.get("retry-after")
-        assert time.monotonic() < deadline, f"no replica served again: {statuses}"
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            after = _dit(ranked_image_app).get("parallel", {})
+            if after.get("alive") and after.get("worker_pids", workers) != workers:
+                break
+        except Exception:  # noqa: BLE001 - /health answers 503 (no body with stages) while the stage has no replica
+            pass
+        assert time.monotonic() < deadline, "the replica with a dead rank was not replaced"
         time.sleep(1)
-    print("statuses after the kill:", statuses)
-    assert statuses[0] == 503
-    after = _dit(ranked_image_app)["parallel"]
-    assert after["alive"] and len(after["worker_pids"]) == 1 and after["worker_pids"] != workers
+    r = httpx.post(ranked_image_app + "/v1/images/generations", timeout=120,
+                   json={"model": "qwen-image", "prompt": "a cat", "negative_prompt": "dog", "seed": 1})
+    assert r.status_code == 200, r.text

@@ -204,3 +204,25 @@ def test_shipped_glm_image_config_is_the_defaults_fits_two_cores_and_scales_on_e
         opts = getattr(scaled.stages, stage).deployment_options(stage)
         assert "num_replicas" not in opts
         assert opts["autoscaling_config"] == {**auto, "policy": {"policy_function": ENGINE_LOAD_POLICY}}
+
+
+def test_parallel_settings_become_placement_bundles_and_bad_ones_fail(qwen_image_tiny_dir):
+    from omni_serve.families.qwen_image import FAMILY as IMAGE
+
+    spec = IMAGE.validate({"checkpoint": qwen_image_tiny_dir, "stages.dit.num_cpus": 1,
+                           "stages.dit.resources": {"omni_dit": 1}, "stages.dit.parallel.rows": 3,
+                           "stages.dit.parallel.rank_cpus": 0.5})
+    options = spec.stage_spec("dit").deployment_options("dit")
+    assert options["placement_group_bundles"] == [{"omni_dit": 1, "CPU": 1}, {"CPU": 0.5}, {"CPU": 0.5}]
+    assert options["placement_group_strategy"] == "STRICT_PACK"
+    assert "placement_group_bundles" not in spec.stage_spec("vae").deployment_options("vae")
+    bad = [({"stages.vae.parallel.rows": 2}, "not supported by this stage"),
+           ({"stages.dit.parallel.rows": 1, "stages.dit.parallel.tensor": 2}, "not supported by this stage"),
+           ({"stages.dit.parallel.rank_cpus": 0}, "rank's bundle cannot be empty"),
+           ({"stages.dit.num_cpus": 0}, "replica's placement-group bundle cannot be empty"),
+           ({"stages.dit.parallel.rank_gpus": 1}, "all have GPUs or none")]
+    for values, message in bad:
+        with pytest.raises(ValidationError, match=message):
+            IMAGE.validate({"checkpoint": qwen_image_tiny_dir, "stages.dit.parallel.rows": 2, **values})
+    with pytest.raises(ValidationError, match="one parallel kind per stage"):
+        FAMILY.validate({"checkpoint": "x", "stages.thinker.parallel.rows": 2, "stages.thinker.parallel.tensor": 2})

@@ -7,6 +7,7 @@ computes in-process (the served two-rank graphs are in tests/integration/test_pa
 from __future__ import annotations
 
 import dataclasses
+import gc
 from types import SimpleNamespace
 
 import torch
@@ -41,7 +42,8 @@ class FakeGroup:
     def alive(self):
         return True
 
-    def submit(self, method, per_rank_args):
+    def submit(self, method, per_rank_args, workers=None):
+        assert all(args[0] for args in per_rank_args), "a worker without rows was asked to compute"
         self.calls.append([args[0] for args in per_rank_args])
         return [_rows_of(args[0]) for args in per_rank_args]
 
@@ -50,6 +52,9 @@ class FakeGroup:
 
     def notify(self, method, keys):
         self.forgotten += keys
+
+    def check(self):
+        return True
 
 
 def _rows_of(works):
@@ -67,7 +72,7 @@ _program = Program
 
 def _split(workers: int = 1):
     group = FakeGroup(workers)
-    return RowSplitCompute(_rows_of, RankedStage(group)), group
+    return RowSplitCompute(_rows_of, RankedStage(group, {"rows": workers + 1})), group
 
 
 def test_every_row_comes_back_in_place_and_the_ranks_share_them():
@@ -95,7 +100,24 @@ def test_a_cached_requests_branches_stay_on_their_ranks_and_are_forgotten_when_i
     assert group.forgotten == ["a", "b"] and split.pins == {}
 
 
+def test_workers_without_rows_are_not_asked():
+    split, group = _split(3)
+    cached = Program("a", 1, True)
+    out = split([Work(cached, [5, 6])])  # cond on the replica, uncond on one worker, two workers idle
+    assert [o.tolist() for o in out] == [[50.0, 60.0]] and len(group.calls[-1]) == 1
+
+
 def test_a_request_that_runs_alone_stays_whole_on_rank_zero():
     split, _ = _split(1)
     plan = split.assign([Work(_program("a", 1, True), [0, 1], alone=True), Work(_program("b", 1, False), [2, 3])])
     assert plan[0] == [[0, 1], []] and plan[1] == [[], [0, 1]]
+
+
+def test_a_collected_program_is_forgotten_at_the_next_step():
+    split, group = _split(1)
+    program = Program("gone", 1, True)
+    split([Work(program, [0, 1])])
+    del program
+    gc.collect()
+    split([Work(Program("x", 1, False), [2])])
+    assert group.forgotten == ["gone"] and split.pins == {}

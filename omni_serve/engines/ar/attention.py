@@ -53,6 +53,7 @@ class PagedBatch:
     decode_kv_rows: torch.Tensor | None = None  # [B] packed rows in the copy's row order
     decode_kv_mask: torch.Tensor | None = None  # [B, 1, 1, L] decode_mask in the copy's row order
     prefills: list[PrefillSegment] = field(default_factory=list)
+    segments: list | None = None  # what ``build`` was given (tensor-parallel ranks rebuild the batch from it)
 
     @classmethod
     def build(cls, cache: PagedKVCache, segments: list[tuple[str, int, torch.Tensor, torch.Tensor]],
@@ -74,7 +75,7 @@ class PagedBatch:
                     mask = torch.arange(past + n)[None, :] <= (past + torch.arange(n))[:, None]
                 prefills.append(PrefillSegment(row, n, read, mask))
             row += n
-        batch = cls(cache, torch.cat(writes), prefills=prefills)
+        batch = cls(cache, torch.cat(writes), prefills=prefills, segments=segments)
         if d_rows:
             lengths = [s.numel() for s in d_slots]
             longest = max(lengths)

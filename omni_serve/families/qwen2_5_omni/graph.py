@@ -14,7 +14,7 @@ from __future__ import annotations
 from omni_serve.graph.graph import EdgeDef, EngineKind, GraphDef, StageDef
 from omni_serve.families.qwen2_5_omni import messages as M
 from omni_serve.families.qwen2_5_omni.params import (
-    Code2WavStage, EncoderStage, TalkerStage, ThinkerPrefillStage, ThinkerStage,
+    Code2WavStage, EncoderStage, TalkerStage, TensorParallelThinkerStage, ThinkerPrefillStage, ThinkerStage,
 )
 
 KIT_RUNNERS = "omni_serve.kits.omni.replica.runners"
@@ -36,7 +36,7 @@ GRAPH = GraphDef(
                  "thinker layout; engine.backend 'vllm' runs it (and its media towers) on vLLM.",
                  f"{RUNNERS}:ThinkerRunner", EngineKind.AR, f"{ADAPTERS}:OmniThinker",
                  call=M.ThinkerCall, outputs=(M.TextDelta,), reads=("encoder_thinker", "ingress_thinker"),
-                 writes=("thinker_talker",), spec=ThinkerStage, layouts=(AGGREGATED, AGGREGATED_VLLM),
+                 writes=("thinker_talker",), spec=TensorParallelThinkerStage, layouts=(AGGREGATED, AGGREGATED_VLLM),
                  backends={"vllm": f"{VLLM_RUNNERS}:VllmThinkerRunner"}),
         StageDef("thinker_prefill", "Disaggregated thinker layout: computes each prompt's KV cache (media "
                  "embeddings from the encoder) and hands it to thinker_decode; never generates.",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from omni_serve.graph.spec import StageSpec
 from omni_serve.kits.omni.params import (  # noqa: F401 - the encoder and thinker sections, importable from here
@@ -62,3 +62,15 @@ class TalkerStage(StageSpec):
 
 class Code2WavStage(StageSpec):
     params: Code2WavParams = Field(default_factory=Code2WavParams, description="code2wav settings.")
+
+
+class TensorParallelThinkerStage(ThinkerStage):
+    """The aggregated thinker: on the native engine its layers may split across ranks (``parallel.tensor``)."""
+
+    parallel_kinds = ("tensor",)
+
+    @model_validator(mode="after")
+    def _native_only(self) -> "TensorParallelThinkerStage":
+        if self.parallel.tensor > 1 and self.engine.backend != "native":
+            raise ValueError("parallel.tensor is the native engine's; on vLLM set engine.vllm.tensor_parallel_size")
+        return self

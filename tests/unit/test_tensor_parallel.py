@@ -1,0 +1,118 @@
+"""Tensor-parallel decoder layers (``PreparedDecoder.shard``) on two gloo ranks in two processes, against one process:
+the Qwen2.5-Omni thinker's prepared layers over the paged KV cache (a prompt prefilled in chunks, then decode steps
+of two requests: ``tests/unit/test_prepared_decoder.py``'s plan), each rank caching only its KV heads. The tiny
+thinker has 2 heads and 1 KV head (each rank keeps its q head and the shared KV head); a variant written here has 4
+and 2 (KV heads split). Hidden states equal one process to float rounding and the greedy tokens of every step are the
+same; ranks that both keep the first share (a wrong split) fail the comparison (the negative control)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tests.unit.test_parallel import _free_port
+from tests.unit.test_prepared_decoder import _decoder, _steps
+
+TOL = dict(rtol=0, atol=2e-5)  # the same sums in another order
+
+
+def _embeds(adapter) -> dict[str, torch.Tensor]:
+    torch.manual_seed(1)
+    return {"a": torch.randn(12, adapter.row_size), "b": torch.randn(9, adapter.row_size)}
+
+
+def _hidden(adapter) -> list[torch.Tensor]:
+    with torch.inference_mode():
+        return _steps(adapter, _embeds(adapter))
+
+
+def _greedy(adapter, hidden: list[torch.Tensor]) -> list[list[int]]:
+    with torch.inference_mode():
+        return [adapter.lm_head(h).argmax(-1).tolist() for h in hidden]
+
+
+def _rank(rank: int, port: int, checkpoint: str, wrong: bool, queue) -> None:
+    from omni_serve.models.qwen2_5_omni import OmniThinker
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        adapter = OmniThinker(checkpoint)
+        adapter.shard(0 if wrong else rank, 2)
+        hidden = _hidden(adapter)
+        queue.put((rank, adapter.num_kv_heads, [h.clone() for h in hidden]))
+    finally:
+        dist.destroy_process_group()
+
+
+def on_two_ranks(checkpoint: str, wrong: bool = False):
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), _free_port()
+    procs = [ctx.Process(target=_rank, args=(r, port, checkpoint, wrong, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        results = dict((r, (kv, h)) for r, kv, h in (queue.get(timeout=180) for _ in procs))
+    finally:
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    return results
+
+
+@pytest.fixture(scope="module")
+def split_heads_dir(tmp_path_factory) -> str:
+    """A tiny Qwen2.5-Omni checkpoint with 4 heads and 2 KV heads (the shipped tiny one has 2 and 1)."""
+    import dataclasses
+
+    from omni_serve.checkpoints import qwen2_5_omni as writer
+
+    out = str(tmp_path_factory.mktemp("omni_4_heads"))
+    tiny = writer.SIZES["tiny"]
+    with pytest.MonkeyPatch.context() as mp_:
+        mp_.setitem(writer.SIZES, "tiny", dataclasses.replace(tiny, heads=4, kv_heads=2, mrope=(2, 3, 3)))
+        return writer.make_checkpoint(out, "tiny")
+
+
+def test_two_tensor_parallel_ranks_equal_one(omni_tiny_dir, split_heads_dir):
+    from omni_serve.models.qwen2_5_omni import OmniThinker
+
+    for checkpoint in (omni_tiny_dir, split_heads_dir):
+        one = OmniThinker(checkpoint)
+        kv_heads = one.num_kv_heads
+        want = _hidden(one)
+        ranks = on_two_ranks(checkpoint)
+        tokens = _greedy(one, want)
+        for rank, (kv, got) in ranks.items():
+            assert kv == (kv_heads // 2 if kv_heads % 2 == 0 else 1)
+            err = max(float((g - w).abs().max()) for g, w in zip(got, want))
+            print(f"{os.path.basename(checkpoint)} rank {rank}: {kv} of {kv_heads} KV heads, max |diff| {err:.1e}")
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, **TOL)
+            assert _greedy(one, got) == tokens
+
+
+def test_a_wrong_split_fails_the_comparison(omni_tiny_dir):
+    from omni_serve.models.qwen2_5_omni import OmniThinker
+
+    want = _hidden(OmniThinker(omni_tiny_dir))
+    got = on_two_ranks(omni_tiny_dir, wrong=True)[1][1]
+    err = max(float((g - w).abs().max()) for g, w in zip(got, want))
+    print(f"both ranks on the first share: max |diff| {err:.1e}")
+    assert err > 50 * TOL["atol"]
+
+
+def test_shard_refuses_splits_the_heads_do_not_allow(omni_tiny_dir):
+    from omni_serve.models.qwen2_5_omni import OmniThinker
+
+    adapter = OmniThinker(omni_tiny_dir)  # 2 heads
+    with pytest.raises(ValueError, match="must divide the 2 attention heads"):
+        adapter.shard(0, 4)
+    assert _decoder(adapter) is adapter.model
