@@ -55,10 +55,10 @@ def _forward(model, hidden, text, mask, timestep, grid, idx):
 GRID = {"rows": (3, 5), "context": (4, 4)}
 
 
-def _rank(rank: int, world: int, port: int, kind: str, checkpoint: str, n: int, queue) -> None:
+def _rank(rank: int, port: int, kind: str, checkpoint: str, n: int, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         model, *rest = _inputs(checkpoint, n, grid=GRID[kind])
         if kind == "rows":
@@ -66,7 +66,7 @@ def _rank(rank: int, world: int, port: int, kind: str, checkpoint: str, n: int, 
         else:
             from omni_serve.parallel.context import enable_context_parallel
 
-            enable_context_parallel(model, world)
+            enable_context_parallel(model, 2)
             out = _forward(model, *rest, torch.arange(n))
         queue.put((rank, out.numpy().copy()))
     finally:
@@ -79,20 +79,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def on_two_ranks(kind: str, checkpoint: str, n: int) -> list[np.ndarray]:
+def spawn_ranks(target, *args, world: int = 2, timeout_s: float = 180) -> dict:
+    """``target(rank, port, *args, queue)`` in ``world`` spawned processes (each puts ``(rank, result)`` on the
+    queue); their results by rank, every process having exited cleanly."""
     ctx = mp.get_context("spawn")
     queue, port = ctx.Queue(), _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, 2, port, kind, checkpoint, n, queue)) for r in range(2)]
+    procs = [ctx.Process(target=target, args=(r, port, *args, queue)) for r in range(world)]
     for p in procs:
         p.start()
     try:
-        results = dict(queue.get(timeout=120) for _ in procs)
+        results = dict(queue.get(timeout=timeout_s) for _ in procs)
     finally:
         for p in procs:
             p.join(60)
             if p.is_alive():
                 p.kill()
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    return results
+
+
+def on_two_ranks(kind: str, checkpoint: str, n: int) -> list[np.ndarray]:
+    results = spawn_ranks(_rank, kind, checkpoint, n)
     return [results[0], results[1]]
 
 

@@ -12,9 +12,8 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from tests.unit.test_parallel import _free_port
+from tests.unit.test_parallel import spawn_ranks
 from tests.unit.test_prepared_decoder import _decoder, _steps
 
 TOL = dict(rtol=0, atol=2e-5)  # the same sums in another order
@@ -45,26 +44,13 @@ def _rank(rank: int, port: int, checkpoint: str, wrong: bool, queue) -> None:
         adapter = OmniThinker(checkpoint)
         adapter.shard(0 if wrong else rank, 2)
         hidden = _hidden(adapter)
-        queue.put((rank, adapter.num_kv_heads, [h.clone() for h in hidden]))
+        queue.put((rank, (adapter.num_kv_heads, [h.clone() for h in hidden])))
     finally:
         dist.destroy_process_group()
 
 
-def on_two_ranks(checkpoint: str, wrong: bool = False):
-    ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, checkpoint, wrong, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        results = dict((r, (kv, h)) for r, kv, h in (queue.get(timeout=180) for _ in procs))
-    finally:
-        for p in procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    return results
+def on_two_ranks(checkpoint: str, wrong: bool = False) -> dict[int, tuple[int, list[torch.Tensor]]]:
+    return spawn_ranks(_rank, checkpoint, wrong)
 
 
 @pytest.fixture(scope="module")
