@@ -32,19 +32,22 @@ for the full-size models, small next to a DiT step. A tensor-parallel step ships
 
 A worker that dies or does not answer within ``parallel.call_timeout_s`` fails the step's requests with
 ``RankLost`` (a 503 for the client), stops the other workers, and fails the replica's health check, so Serve
-replaces the replica.
+replaces the replica. Under tensor parallelism any failure of a step, on any rank, does the same (the ranks'
+collectives are out of step after it): a worker whose step fails exits, rank 0 gives the group up.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
+import os
 import queue
 import weakref
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from omni_serve.parallel.group import RankGroup, RankLost  # noqa: F401 - RankLost is part of this contract
+from omni_serve.parallel.group import RankGroup, RankLost
 
 log = logging.getLogger(__name__)
 
@@ -119,14 +122,22 @@ class TensorRank:
         self.cache = PagedKVCache(m.num_layers, m.num_kv_heads, m.head_dim, c.num_kv_blocks, c.block_size, m.dtype,
                                   m.device)
 
-    def forward(self, embeds, positions, segments, logit_rows, want_hidden: bool) -> None:
+    def forward(self, step: tuple) -> None:
+        """``step``: the replica's (embeds, positions, segments). No logits or hidden states are kept here."""
         import torch
 
         from omni_serve.engines.ar.attention import PagedBatch
 
-        with torch.inference_mode():
-            self.model.forward_packed(embeds, positions, PagedBatch.build(self.cache, segments), logit_rows,
-                                      want_hidden)
+        embeds, positions, segments = step
+        try:
+            with torch.inference_mode():
+                self.model.forward_packed(embeds, positions, PagedBatch.build(self.cache, segments),
+                                          torch.empty(0, dtype=torch.long), False)
+        except BaseException:
+            # The ranks' collectives are out of step now: end this process so that rank 0's pending all-reduce
+            # fails at once (its peer is gone) instead of waiting for the group's timeout.
+            log.exception("tensor-parallel rank failed its step; exiting")
+            os._exit(1)
 
 
 class TensorParallelModel:
@@ -141,15 +152,18 @@ class TensorParallelModel:
         return getattr(self.adapter, name)
 
     def forward_packed(self, embeds, positions, batch, logit_rows, want_hidden):
+        import ray
+
         group = self.ranked.group
-        args = (embeds, positions, batch.segments, logit_rows, want_hidden)
-        refs = group.submit("forward", [args] * group.world_size)
+        step = ray.put((embeds, positions, batch.segments))  # serialized once for every worker
+        refs = group.submit("forward", [(step,)] * group.world_size)
         try:
             out = self.adapter.forward_packed(embeds, positions, batch, logit_rows, want_hidden)
-        except Exception:
-            group.collect(refs)  # a lost worker raises RankLost here (the client's 503), not gloo's error
+            group.collect(refs)
+        except RankLost:
             raise
-        group.collect(refs)
+        except Exception as exc:  # noqa: BLE001 - any failure leaves the ranks' collectives out of step
+            raise group.fail(exc) from exc  # the workers stopped, the replica replaced; its requests get 503s
         return out
 
 
@@ -215,10 +229,11 @@ class RowSplitCompute:
 
     def __init__(self, compute: Callable[[list[Any]], list[Any]], ranked: RankedStage):
         self.local, self.ranked = compute, ranked
-        # id(program) -> (worker, key, weakref to the program); only the engine thread touches it
-        self.pins: dict[int, tuple[int, str, Any]] = {}
-        # programs collected meanwhile (a finalizer may run on any thread): forgotten at the next step
+        # id(program) -> (worker, key, weakref to the program, pin token); only the engine thread touches it
+        self.pins: dict[int, tuple[int, str, Any, int]] = {}
+        # pin tokens of programs collected meanwhile (a finalizer may run on any thread): forgotten at the next step
         self._collected: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._tokens = itertools.count()
 
     def _key(self, program) -> str:
         return getattr(getattr(program, "req", None), "request_id", None) or f"program-{id(program)}"
@@ -228,12 +243,15 @@ class RowSplitCompute:
         pinned = self.pins.get(id(program))
         if pinned is not None and pinned[2]() is program:
             return pinned[0]
+        if pinned is not None:  # a collected program's id, reused before the sweep saw it go
+            self.ranked.group.notify("forget", [pinned[1]])
         counts = [0] * self.ranked.ranks
-        for worker, _, _ in self.pins.values():
+        for worker, *_ in self.pins.values():
             counts[worker] += 1
         worker = min(range(1, self.ranked.ranks), key=lambda r: (counts[r], r))
-        self.pins[id(program)] = (worker, self._key(program), weakref.ref(program))
-        weakref.finalize(program, self._collected.put, id(program)).atexit = False
+        token = next(self._tokens)
+        self.pins[id(program)] = (worker, self._key(program), weakref.ref(program), token)
+        weakref.finalize(program, self._collected.put, token).atexit = False
         return worker
 
     def _sweep(self) -> None:
@@ -242,10 +260,10 @@ class RowSplitCompute:
         while not self._collected.empty():
             collected.add(self._collected.get_nowait())
         ended = []
-        for pid, (_, key, ref) in list(self.pins.items()):
+        for pid, (_, key, ref, token) in list(self.pins.items()):
             program = ref()
             session = getattr(program, "cache_session", None) if program is not None else None
-            if pid in collected or program is None or program.done or session is None or session.closed:
+            if token in collected or program is None or program.done or session is None or session.closed:
                 self.pins.pop(pid, None)
                 ended.append(key)
         if ended:

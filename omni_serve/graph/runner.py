@@ -176,6 +176,8 @@ class StageRunner(abc.ABC):
         if self.stage_spec.parallel.ranks > 1 and self.ranked is None:
             from omni_serve.graph.ranks import RankedStage, TensorParallelModel
 
+            if self.stage_spec.parallel.tensor > 1:  # a split the model does not allow fails before any rank loads
+                self.model.check_shard(self.stage_spec.parallel.ranks)
             self.ranked = RankedStage.start(self)
             try:
                 if self.stage_spec.parallel.tensor > 1:  # the replica is rank 0 of the tensor-parallel group

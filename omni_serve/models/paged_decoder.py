@@ -39,11 +39,16 @@ class PagedDecoder:
             self.prepared = PreparedDecoder(decoder)
         return self.prepared is not None
 
+    def check_shard(self, world: int) -> None:
+        """Raises ``ValueError`` unless ``shard`` can make this adapter one of ``world`` tensor-parallel ranks."""
+        if self.prepared is None:
+            raise ValueError("tensor parallelism needs the prepared layers (engine.ar.prepared_layers)")
+        self.prepared.check_shard(world)
+
     def shard(self, rank: int, world: int, group=None) -> None:
         """Make this adapter one rank of a tensor-parallel decoder (``PreparedDecoder.shard``): its layers keep this
         rank's heads and MLP share, and the engine's KV cache holds this rank's KV heads only."""
-        if self.prepared is None:
-            raise ValueError("tensor parallelism needs the prepared layers (engine.ar.prepared_layers)")
+        self.check_shard(world)
         self.num_kv_heads = self.prepared.shard(rank, world, group)
 
     def run(self, decoder, embeds, positions, batch):

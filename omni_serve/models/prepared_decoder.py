@@ -125,14 +125,9 @@ class PreparedDecoder(torch.nn.Module):
         down_proj its input columns (row-parallel), and their partial outputs are summed across the ranks. Every
         rank then holds the whole hidden state after each block, so embeddings, norms and the LM head stay whole.
         Equal to one rank up to the order of the sums (float rounding)."""
+        self.check_shard(world)
         first = self.layers[0]
         heads, kv_heads = first.heads, first.kv_heads
-        if heads % world:
-            raise ValueError(f"tensor parallel size {world} must divide the {heads} attention heads")
-        if kv_heads % world and world % kv_heads:
-            raise ValueError(f"tensor parallel size {world} must divide or be a multiple of the {kv_heads} KV heads")
-        if first.intermediate % world:
-            raise ValueError(f"tensor parallel size {world} must divide the MLP width {first.intermediate}")
         q_per, group_size = heads // world, heads // kv_heads
         if kv_heads % world == 0:
             kv = list(range(rank * kv_heads // world, (rank + 1) * kv_heads // world))
@@ -156,6 +151,17 @@ class PreparedDecoder(torch.nn.Module):
             layer.heads, layer.kv_heads, layer.intermediate = q_per, len(kv), width
         self.tp_group, self.tp_world = group, world
         return len(kv)
+
+    def check_shard(self, world: int) -> None:
+        """Raises ``ValueError`` unless ``shard`` can split the layers over ``world`` ranks."""
+        first = self.layers[0]
+        heads, kv_heads = first.heads, first.kv_heads
+        if heads % world:
+            raise ValueError(f"tensor parallel size {world} must divide the {heads} attention heads")
+        if kv_heads % world and world % kv_heads:
+            raise ValueError(f"tensor parallel size {world} must divide or be a multiple of the {kv_heads} KV heads")
+        if first.intermediate % world:
+            raise ValueError(f"tensor parallel size {world} must divide the MLP width {first.intermediate}")
 
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of every rank's partial output (tensor parallel), or ``x`` on one rank."""

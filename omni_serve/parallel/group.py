@@ -13,7 +13,8 @@ share itself meanwhile: with ``first_rank=1`` the caller is rank 0 and the worke
 pair up with the workers').
 A rank that died makes ``call`` raise ``RankLost`` and ``alive()`` False (the replica's health check fails, Serve
 replaces the replica and its requests end with a 503), never a hang: a call that does not come back within
-``call_timeout_s`` kills the group. ``shutdown()`` kills the workers; calling it again does nothing.
+``call_timeout_s`` kills the group. ``shutdown()`` kills the workers and leaves the process group; calling it again
+does nothing.
 
 Why Ray actors, not ``torch.multiprocessing``: each rank may need a device of its own and a place in the replica's
 placement group (the Ray Serve LLM / vLLM pattern), and Ray reports a dead rank as an error on the call.
@@ -155,9 +156,15 @@ class RankGroup:
         return True
 
     def _lost(self, exc: BaseException) -> RankLost:
-        self._dead = f"a rank of the group was lost: {type(exc).__name__}"
-        self.shutdown()  # the survivors would wait for it in their next collective
+        if self._dead is None:
+            self._dead = f"a rank of the group was lost: {type(exc).__name__}"
+        self._kill_workers()  # the survivors would wait for it in their next collective
         return RankLost(self._dead)
+
+    def fail(self, exc: BaseException) -> RankLost:
+        """Give the group up after a failed collective step (the ranks' collectives are out of step): the workers
+        are stopped and ``RankLost`` (for the caller to raise) says why."""
+        return self._lost(exc)
 
     async def call(self, method: str, *args) -> list[Any]:
         """``model.method(*args)`` on every rank at once; the results by rank."""
@@ -194,12 +201,17 @@ class RankGroup:
             for w in self.workers:
                 w.call.remote(method, *args)
 
-    def shutdown(self) -> None:
+    def _kill_workers(self) -> None:
         workers, self.workers = self.workers, []
         for w in workers:
             ray.kill(w, no_restart=True)
         if workers and self._dead is None:
             self._dead = "the group was shut down"
+
+    def shutdown(self) -> None:
+        """Stop the workers and leave the process group (once the caller's collectives are over: its engine has
+        stopped); calling it again does nothing."""
+        self._kill_workers()
         if getattr(self, "joined", False):
             import torch.distributed as dist
 

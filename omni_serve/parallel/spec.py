@@ -24,8 +24,8 @@ class ParallelSpec(BaseModel):
     tensor: int = Field(1, ge=1, le=64, description=(
         "Tensor-parallel ranks of an AR stage on the native engine: each layer's attention heads and MLP split "
         "across the ranks (the replica is rank 0, tensor - 1 rank workers join it in a gloo or NCCL group), one "
-        "all-reduce per block half, each rank caching its KV heads. Greedy tokens equal one rank's "
-        "(docs/parallel.md)."))
+        "all-reduce per block half, each rank caching its KV heads. Equal to one rank up to the order of the sums "
+        "(greedy tokens the same unless two logits tie within float rounding; docs/parallel.md)."))
     rank_cpus: float | None = Field(None, ge=0, description=(
         "CPUs reserved per extra rank (its placement-group bundle); default: the stage's num_cpus."))
     rank_gpus: float | None = Field(None, ge=0, description=(
