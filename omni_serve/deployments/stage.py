@@ -23,7 +23,8 @@ replica exports its engine's metrics (``omni_serve.metrics.StageMetrics``) and i
 Shutdown (the stage's ``graceful_shutdown_timeout_s``, by default the request deadline, passed to Serve): Serve stops routing calls to a stopping
 replica, waits for the calls in flight, then calls ``__del__``, which drains the engine (``Engine.drain``: a request
 still there or arriving late is refused or, past the same deadline, aborted with ``Draining``, a 503 at the
-ingress) and cleans it up. Serve kills the replica ``graceful_shutdown_timeout_s`` after the stop began, whatever
+ingress), cleans it up and closes the replica's data-plane connectors (what it put and nobody freed goes with
+them: a free of a request can reach another replica of the stage). Serve kills the replica ``graceful_shutdown_timeout_s`` after the stop began, whatever
 is still running.
 """
 
@@ -136,3 +137,9 @@ class StageDeployment:
                 await engine.cleanup()
             if getattr(self, "runner", None) is not None:
                 self.runner.close()
+            from omni_serve.transport.connectors import close_connectors
+
+            try:  # what this replica put and nobody freed (its free went to another replica) goes now
+                close_connectors()
+            except Exception:  # noqa: BLE001 - the replica is going either way
+                log.exception("closing the data-plane connectors failed")

@@ -197,6 +197,15 @@ class _Pool:
             pass  # a view of it is still alive in this process; unmapped when that dies
 
     def close(self) -> None:
+        """Remove the pool with what names it: the stream markers and the index files of payloads nobody read.
+        Also the process' exit path (a finalizer): a replica that leaves a node where no other omni_serve process
+        runs (so no janitor sweeps) leaves nothing behind."""
+        for path in itertools.chain(self.published, self.streams):
+            _remove(path)
+            _rmdir(os.path.dirname(path))  # the stream's and the request's directories, if that emptied them
+            _rmdir(os.path.dirname(os.path.dirname(path)))
+        self.published.clear()
+        self.streams.clear()
         shutil.rmtree(self.dir, ignore_errors=True)
         os.close(self.lock_fd)
 
@@ -551,11 +560,7 @@ class SharedMemoryConnector(Connector):
         self._sweeper.stop()
         pool, closer, self._pool, self._pool_closer = self._pool, self._pool_closer, None, None
         if pool is not None:
-            for path in pool.published:
-                self._drop_index(path)
-            for marker in pool.streams:
-                _remove(marker)
-            closer()  # runs _Pool.close once
+            closer()  # runs _Pool.close once: its index files, markers and segments go
         self._announced.clear()
         self._mapped.clear()  # each segment is unmapped once no view of it is alive
 

@@ -245,6 +245,36 @@ def test_other_process_reads_zero_copy_and_returns_segments(shm_root):
         proc.join()
 
 
+def _producer_that_exits(root, done):
+    async def main():
+        c = connector(root)
+        await c.put("x/p.c/0", {"t": torch.ones(16)})
+        await c.put("x/p.c/1", {"t": torch.ones(16)})
+        done.wait(60)  # the consumer read chunk 0; chunk 1 stays unread, the request is never freed here
+    asyncio.run(main())
+
+
+def test_a_producer_that_exits_leaves_nothing_in_the_tree_without_a_janitor(shm_root):
+    """A replica that leaves a node (a redeploy moved its stage) where no other process sweeps: its exit removes
+    its pool, its stream markers and its unread payloads' index files, though nobody freed the request."""
+    ctx = mp.get_context("spawn")
+    done = ctx.Event()
+    proc = ctx.Process(target=_producer_that_exits, args=(shm_root, done))
+    proc.start()
+
+    async def main():
+        c = connector(shm_root)
+        assert (await c.get("x/p.c/0", 30))["t"].sum() == 16
+    run(main())
+    assert any(p.endswith("/producer") for p in index_files(shm_root)), index_files(shm_root)
+    done.set()
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert index_files(shm_root) == []
+    assert segments_on_disk(shm_root) == []
+    assert not (tree_path(shm_root) / "keys/x").exists()
+
+
 def test_killed_producer_fails_the_waiting_consumer_and_its_pool_is_collected(shm_root):
     ctx = mp.get_context("spawn")
     ready = ctx.Event()
