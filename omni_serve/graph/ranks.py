@@ -95,10 +95,6 @@ class RankStage:
         while len(self.forgotten) > FORGOTTEN_KEPT:
             self.forgotten.pop(next(iter(self.forgotten)))
 
-    def held(self) -> list[str]:
-        """Keys of the requests whose cache sessions this worker holds (tests: nothing left behind)."""
-        return sorted(self.sessions)
-
 
 class TensorRank:
     """A tensor-parallel rank worker's side: the stage's AR adapter, sharded (``PagedDecoder.shard``), and a paged KV
@@ -107,8 +103,8 @@ class TensorRank:
 
     def __init__(self, family: str, stage: str, spec: dict[str, Any]):
         import torch.distributed as dist
-        from omni_kernels import pack_linears
 
+        from omni_serve.engines.ar.engine import pack_model_linears
         from omni_serve.engines.ar.kv_cache import PagedKVCache
 
         self.runner = _runner_without_ranks(family, stage, spec)
@@ -116,8 +112,7 @@ class TensorRank:
         self.model.shard(dist.get_rank(), dist.get_world_size())
         c = self.runner.engine_spec.ar
         if c.packed_linear:  # as the replica's engine packs its own
-            for module in self.model.modules.values():
-                pack_linears(module, batch_hint=min(c.max_num_seqs, 32), plain_max_rows=c.gemv_max_rows)
+            pack_model_linears(self.model, c)
         m = self.model
         self.cache = PagedKVCache(m.num_layers, m.num_kv_heads, m.head_dim, c.num_kv_blocks, c.block_size, m.dtype,
                                   m.device)
@@ -194,8 +189,7 @@ class RankedStage:
             backend = "nccl" if str(runner.engine_spec.device).startswith("cuda") else "gloo"
         else:  # row parallelism needs no process group: the replica gathers the rows
             factory, backend = "omni_serve.graph.ranks:RankStage", None
-        rank_cpus = stage_spec.num_cpus if p.rank_cpus is None else p.rank_cpus
-        rank_gpus = stage_spec.num_gpus if p.rank_gpus is None else p.rank_gpus
+        rank_cpus, rank_gpus = p.rank_resources(stage_spec.num_cpus, stage_spec.num_gpus)
         log.info("stage %s: starting %d rank workers (%s)", runner.stage.name, p.ranks - 1, p.kinds())
         group = RankGroup(p.ranks - 1, factory, (family, runner.stage.name, spec), backend=backend,
                           num_cpus=rank_cpus, num_gpus=rank_gpus, torch_threads=runner.engine_spec.torch_threads,

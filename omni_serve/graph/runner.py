@@ -173,21 +173,21 @@ class StageRunner(abc.ABC):
     def make_engine(self) -> Engine:
         """The stage's engine; a stage with extra ranks (``parallel``) starts its rank workers first (with
         ``parallel.tensor``, the replica's model becomes rank 0 of their tensor-parallel group)."""
-        if self.stage_spec.parallel.ranks > 1 and self.ranked is None:
+        p = self.stage_spec.parallel
+        if p.ranks > 1 and self.ranked is None:
             from omni_serve.graph.ranks import RankedStage, TensorParallelModel
 
-            if self.stage_spec.parallel.tensor > 1:  # a split the model does not allow fails before any rank loads
-                self.model.check_shard(self.stage_spec.parallel.ranks)
+            if p.tensor > 1:  # a split the model does not allow fails before any rank loads
+                self.model.check_shard(p.ranks)
             self.ranked = RankedStage.start(self)
-            try:
-                if self.stage_spec.parallel.tensor > 1:  # the replica is rank 0 of the tensor-parallel group
-                    self.model.shard(0, self.ranked.ranks)
-                    self.model = TensorParallelModel(self.model, self.ranked)
-                return make_engine(self.engine_kind(), self)
-            except BaseException:
-                self.close()
-                raise
-        return make_engine(self.engine_kind(), self)
+            if p.tensor > 1:  # the replica is rank 0 of the tensor-parallel group
+                self.model.shard(0, p.ranks)
+                self.model = TensorParallelModel(self.model, self.ranked)
+        try:
+            return make_engine(self.engine_kind(), self)
+        except BaseException:
+            self.close()  # the rank workers, if any
+            raise
 
     def split_rows(self, compute):
         """``compute`` (a batched computation over works with ``rows``) with its rows split across the replica's

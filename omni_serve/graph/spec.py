@@ -142,8 +142,7 @@ class StageSpec(SpecModel):
             raise ValueError(f"parallel.{unsupported[0]} > 1 is not supported by this stage (it supports: "
                              f"{', '.join(self.parallel_kinds) or 'none'})")
         if p.ranks > 1:  # placement-group bundles: none may be empty, and ranks share the replica's device kind
-            rank_cpus = self.num_cpus if p.rank_cpus is None else p.rank_cpus
-            rank_gpus = self.num_gpus if p.rank_gpus is None else p.rank_gpus
+            rank_cpus, rank_gpus = p.rank_resources(self.num_cpus, self.num_gpus)
             if not (self.num_cpus or self.num_gpus):
                 raise ValueError("a stage with parallel ranks needs num_cpus or num_gpus above 0 (its replica's "
                                  "placement-group bundle cannot be empty)")
@@ -203,14 +202,13 @@ class StageSpec(SpecModel):
         if runtime_env:
             opts["ray_actor_options"]["runtime_env"] = runtime_env
         if self.parallel.ranks > 1:  # the replica's bundle, then one per extra rank, on one node
-            p = self.parallel
+            from omni_serve.parallel.group import rank_bundles
+
             replica = {**opts["ray_actor_options"].get("resources", {}), "CPU": self.num_cpus}
             if self.num_gpus:
                 replica["GPU"] = self.num_gpus
-            rank_cpus = self.num_cpus if p.rank_cpus is None else p.rank_cpus
-            rank_gpus = self.num_gpus if p.rank_gpus is None else p.rank_gpus
-            rank = {"CPU": rank_cpus, **({"GPU": rank_gpus} if rank_gpus else {})}
-            opts["placement_group_bundles"] = [replica] + [dict(rank) for _ in range(p.ranks - 1)]
+            rank_cpus, rank_gpus = self.parallel.rank_resources(self.num_cpus, self.num_gpus)
+            opts["placement_group_bundles"] = rank_bundles(replica, rank_cpus, self.parallel.ranks - 1, rank_gpus)
             opts["placement_group_strategy"] = "STRICT_PACK"
         if self.autoscaling_config:
             opts["autoscaling_config"] = self.autoscaling_config

@@ -35,10 +35,11 @@ class RankLost(RuntimeError):
     """A rank worker of the group died or stopped answering."""
 
 
-def rank_bundles(replica_cpus: float, rank_cpus: float, world_size: int, rank_gpus: float = 0.0) -> list[dict]:
-    """A deployment's ``placement_group_bundles``: the replica's own bundle, then one per rank."""
+def rank_bundles(replica: dict[str, float], rank_cpus: float, world_size: int,
+                 rank_gpus: float = 0.0) -> list[dict]:
+    """A deployment's ``placement_group_bundles``: the replica's own bundle (its resources), then one per rank."""
     rank = {"CPU": rank_cpus, **({"GPU": rank_gpus} if rank_gpus else {})}
-    return [{"CPU": replica_cpus}] + [dict(rank) for _ in range(world_size)]
+    return [dict(replica)] + [dict(rank) for _ in range(world_size)]
 
 
 def free_address() -> str:
@@ -168,13 +169,8 @@ class RankGroup:
 
     async def call(self, method: str, *args) -> list[Any]:
         """``model.method(*args)`` on every rank at once; the results by rank."""
-        if self._dead is not None:
-            raise RankLost(self._dead)
-        refs = [w.call.remote(method, *args) for w in self.workers]
-        try:
-            return await asyncio.wait_for(asyncio.gather(*refs), self.call_timeout_s)
-        except (ray.exceptions.RayActorError, asyncio.TimeoutError) as exc:
-            raise self._lost(exc) from None
+        refs = self.submit(method, [args] * len(self.workers))
+        return await asyncio.to_thread(self.collect, refs)
 
     def submit(self, method: str, per_rank_args: list[tuple],
                workers: list[int] | None = None) -> list["ray.ObjectRef"]:

@@ -41,6 +41,11 @@ class ParallelSpec(BaseModel):
             raise ValueError("one parallel kind per stage: set rows or tensor above 1, not both")
         return self
 
+    def rank_resources(self, num_cpus: float, num_gpus: float) -> tuple[float, float]:
+        """(CPUs, GPUs) of each extra rank: ``rank_cpus``/``rank_gpus``, else the stage's own."""
+        return (num_cpus if self.rank_cpus is None else self.rank_cpus,
+                num_gpus if self.rank_gpus is None else self.rank_gpus)
+
     @property
     def ranks(self) -> int:
         """Ranks of one replica, the replica included."""

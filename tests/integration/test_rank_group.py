@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 def group_app(ray_serve, qwen_image_tiny_dir):
     from ray import serve
 
-    @serve.deployment(placement_group_bundles=rank_bundles(0.01, 0.01, 2), placement_group_strategy="STRICT_PACK",
+    @serve.deployment(placement_group_bundles=rank_bundles({"CPU": 0.01}, 0.01, 2), placement_group_strategy="STRICT_PACK",
                       ray_actor_options={"num_cpus": 0.01}, health_check_period_s=1, health_check_timeout_s=10)
     class GroupHost:
         def __init__(self, checkpoint: str):

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from tests.unit.test_parallel import spawn_ranks
-from tests.unit.test_prepared_decoder import _decoder, _steps
+from tests.unit.test_prepared_decoder import _steps
 
 TOL = dict(rtol=0, atol=2e-5)  # the same sums in another order
 
@@ -101,4 +101,4 @@ def test_shard_refuses_splits_the_heads_do_not_allow(omni_tiny_dir):
     adapter = OmniThinker(omni_tiny_dir)  # 2 heads
     with pytest.raises(ValueError, match="must divide the 2 attention heads"):
         adapter.shard(0, 4)
-    assert _decoder(adapter) is adapter.model
+    assert adapter.prepared.layers[0].heads == 2 and adapter.num_kv_heads == 1  # refused before any change

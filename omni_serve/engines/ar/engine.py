@@ -65,6 +65,13 @@ class ARModel(Protocol):
     # def run_followups(self, followups: list) -> list: one result per follow-up, computed as one batch.
 
 
+def pack_model_linears(model: ARModel, config: ARConfig) -> int:
+    """Prepack the linear layers of every module of ``model`` for oneDNN at the batch sizes ``config`` runs; the
+    count packed."""
+    return sum(pack_linears(m, batch_hint=min(config.max_num_seqs, 32), plain_max_rows=config.gemv_max_rows)
+               for m in model.modules.values())
+
+
 @dataclass
 class _Work:
     slot: Slot
@@ -81,8 +88,7 @@ class AREngine(LoopEngine):
         self.config = config or ARConfig()
         c = self.config
         if c.packed_linear:
-            packed = sum(pack_linears(m, batch_hint=min(c.max_num_seqs, 32), plain_max_rows=c.gemv_max_rows)
-                         for m in model.modules.values())
+            packed = pack_model_linears(model, c)
             log.info("%s: %d linear layers prepacked for oneDNN", name, packed)
         self.cache = PagedKVCache(model.num_layers, model.num_kv_heads, model.head_dim, c.num_kv_blocks,
                                   c.block_size, model.dtype, model.device)
