@@ -1,6 +1,6 @@
 """The Qwen-Image graph on a cluster that grows (``tests/multinode/conftest.py``): served from the head alone, then
-two nodes join and the graph is redeployed onto them (the DiT on a node of its own, text encoder and VAE on the
-other) while requests keep coming; every request is served, equal to diffusers. Across nodes the text encoder's
+two nodes join and the graph is redeployed onto them (the DiT on a node of its own, text encoder, VAE and ingress on
+the other) while requests keep coming; every request is served, equal to diffusers. Across nodes the text encoder's
 stream goes over Mooncake's Transfer Engine and the DiT's over a ``mooncake_store`` edge whose master omni_serve
 started itself (default settings: on the head, at its IP)."""
 
@@ -95,6 +95,9 @@ def test_two_nodes_join_and_the_graph_moves_onto_them_while_serving(cluster, htt
         cluster.deploy("qwen_image", {
             **cluster.args, "stages.dit.resources": {DIT: 1},
             "stages.text_encoder.resources": {IMAGE: 1}, "stages.vae.resources": {IMAGE: 1},
+            # the ingress too: no omni_serve process is left on the head to sweep its /dev/shm, so what the
+            # replicas that left it had put must go with them (the last test looks)
+            "ingress.resources": {IMAGE: 1},
         }, name="qwen_image", route_prefix="/")
         wait_until(lambda: len(results) >= 2, 300, 0.5, "requests after the redeploy")
     print(f"{len(results)} requests during and after the move")
