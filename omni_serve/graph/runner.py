@@ -172,17 +172,27 @@ class StageRunner(abc.ABC):
 
     def make_engine(self) -> Engine:
         """The stage's engine; a stage with extra ranks (``parallel``) starts its rank workers first (with
-        ``parallel.tensor``, the replica's model becomes rank 0 of their tensor-parallel group)."""
+        ``parallel.tensor``, ``parallel.expert`` or ``parallel.sequence``, the replica's model becomes rank 0 of their
+        group)."""
         p = self.stage_spec.parallel
         if p.ranks > 1 and self.ranked is None:
-            from omni_serve.graph.ranks import RankedStage, TensorParallelModel
+            from omni_serve.graph.ranks import RankedStage, ShardedModel, check_model_split, shard_model
 
-            if p.tensor > 1:  # a split the model does not allow fails before any rank loads
-                self.model.check_shard(p.ranks)
+            if p.sharded:  # a split the model does not allow fails before any rank loads
+                check_model_split(self.model, p.sharded, p.ranks)
+            if p.sequence > 1:
+                self.model.check_sequence_split()
             self.ranked = RankedStage.start(self)
-            if p.tensor > 1:  # the replica is rank 0 of the tensor-parallel group
-                self.model.shard(0, p.ranks)
-                self.model = TensorParallelModel(self.model, self.ranked)
+            try:
+                if p.sharded:  # the replica is rank 0 of the group
+                    shard_model(self.model, p.sharded, 0, p.ranks)
+                    self.model = ShardedModel(self.model, self.ranked)
+                if p.sequence > 1:
+                    self.model.shard_sequence()
+                    self.ranked.shards = self.model.packed.shards
+            except BaseException:
+                self.close()
+                raise
         try:
             return make_engine(self.engine_kind(), self)
         except BaseException:
@@ -194,8 +204,10 @@ class StageRunner(abc.ABC):
         ranks when the stage has extra ranks (``omni_serve.graph.ranks``); as is otherwise."""
         if self.ranked is None:
             return compute
-        from omni_serve.graph.ranks import RowSplitCompute
+        from omni_serve.graph.ranks import RowSplitCompute, SequenceSplitCompute
 
+        if self.stage_spec.parallel.sequence > 1:  # every rank computes every row, a share of its tokens each
+            return SequenceSplitCompute(compute, self.ranked)
         return RowSplitCompute(compute, self.ranked)
 
     def check_health(self) -> None:

@@ -21,6 +21,9 @@ Contract (tensors on the adapter's device; H = thinker hidden size, Ht = talker 
   ``VocoderStream`` and returns the samples final now (``omni_serve.models.qwen3_omni_vocoder``: the pieces
   concatenate to one whole-sequence forward); ``reference(codes)`` is ``chunked_decode`` as ``generate`` calls it.
 
+Both decoders are mixtures of experts that expert parallelism can split (``ExpertSplit``: ``check_expert_shard``,
+``shard_experts``).
+
 No module is subclassed or patched; ``RopeIndex`` borrows transformers' own position-index functions.
 """
 
@@ -81,7 +84,28 @@ class Qwen3OmniEncoder(OmniEncoder):
         return torch.cat([out.pooler_output, *out.deepstack_features], dim=-1)
 
 
-class Qwen3OmniThinker(ThinkerDecoder):
+class ExpertSplit:
+    """An adapter whose decoder (``moe_decoder``) is a transformers mixture of experts that expert parallelism
+    (``omni_serve.parallel.experts``) can split: ``check_expert_shard(world)`` raises ``ValueError`` unless it can
+    split the MoE layers' experts across ``world`` ranks; ``shard_experts(world)`` (inside the ranks' process group)
+    keeps this rank's share of them; attention, router, shared experts, embeddings and KV cache stay whole."""
+
+    @property
+    def moe_decoder(self):
+        raise NotImplementedError
+
+    def check_expert_shard(self, world: int) -> None:
+        from omni_serve.parallel.experts import check_expert_split
+
+        check_expert_split(self.moe_decoder, world)
+
+    def shard_experts(self, world: int, group=None) -> None:
+        from omni_serve.parallel.experts import shard_experts
+
+        shard_experts(self.moe_decoder, world, group)
+
+
+class Qwen3OmniThinker(ExpertSplit, ThinkerDecoder):
     text_model_class, rope_class = hf.Qwen3OmniMoeThinkerTextModel, RopeIndex
 
     def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
@@ -94,6 +118,10 @@ class Qwen3OmniThinker(ThinkerDecoder):
         # the turn markers the talker's inputs are cut by
         self.im_start_token_id, self.user_token_id = full.im_start_token_id, full.user_token_id
         self.assistant_token_id = full.assistant_token_id
+
+    @property
+    def moe_decoder(self):
+        return self.model
 
     def rows(self, embeds: torch.Tensor) -> torch.Tensor:
         """Input rows for embeddings without deepstack features (text and audio tokens, generated tokens)."""
@@ -136,7 +164,7 @@ class FrameCodes:
     embedding: torch.Tensor  # [Ht]: sum of the frame's G code embeddings (the next talker input, text not added)
 
 
-class Qwen3OmniTalker(PagedDecoder):
+class Qwen3OmniTalker(ExpertSplit, PagedDecoder):
     def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
         full = load_config(checkpoint_dir)
         self.config = c = full.talker_config
@@ -154,6 +182,10 @@ class Qwen3OmniTalker(PagedDecoder):
         self.voices = dict(c.speaker_id)
         self.rope = RopeIndex(talker_rope_config(full), c.spatial_merge_size)
         self.tts_pad_token_id = full.tts_pad_token_id
+
+    @property
+    def moe_decoder(self):
+        return self.model.model
 
     @torch.inference_mode()
     def project_text(self, x: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ Contract (a checkpoint directory in the diffusers layout, as ``QwenImagePipeline
   which also runs the row-batched DBCache, ``row_cache``) where that covers the transformer and
   ``packed_forward`` is on, else diffusers' forward pads and masks them. ``packed_linear``: the transformer's
   linear layers on weights prepacked for oneDNN (``omni_kernels.pack_linears``; docs/prepared.md has the gain).
+  ``shard_sequence()`` (in a process group) makes the packed forward one rank of a sequence-parallel group.
 - ``QwenImageDecoder(dir)``: ``decode(latents, height, width) -> uint8 [n, H, W, 3]`` (the pipeline's
   unpack, de-normalisation, ``vae.decode`` and post-processing), batched over same-size images; tiled
   decoding for large images via diffusers' ``enable_tiling``.
@@ -110,6 +111,20 @@ class QwenImageDenoiser:
             from omni_kernels import pack_linears
 
             pack_linears(self.transformer, batch_hint=1024)
+
+    def check_sequence_split(self) -> None:
+        """Raises ``ValueError`` unless ``shard_sequence`` can run (it needs the packed forward)."""
+        if self.packed is None:
+            raise ValueError("parallel.sequence needs the packed forward (params.packed_forward, and a transformer "
+                             "variant it covers)")
+
+    def shard_sequence(self) -> None:
+        """Make this denoiser one rank of a sequence-parallel group (the process group this process joined): its
+        packed forward keeps this rank's share of the image tokens (``omni_serve.parallel.sequence``)."""
+        from omni_serve.parallel.sequence import SequenceShards
+
+        self.check_sequence_split()
+        self.packed.shards = SequenceShards()
 
     def latent_grid(self, height: int, width: int) -> tuple[int, int]:
         """(rows, cols) of 2x2 latent patches: the transformer's image token grid."""

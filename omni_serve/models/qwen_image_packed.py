@@ -22,6 +22,12 @@ attention-backend switches, do not apply here (omni_serve registers none; cache-
 ``row_cache`` (optional, ``omni_serve.kits.diffusion.replica.cache.RowCache``) makes the forward DBCache-aware
 per row group: the first ``Fn`` blocks run on every row, ``row_cache.decide`` then picks the rows that compute the
 middle blocks (the others take their cached residuals), and the last ``Bn`` blocks run on every row again.
+
+``shards`` (``omni_serve.parallel.sequence.SequenceShards``, None by default): sequence parallelism. Every rank of the
+shards' group runs the same call; each keeps its share of the image tokens through the blocks (the text stream
+whole), gathers the image keys and values before each joint attention, and the prediction is gathered whole at the
+end. With ``row_cache`` the cache decides on the gathered first-blocks residual (the same decision on every rank) and
+each rank keeps the residuals of its own tokens.
 """
 
 from __future__ import annotations
@@ -111,19 +117,21 @@ class PackedForward:
             raise ValueError("PackedForward does not cover Qwen-Image transformers with zero_cond_t, "
                              "use_additional_t_cond, guidance_embeds or use_layer3d_rope")
         self.t = transformer
+        self.shards = None  # SequenceShards: this rank's share of the image tokens (sequence parallelism)
         self.blocks = list(transformer.transformer_blocks)
         for block in self.blocks:
             check_block(block)
 
     # -- one block ----------------------------------------------------------------------------------------------
     def block(self, block, img: torch.Tensor, txt: torch.Tensor, layout: TextLayout, temb: torch.Tensor,
-              img_freqs: torch.Tensor, txt_freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``QwenImageTransformerBlock.forward`` on image rows ``[B, S, dim]`` and packed text ``[T, dim]``."""
+              img_freqs: torch.Tensor, txt_freqs: torch.Tensor, gather=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``QwenImageTransformerBlock.forward`` on image rows ``[B, S, dim]`` and packed text ``[T, dim]``.
+        ``gather``: under sequence parallelism, makes this rank's image tokens (dim 1) whole."""
         img_mod1, img_mod2 = block.img_mod(temb).chunk(2, dim=-1)
         txt_mod1, txt_mod2 = block.txt_mod(temb).chunk(2, dim=-1)
         img_in, img_gate1 = _modulate_rows(block.img_norm1(img), img_mod1)
         txt_in, txt_gate1 = _modulate_tokens(block.txt_norm1(txt), txt_mod1, layout.token_row)
-        img_attn, txt_attn = self.attention(block.attn, img_in, txt_in, layout, img_freqs, txt_freqs)
+        img_attn, txt_attn = self.attention(block.attn, img_in, txt_in, layout, img_freqs, txt_freqs, gather)
         img = img + img_gate1 * img_attn
         txt = txt + txt_gate1 * txt_attn
         img_in2, img_gate2 = _modulate_rows(block.img_norm2(img), img_mod2)
@@ -135,8 +143,9 @@ class PackedForward:
         return img, txt
 
     def attention(self, attn, img: torch.Tensor, txt: torch.Tensor, layout: TextLayout, img_freqs: torch.Tensor,
-                  txt_freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``QwenDoubleStreamAttnProcessor2_0`` (joint text + image attention of each row), text packed."""
+                  txt_freqs: torch.Tensor, gather=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``QwenDoubleStreamAttnProcessor2_0`` (joint text + image attention of each row), text packed. With
+        ``gather`` (sequence parallelism) the image queries are this rank's, the keys and values every rank's."""
         head_dim = attn.inner_dim // attn.heads
         iq, ik, iv = (p(img).unflatten(-1, (-1, head_dim)) for p in (attn.to_q, attn.to_k, attn.to_v))
         tq, tk, tv = (p(txt).unflatten(-1, (-1, head_dim)) for p in (attn.add_q_proj, attn.add_k_proj,
@@ -151,6 +160,8 @@ class PackedForward:
             tk = attn.norm_added_k(tk)
         iq, ik = _rope(iq, img_freqs), _rope(ik, img_freqs)
         tq, tk = _rope(tq, txt_freqs), _rope(tk, txt_freqs)
+        if gather is not None:
+            ik, iv = gather(ik), gather(iv)
         img_out = torch.empty_like(iq)
         txt_out = torch.empty_like(tq)
         groups: dict[int, list[int]] = {}
@@ -177,19 +188,29 @@ class PackedForward:
         """Predictions ``[B, S, C_out]`` for rows ``latents [B, S, C]`` with texts ``[L_b, D]`` at ``timestep [B]``
         (the transformer's input scale, 0..1). ``img_shapes``: one row's list of image segments ``(f, h, w)``."""
         t = self.t
+        tokens, gather = latents.shape[1], None
+        if self.shards is not None:  # this rank's image tokens only, from here to the end
+            mine = self.shards.share(tokens)
+            latents = latents[:, mine.start:mine.stop]
+
+            def gather(x: torch.Tensor) -> torch.Tensor:
+                return self.shards.gather(x, tokens, dim=1)
         img = t.img_in(latents)
         layout = TextLayout.of([x.shape[0] for x in texts], img.device)
         txt = t.txt_in(t.txt_norm(torch.cat(texts)))
         temb = t.time_text_embed(timestep.to(img.dtype), img)
         img_freqs, txt_table = t.pos_embed([img_shapes], max_txt_seq_len=max(layout.lengths), device=img.device)
+        if self.shards is not None:
+            img_freqs = img_freqs[mine.start:mine.stop]
         txt_freqs = txt_table[layout.token_pos]
-        args = (temb, img_freqs, txt_freqs)
+        args = (temb, img_freqs, txt_freqs, gather)
         if row_cache is None:
             for block in self.blocks:
                 img, txt = self.block(block, img, txt, layout, *args)
         else:
             img, txt = self._cached_blocks(img, txt, layout, args, row_cache)
-        return t.proj_out(t.norm_out(img, temb))
+        out = t.proj_out(t.norm_out(img, temb))
+        return out if gather is None else gather(out)
 
     def _middle_blocks(self, img, txt, layout: TextLayout, args, rows: list[int], row_cache):
         """The middle blocks on ``rows`` (``img``/``txt`` hold just those rows, text packed by ``layout``); their
@@ -204,17 +225,21 @@ class PackedForward:
 
     def _cached_blocks(self, img, txt, layout: TextLayout, args, row_cache):
         fn, bn = row_cache.fn_blocks, row_cache.bn_blocks
-        temb, img_freqs, txt_freqs = args
+        temb, img_freqs, txt_freqs, gather = args
         before = img
         for block in self.blocks[:fn]:
             img, txt = self.block(block, img, txt, layout, *args)
-        compute = row_cache.decide(img - before, img, txt, layout)  # rows that run the middle blocks
+        if gather is None:
+            compute = row_cache.decide(img - before, img, txt, layout)  # rows that run the middle blocks
+        else:  # every rank decides on the whole image: the same rows everywhere
+            compute = row_cache.decide(gather(img - before), gather(img), txt, layout)
         if len(compute) == img.shape[0]:  # nobody takes the cache this step: all rows, no gathering
             img, txt = self._middle_blocks(img, txt, layout, args, compute, row_cache)
         elif compute:
             tok = layout.tokens(compute)
             m_img, m_txt = self._middle_blocks(img[compute], txt[tok], layout.subset(compute),
-                                               (temb[compute], img_freqs, txt_freqs[tok]), compute, row_cache)
+                                               (temb[compute], img_freqs, txt_freqs[tok], gather), compute,
+                                               row_cache)
             img, txt = img.clone(), txt.clone()
             img[compute], txt[tok] = m_img, m_txt
         img, txt = row_cache.apply(img, txt, layout)  # the cached rows: their residuals added

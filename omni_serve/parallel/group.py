@@ -182,6 +182,10 @@ class RankGroup:
         chosen = [self.workers[i] for i in workers] if workers is not None else self.workers
         return [w.call.remote(method, *args) for w, args in zip(chosen, per_rank_args)]
 
+    def put(self, value: Any) -> "ray.ObjectRef":
+        """``value`` serialized once, for the arguments of a ``submit`` to every worker."""
+        return ray.put(value)
+
     def collect(self, refs: list["ray.ObjectRef"]) -> list[Any]:
         """The results of ``submit``, waiting at most ``call_timeout_s``; a lost rank raises ``RankLost``."""
         try:

@@ -1,5 +1,6 @@
-"""DiT stages whose replica spans two ranks (``stages.dit.parallel.rows: 2``), served over HTTP: each step's rows
-are split between the replica and a rank worker in its placement group, and every request's final latents equal
+"""DiT stages whose replica spans two ranks, served over HTTP: with ``stages.dit.parallel.rows: 2`` each step's rows
+are split between the replica and a rank worker in its placement group; with ``parallel.sequence: 2`` (Qwen-Image,
+Qwen-Image-Edit) both compute every row, each a share of its image tokens. Every request's final latents equal
 the one-rank graph's for the same request, alone and six in flight with different sizes, prompt lengths, image
 counts and CFG, with cache-dit on and off (Qwen-Image, Qwen-Image-Edit; GLM-Image's DiT has no cache). Another
 seed's latents fail the same comparison (the negative control). A rank worker killed (its process, SIGKILL) while
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.integration
 REL_TOL = 1e-4
 TWO_RANKS = {"stages.dit.num_cpus": 0.01, "stages.dit.parallel.rows": 2, "stages.dit.parallel.rank_cpus": 0.01,
              "stages.dit.parallel.call_timeout_s": 60}
+SEQUENCE = {**TWO_RANKS, "stages.dit.parallel.rows": 1, "stages.dit.parallel.sequence": 2}
 CACHE = {"mode": "dbcache", "residual_diff_threshold": 0.5, "max_warmup_steps": 1}
 CASES = [
     {"prompt": "a red cat under a blue sky at noon", "seed": 1, "num_inference_steps": 4},
@@ -114,6 +116,7 @@ def check_two_ranks_equal_one(one_rank: str, two_ranks: str, cases: list[dict], 
     request's latents equal the one-rank graph's; another seed's do not; both ranks computed rows."""
     before = _dit(two_ranks)["parallel"]
     assert before["ranks"] == 2 and before["alive"]
+    print(f"{model}: {before['kinds']}")
     one = _in_flight(one_rank, cases, model)
     two = _in_flight(two_ranks, cases, model) + [_generate(two_ranks, cases[i], model) for i in alone]
     expected = one + [one[i] for i in alone]
@@ -128,6 +131,11 @@ def check_two_ranks_equal_one(one_rank: str, two_ranks: str, cases: list[dict], 
     print(f"{model}: another seed: {control:.1e}")
     assert control > 1000 * REL_TOL
     after = _dit(two_ranks)["parallel"]
+    if "rows_by_rank" not in after:  # sequence parallelism: every rank computes every row, a share of its tokens
+        tokens = {k: after["image_tokens"][k] - before["image_tokens"][k] for k in ("all", "rank_0")}
+        print(f"{model}: image tokens, all and the replica's share:", tokens)
+        assert 0.25 * tokens["all"] < tokens["rank_0"] < 0.75 * tokens["all"], tokens
+        return
     split = [a - b for a, b in zip(after["rows_by_rank"], before["rows_by_rank"])]
     print(f"{model}: rows computed by rank:", split)
     assert min(split) > 0.25 * sum(split), split  # both ranks did a fair share
@@ -135,6 +143,17 @@ def check_two_ranks_equal_one(one_rank: str, two_ranks: str, cases: list[dict], 
 
 def test_qwen_image_two_ranks_equal_one(ranked_image_app, image_app):
     check_two_ranks_equal_one(image_app, ranked_image_app, CASES, (1, 4), "qwen-image")  # CFG + cache alone
+
+
+def test_qwen_image_sequence_parallel_equals_one_rank(ray_serve, image_app, qwen_image_tiny_dir):
+    from ray import serve
+
+    _deploy("qwen_image", qwen_image_tiny_dir, "image_sequence",
+            {"default_size": "64x64", "default_steps": 4, **IMAGE_APP_ARGS, **SEQUENCE})
+    try:
+        check_two_ranks_equal_one(image_app, ray_serve + "/image_sequence", CASES, (1, 4), "qwen-image")
+    finally:
+        serve.delete("image_sequence")
 
 
 def test_glm_image_two_ranks_equal_one(ray_serve, glm_app, glm_image_tiny_dir):
@@ -159,12 +178,14 @@ def test_qwen_image_edit_two_ranks_equal_one(ray_serve):
     edit_dir, cpus = tiny_checkpoint("qwen_image_edit"), {f"stages.{s}.num_cpus": 0 for s in EDIT_STAGES}
     _deploy("qwen_image_edit", edit_dir, "edit_one", cpus)
     _deploy("qwen_image_edit", edit_dir, "edit_ranks", {**cpus, **TWO_RANKS})
+    _deploy("qwen_image_edit", edit_dir, "edit_sequence", {**cpus, **SEQUENCE})
     try:
-        check_two_ranks_equal_one(ray_serve + "/edit_one", ray_serve + "/edit_ranks", EDIT_CASES, (1,),
-                                  "qwen-image-edit")
+        for two in ("edit_ranks", "edit_sequence"):
+            check_two_ranks_equal_one(ray_serve + "/edit_one", ray_serve + f"/{two}", EDIT_CASES, (1,),
+                                      "qwen-image-edit")
     finally:
-        serve.delete("edit_one")
-        serve.delete("edit_ranks")
+        for name in ("edit_one", "edit_ranks", "edit_sequence"):
+            serve.delete(name)
 
 
 def test_a_rank_killed_while_idle_fails_the_health_check_and_the_replica_is_replaced(ranked_image_app):

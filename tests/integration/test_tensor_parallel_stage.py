@@ -1,8 +1,9 @@
-"""The Qwen2.5-Omni thinker at tensor-parallel 2 (``stages.thinker.parallel.tensor: 2``), served over HTTP: the
-replica is rank 0 of a gloo group with one rank worker in its placement group, each layer's heads and MLP split
-between them (one all-reduce per block half), each caching its own KV heads. Six chats of different lengths in
-flight give the same greedy tokens as the one-rank graph (the session's ``omni_app``); another prompt's tokens
-differ. A killed rank worker fails the step's requests with a 503, never a hang, and Serve replaces the replica."""
+"""The Qwen2.5-Omni thinker and talker at tensor-parallel 2 (``stages.{thinker,talker}.parallel.tensor: 2``),
+served over HTTP: each replica is rank 0 of a gloo group with one rank worker in its placement group, each layer's
+heads and MLP split between them (one all-reduce per block half), each caching its own KV heads. Six chats of
+different lengths in flight give the same greedy tokens as the one-rank graph (the session's ``omni_app``);
+another prompt's tokens differ. A spoken reply equals transformers' ``generate`` (text tokens, codec tokens,
+waveform). A killed rank worker fails the step's requests with a 503, never a hang, and Serve replaces the replica."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+
+from tests.integration.conftest import ORACLE
+from tests.integration.test_omni_graph import check_against_reference, oracle_request, reference  # noqa: F401
 
 pytestmark = pytest.mark.integration
 
@@ -30,8 +34,11 @@ def tp_app(ray_serve, omni_tiny_dir):
 
     serve.run(build_app({
         "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in STAGES},
-        "stages.thinker.num_cpus": 0.01, "stages.thinker.parallel.tensor": 2,
-        "stages.thinker.parallel.rank_cpus": 0.01, "stages.thinker.parallel.call_timeout_s": 60,
+        **{f"stages.{s}.{k}": v for s in ("thinker", "talker") for k, v in (
+            ("num_cpus", 0.01), ("parallel.tensor", 2), ("parallel.rank_cpus", 0.01),
+            ("parallel.call_timeout_s", 60))},
+        "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"],
+        "stages.code2wav.params.num_steps": ORACLE["steps"],
     }), name="omni_tp", route_prefix="/omni_tp")
     yield ray_serve + "/omni_tp"
     serve.delete("omni_tp")
@@ -61,6 +68,14 @@ def test_tensor_parallel_thinker_gives_the_same_greedy_tokens(tp_app, omni_app):
     print("tokens, one rank vs two:", one, two)
     assert two == one
     assert any(a != b for a, b in zip(two, one[1:] + one[:1]))  # another prompt's tokens differ
+
+
+def test_a_spoken_reply_from_two_rank_thinker_and_talker_equals_transformers(tp_app, reference):
+    talker = httpx.get(tp_app + "/health?fresh=1", timeout=60).json()["stages"]["talker"]["parallel"]
+    assert talker["kinds"] == {"tensor": 2} and talker["alive"]
+    r = httpx.post(tp_app + "/v1/chat/completions", timeout=300, json=oracle_request("audio"))
+    assert r.status_code == 200, r.text
+    check_against_reference(r.json(), reference("audio"))
 
 
 def test_a_killed_tensor_parallel_rank_gives_503_and_a_replaced_replica(tp_app):

@@ -226,3 +226,35 @@ def test_parallel_settings_become_placement_bundles_and_bad_ones_fail(qwen_image
             IMAGE.validate({"checkpoint": qwen_image_tiny_dir, "stages.dit.parallel.rows": 2, **values})
     with pytest.raises(ValidationError, match="one parallel kind per stage"):
         FAMILY.validate({"checkpoint": "x", "stages.thinker.parallel.rows": 2, "stages.thinker.parallel.tensor": 2})
+
+
+def test_sequence_parallelism_is_for_the_qwen_image_dits(qwen_image_tiny_dir):
+    from omni_serve.families.glm_image import FAMILY as GLM
+    from omni_serve.families.qwen_image import FAMILY as IMAGE
+
+    spec = IMAGE.validate({"checkpoint": qwen_image_tiny_dir, "stages.dit.parallel.sequence": 2})
+    p = spec.stage_spec("dit").parallel
+    assert p.ranks == 2 and p.grouped and p.sharded is None and p.kinds() == {"sequence": 2}
+    for family, values in [(IMAGE, {"stages.vae.parallel.sequence": 2}), (GLM, {"stages.dit.parallel.sequence": 2})]:
+        with pytest.raises(ValidationError, match="not supported by this stage"):
+            family.validate({"checkpoint": qwen_image_tiny_dir, **values})
+    with pytest.raises(ValidationError, match="one parallel kind per stage"):
+        IMAGE.validate({"checkpoint": qwen_image_tiny_dir, "stages.dit.parallel.sequence": 2,
+                        "stages.dit.parallel.rows": 2})
+
+
+def test_expert_parallelism_is_for_the_qwen3_omni_mixtures_of_experts(qwen3_omni_tiny_dir):
+    from omni_serve.families.qwen3_omni import FAMILY as QWEN3
+
+    spec = QWEN3.validate({"checkpoint": qwen3_omni_tiny_dir, "stages.thinker.parallel.expert": 2,
+                           "stages.talker.parallel.expert": 2})
+    for stage in ("thinker", "talker"):
+        p = spec.stage_spec(stage).parallel
+        assert p.ranks == 2 and p.sharded == "expert" and p.kinds() == {"expert": 2}
+        assert len(spec.stage_spec(stage).deployment_options(stage)["placement_group_bundles"]) == 2
+    for family, values in [(QWEN3, {"stages.code2wav.parallel.expert": 2}),
+                           (QWEN3, {"stages.thinker.parallel.tensor": 2}),
+                           (FAMILY, {"stages.thinker.parallel.expert": 2}),
+                           (FAMILY, {"stages.talker.parallel.expert": 2})]:
+        with pytest.raises(ValidationError, match="not supported by this stage"):
+            family.validate({"checkpoint": qwen3_omni_tiny_dir, **values})

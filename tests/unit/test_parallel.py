@@ -1,6 +1,7 @@
 """Parallel building blocks (``omni_serve.parallel``) on two gloo ranks in two processes, against one process: a
-Qwen-Image DiT forward with its rows split across the ranks, and with diffusers' context parallelism (Ulysses) on
-CPU ranks, each equal to the one-process forward (float32 rounding; the tolerance below), on rows with a padded
+Qwen-Image DiT forward with its rows split across the ranks, with diffusers' context parallelism (Ulysses) on CPU
+ranks, and the served packed forward with each rank holding a share of the image tokens (``SequenceShards``), each
+equal to the one-process forward (float32 rounding; the tolerance below), on rows with a padded
 text mask and odd lengths; a forward with two rows' prompts swapped fails the same comparison (the negative
 control). And the work-around of ``omni_serve.parallel.context`` is still needed."""
 
@@ -52,7 +53,19 @@ def _forward(model, hidden, text, mask, timestep, grid, idx):
 
 # Context parallelism on gloo shards the image tokens evenly: an image length the degree does not divide fails in
 # gloo's all-gather (text lengths may be anything: diffusers' ulysses_anything pads them).
-GRID = {"rows": (3, 5), "context": (4, 4)}
+# The packed forward's sequence parallelism takes any length: 15 image tokens split 8 + 7.
+GRID = {"rows": (3, 5), "context": (4, 4), "sequence": (3, 5)}
+
+
+def _sequence_parallel(model, hidden, text, mask, timestep, grid, idx):
+    """The served packed forward (rows' texts unpadded) with this rank's share of the image tokens."""
+    from omni_serve.models.qwen_image_packed import PackedForward
+    from omni_serve.parallel.sequence import SequenceShards
+
+    forward = PackedForward(model)
+    forward.shards = SequenceShards()
+    with torch.no_grad():
+        return forward(hidden[idx], [text[i][mask[i]] for i in idx], timestep[idx], [(1, *grid)])
 
 
 def _rank(rank: int, port: int, kind: str, checkpoint: str, n: int, queue) -> None:
@@ -63,6 +76,8 @@ def _rank(rank: int, port: int, kind: str, checkpoint: str, n: int, queue) -> No
         model, *rest = _inputs(checkpoint, n, grid=GRID[kind])
         if kind == "rows":
             out = row_parallel(lambda idx: _forward(model, *rest, idx), torch.arange(n))
+        elif kind == "sequence":
+            out = _sequence_parallel(model, *rest, torch.arange(n))
         else:
             from omni_serve.parallel.context import enable_context_parallel
 
@@ -107,7 +122,7 @@ def _rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-@pytest.mark.parametrize("kind, n", [("rows", 3), ("rows", 1), ("context", 3)])
+@pytest.mark.parametrize("kind, n", [("rows", 3), ("rows", 1), ("context", 3), ("sequence", 3)])
 def test_two_ranks_equal_one_and_a_swapped_prompt_does_not(qwen_image_tiny_dir, kind, n):
     model, *rest = _inputs(qwen_image_tiny_dir, n, grid=GRID[kind])
     one = _forward(model, *rest, torch.arange(n)).numpy()

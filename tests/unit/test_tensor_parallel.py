@@ -21,7 +21,11 @@ TOL = dict(rtol=0, atol=2e-5)  # the same sums in another order
 
 def _embeds(adapter) -> dict[str, torch.Tensor]:
     torch.manual_seed(1)
-    return {"a": torch.randn(12, adapter.row_size), "b": torch.randn(9, adapter.row_size)}
+    if hasattr(adapter, "row_size"):  # the thinker
+        return {"a": torch.randn(12, adapter.row_size), "b": torch.randn(9, adapter.row_size)}
+    width = adapter.model.thinker_to_talker_proj.in_features  # the talker: its decoder reads projected rows
+    with torch.inference_mode():
+        return {k: adapter.model.thinker_to_talker_proj(torch.randn(n, width)) for k, n in (("a", 12), ("b", 9))}
 
 
 def _hidden(adapter) -> list[torch.Tensor]:
@@ -31,17 +35,22 @@ def _hidden(adapter) -> list[torch.Tensor]:
 
 def _greedy(adapter, hidden: list[torch.Tensor]) -> list[list[int]]:
     with torch.inference_mode():
-        return [adapter.lm_head(h).argmax(-1).tolist() for h in hidden]
+        head = adapter.lm_head if hasattr(adapter, "lm_head") else adapter.model.codec_head
+        return [head(h).argmax(-1).tolist() for h in hidden]
 
 
-def _rank(rank: int, port: int, checkpoint: str, wrong: bool, queue) -> None:
-    from omni_serve.models.qwen2_5_omni import OmniThinker
+def _adapter(checkpoint: str, stage: str):
+    from omni_serve.models.qwen2_5_omni import OmniTalker, OmniThinker
 
+    return (OmniThinker if stage == "thinker" else OmniTalker)(checkpoint)
+
+
+def _rank(rank: int, port: int, checkpoint: str, wrong: bool, stage: str, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        adapter = OmniThinker(checkpoint)
+        adapter = _adapter(checkpoint, stage)
         adapter.shard(0 if wrong else rank, 2)
         hidden = _hidden(adapter)
         queue.put((rank, (adapter.num_kv_heads, [h.clone() for h in hidden])))
@@ -49,8 +58,8 @@ def _rank(rank: int, port: int, checkpoint: str, wrong: bool, queue) -> None:
         dist.destroy_process_group()
 
 
-def on_two_ranks(checkpoint: str, wrong: bool = False) -> dict[int, tuple[int, list[torch.Tensor]]]:
-    return spawn_ranks(_rank, checkpoint, wrong)
+def on_two_ranks(checkpoint: str, wrong: bool = False, stage: str = "thinker") -> dict[int, tuple]:
+    return spawn_ranks(_rank, checkpoint, wrong, stage)
 
 
 @pytest.fixture(scope="module")
@@ -67,19 +76,19 @@ def split_heads_dir(tmp_path_factory) -> str:
         return writer.make_checkpoint(out, "tiny")
 
 
-def test_two_tensor_parallel_ranks_equal_one(omni_tiny_dir, split_heads_dir):
-    from omni_serve.models.qwen2_5_omni import OmniThinker
-
+@pytest.mark.parametrize("stage", ["thinker", "talker"])
+def test_two_tensor_parallel_ranks_equal_one(omni_tiny_dir, split_heads_dir, stage):
     for checkpoint in (omni_tiny_dir, split_heads_dir):
-        one = OmniThinker(checkpoint)
+        one = _adapter(checkpoint, stage)
         kv_heads = one.num_kv_heads
         want = _hidden(one)
-        ranks = on_two_ranks(checkpoint)
+        ranks = on_two_ranks(checkpoint, stage=stage)
         tokens = _greedy(one, want)
         for rank, (kv, got) in ranks.items():
             assert kv == (kv_heads // 2 if kv_heads % 2 == 0 else 1)
             err = max(float((g - w).abs().max()) for g, w in zip(got, want))
-            print(f"{os.path.basename(checkpoint)} rank {rank}: {kv} of {kv_heads} KV heads, max |diff| {err:.1e}")
+            print(f"{stage} {os.path.basename(checkpoint)} rank {rank}: {kv} of {kv_heads} KV heads, "
+                  f"max |diff| {err:.1e}")
             for g, w in zip(got, want):
                 torch.testing.assert_close(g, w, **TOL)
             assert _greedy(one, got) == tokens

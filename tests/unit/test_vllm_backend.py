@@ -95,6 +95,20 @@ def test_publish_sends_only_tapped_requests_rows_with_their_sequence_index():
     assert sock.sent == []  # nothing tapped: nothing sent
 
 
+def test_a_tensor_parallel_rank_other_than_0_joins_the_embedding_lookup_and_sends_nothing():
+    """Under tensor parallelism vLLM's embedding lookup is a collective: every rank's tap makes it, rank 0 alone
+    (the one with a socket) sends the rows."""
+    looked_up = []
+    runner = _runner(["a-1234abcd"], [0, 2], [0], [True])
+    runner.model = SimpleNamespace(embed_input_ids=lambda ids: looked_up.append(ids.tolist()) or ids[:, None] * 1.0)
+    hidden = torch.ones(2, 1)
+    _publish(runner, None, hidden, {"inputs_embeds": None, "input_ids": torch.tensor([7, 9])})
+    assert looked_up == [[7, 9]]
+    sock = _Sock()
+    _publish(runner, sock, hidden, {"inputs_embeds": None, "input_ids": torch.tensor([7, 9])})
+    assert looked_up == [[7, 9], [7, 9]] and np.asarray(sock.sent[0][2])[:, 0].tolist() == [7, 9]
+
+
 def test_external_request_id_strips_vllms_suffix():
     assert external_request_id("chatcmpl-abc-1f2e3d4c") == "chatcmpl-abc"
 

@@ -27,7 +27,10 @@ class VllmSettings(BaseModel):
                                                                 "else the model's).")
     enforce_eager: bool = Field(True, description=(
         "Skip torch.compile / CUDA graphs: starts in ~25 s instead of minutes on CPU. Set false on GPU for speed."))
-    tensor_parallel_size: int = Field(1, ge=1, description="Tensor-parallel workers of one replica (GPU).")
+    tensor_parallel_size: int = Field(1, ge=1, description=(
+        "Tensor-parallel ranks of one replica: vLLM's own worker processes (its multiprocessing executor), one per "
+        "rank, on the replica's node; on CPU each runs the stage's torch_threads threads over gloo, so give the "
+        "stage num_cpus for all of them. The hidden-state tap runs on every rank and rank 0 sends."))
     max_media_per_prompt: int = Field(16, ge=0, description="Images and audio clips per prompt vLLM budgets for.")
     extra_engine_args: dict = Field(default_factory=dict, description=(
         "Further vllm AsyncEngineArgs fields passed as is (e.g. quantization, kv_cache_dtype)."))

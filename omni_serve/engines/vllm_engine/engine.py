@@ -83,6 +83,7 @@ class VllmEngine(AdmittingEngine):
         self._started = False
         self._closed = False
         self._aborted: set[str] = set()  # admitted requests aborted by abort(): their generate raises
+        self.worker_pids: list[int] = []  # vLLM's worker processes, one per tensor-parallel rank (with the tap)
         self._running = self._waiting = 0
         self._kv_used = 0.0
         self._last_step = time.monotonic()
@@ -102,6 +103,10 @@ class VllmEngine(AdmittingEngine):
             enable_prefix_caching=not self.tap, limit_mm_per_prompt=limits, disable_log_stats=False,
             async_scheduling=False,  # the tap's rows of a step belong to the tokens that step scheduled
         )
+        if s.tensor_parallel_size > 1:
+            # vLLM's own worker processes beside the replica: inside a placement group vLLM would pick its Ray
+            # executor and place them itself
+            args["distributed_executor_backend"] = "mp"
         if self.device != "cpu":
             args["gpu_memory_utilization"] = s.gpu_memory_utilization
         if self.tap:
@@ -130,7 +135,7 @@ class VllmEngine(AdmittingEngine):
             if self.tap:
                 self.receiver = TapReceiver()
                 await self.receiver.start()
-                await self.llm.collective_rpc(TAP_METHOD, args=(self.receiver.address,))
+                self.worker_pids = list(await self.llm.collective_rpc(TAP_METHOD, args=(self.receiver.address,)))
             self._started = True
             log.info("stage %s: vLLM %s engine ready in %.1f s (tap %s)", self.name, version,
                      time.monotonic() - t0, "on" if self.tap else "off")
@@ -215,7 +220,9 @@ class VllmEngine(AdmittingEngine):
 
     def stats(self) -> dict:
         return {"active": self.num_active, "running": self._running, "waiting": self._waiting,
-                "kv_used_fraction": self._kv_used, "backend": "vllm", **self.counters}
+                "kv_used_fraction": self._kv_used, "backend": "vllm",
+                "tensor_parallel_size": self.settings.tensor_parallel_size, "worker_pids": self.worker_pids,
+                **self.counters}
 
 
 def build_engine(site: "EngineSite") -> VllmEngine:

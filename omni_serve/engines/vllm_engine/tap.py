@@ -11,6 +11,9 @@ How (written for vLLM 0.32.0; ``compat.check_version`` guards it):
   forward, for each request in the batch that asked for it (``SamplingParams.extra_args[TAP_KEY]``), it
   sends that request's rows: the final-norm hidden states and the input embeddings (the token's embedding,
   or for media placeholders the media embedding vLLM merged in), with the sequence index of the first row.
+- Tensor parallelism (``tensor_parallel_size`` > 1): every tensor-parallel rank runs the tap (the embedding lookup of
+  a text-only forward is vocabulary-parallel, a collective every rank must join), but only rank 0 sends: the
+  final-norm hidden states and the embeddings are whole and equal on every rank.
 - Rows go over a ZeroMQ PUSH socket (pyzmq ships with vLLM) to the replica's ``TapReceiver`` (PULL, an
   ``ipc://`` path in a private directory): one multipart message per forward (JSON header, hidden bytes,
   embedding bytes; float32). Sends never block the engine (no high-water mark).
@@ -51,14 +54,17 @@ class HiddenStateTap:
 
     def omni_serve_tap_start(self, address: str) -> int:
         import zmq
+        from vllm.distributed import get_tensor_model_parallel_rank
 
         runner = self.model_runner
         if getattr(runner, "_omni_serve_tap", None) is not None:
             return os.getpid()
-        sock = zmq.Context.instance().socket(zmq.PUSH)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(address)
+        sock = None
+        if get_tensor_model_parallel_rank() == 0:  # the others compute along (collectives), send nothing
+            sock = zmq.Context.instance().socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(address)
         original = runner._model_forward
 
         def tapped_forward(*args, **kwargs):
@@ -67,11 +73,12 @@ class HiddenStateTap:
                 _publish(runner, sock, out, kwargs)
             except Exception as exc:  # noqa: BLE001 - a broken tap fails its requests, not the engine
                 log.exception("omni_serve hidden-state tap failed")
-                sock.send_multipart([json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode()])
+                if sock is not None:
+                    sock.send_multipart([json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode()])
             return out
 
         runner._model_forward = tapped_forward
-        runner._omni_serve_tap = sock
+        runner._omni_serve_tap = sock if sock is not None else True
         return os.getpid()
 
 
@@ -93,10 +100,12 @@ def _publish(runner, sock, out, kwargs) -> None:
     index = torch.cat(rows)
     hidden = out[0] if isinstance(out, tuple) else out  # (hidden, aux) with EAGLE-3 auxiliary states
     embeds = kwargs.get("inputs_embeds")
-    if embeds is None:  # a text-only forward: the embedding of each row's token
+    if embeds is None:  # a text-only forward: the embedding of each row's token (a collective under TP)
         embeds = runner.model.embed_input_ids(kwargs["input_ids"][index])
     else:
         embeds = embeds[index]
+    if sock is None:  # a tensor-parallel rank other than 0
+        return
     h = hidden[index].float().contiguous().numpy()
     e = embeds.float().contiguous().numpy()
     header = {"reqs": entries, "dim": int(h.shape[1])}

@@ -59,6 +59,8 @@ class Code2WavParams(BaseModel):
 class TalkerStage(StageSpec):
     params: TalkerParams = Field(default_factory=TalkerParams, description="Talker settings.")
 
+    parallel_kinds = ("tensor",)  # its layers split across ranks, as the thinker's (the talker is always native)
+
 
 class Code2WavStage(StageSpec):
     params: Code2WavParams = Field(default_factory=Code2WavParams, description="code2wav settings.")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from omni_serve.graph.graph import EdgeDef, EngineKind, GraphDef, StageDef
 from omni_serve.families.qwen3_omni import messages as M
 from omni_serve.families.qwen3_omni.params import (
-    Code2WavStage, EncoderStage, TalkerStage, ThinkerPrefillStage, ThinkerStage,
+    Code2WavStage, EncoderStage, ExpertParallelThinkerStage, TalkerStage, ThinkerPrefillStage, ThinkerStage,
 )
 
 KIT_RUNNERS = "omni_serve.kits.omni.replica.runners"
@@ -31,7 +31,7 @@ GRAPH = GraphDef(
         StageDef("thinker", "MoE text decoder (autoregressive): prompt and generation. Deployed in the aggregated "
                  "thinker layout.", f"{RUNNERS}:ThinkerRunner", EngineKind.AR, f"{ADAPTERS}:Qwen3OmniThinker",
                  call=M.ThinkerCall, outputs=(M.TextDelta,), reads=("encoder_thinker",), writes=("thinker_talker",),
-                 spec=ThinkerStage, layouts=(AGGREGATED,)),
+                 spec=ExpertParallelThinkerStage, layouts=(AGGREGATED,)),
         StageDef("thinker_prefill", "Disaggregated thinker layout: computes each prompt's KV cache and hands it to "
                  "thinker_decode; never generates.", f"{RUNNERS}:ThinkerPrefillRunner", EngineKind.AR,
                  f"{ADAPTERS}:Qwen3OmniThinker", call=M.ThinkerCall, outputs=(M.PrefillDone,),

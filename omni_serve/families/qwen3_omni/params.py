@@ -42,6 +42,15 @@ class Code2WavParams(BaseModel):
 class TalkerStage(StageSpec):
     params: TalkerParams = Field(default_factory=TalkerParams, description="Talker settings.")
 
+    parallel_kinds = ("expert",)  # a mixture of experts too: its experts split across ranks, as the thinker's
+
 
 class Code2WavStage(StageSpec):
     params: Code2WavParams = Field(default_factory=Code2WavParams, description="code2wav settings.")
+
+
+class ExpertParallelThinkerStage(ThinkerStage):
+    """The aggregated thinker (a mixture of experts): its MoE layers' experts may split across ranks
+    (``parallel.expert``)."""
+
+    parallel_kinds = ("expert",)

@@ -74,7 +74,8 @@ class TextEncoderStage(StageSpec):
 class DiTStage(StageSpec):
     params: DiTParams = Field(default_factory=DiTParams, description="Denoising loop settings.")
 
-    parallel_kinds = ("rows",)  # a step's rows split across the replica's ranks (omni_serve.graph.ranks)
+    # a step's rows split across the replica's ranks, or every row's image tokens (omni_serve.graph.ranks)
+    parallel_kinds = ("rows", "sequence")
 
 
 class VAEStage(StageSpec):
