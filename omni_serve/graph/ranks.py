@@ -73,9 +73,7 @@ class RankStage:
     """A rank worker's side: the stage runner (parallel off) and the cache sessions of the branches it holds."""
 
     def __init__(self, family: str, stage: str, spec: dict[str, Any]):
-        from omni_serve.parallel.spec import ParallelSpec
-
-        sequence = ParallelSpec(**spec["stages"][stage].get("parallel") or {}).sequence > 1
+        sequence = _parallel_of(spec, stage).sequence > 1
         self.runner = _runner_without_ranks(family, stage, spec)
         if sequence:  # in the process group already (RankWorker.setup joins it first)
             self.runner.model.shard_sequence()
@@ -151,9 +149,7 @@ class ShardedRank:
 
         from omni_serve.engines.ar.engine import pack_model_linears
         from omni_serve.engines.ar.kv_cache import PagedKVCache
-        from omni_serve.parallel.spec import ParallelSpec
-
-        kind = ParallelSpec(**spec["stages"][stage].get("parallel") or {}).sharded
+        kind = _parallel_of(spec, stage).sharded
         self.runner = _runner_without_ranks(family, stage, spec)
         self.model = self.runner.model
         shard_model(self.model, kind, dist.get_rank(), dist.get_world_size())
@@ -205,6 +201,13 @@ class ShardedModel:
         except Exception as exc:  # noqa: BLE001 - any failure leaves the ranks' collectives out of step
             raise group.fail(exc) from exc  # the workers stopped, the replica replaced; its requests get 503s
         return out
+
+
+def _parallel_of(spec: dict[str, Any], stage: str):
+    """The stage's ``parallel`` settings in a graph spec dict (what a rank worker is built from)."""
+    from omni_serve.parallel.spec import ParallelSpec
+
+    return ParallelSpec(**spec["stages"][stage].get("parallel") or {})
 
 
 def _runner_without_ranks(family: str, stage: str, spec: dict[str, Any]):
