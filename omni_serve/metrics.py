@@ -26,10 +26,14 @@ import threading
 import time
 from typing import Any, Callable
 
+from omni_serve.playback import Playback
+
 log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300]
 ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5]
+STALL_BUCKETS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
+STALL_COUNT_BUCKETS = [0.5, 1.5, 2.5, 5.5, 10.5, 20.5]  # a histogram of integers: 0, 1, 2, 3-5, 6-10, ...
 RTF_BUCKETS = [0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 4, 8, 16]
 STEP_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10]
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -43,15 +47,18 @@ def _metrics():
 
 
 class RequestClock:
-    """Timestamps of one streamed request (monotonic seconds); turns them into the latency figures."""
+    """Timestamps of one streamed request (monotonic seconds); turns them into the latency figures. Its audio is
+    followed as a client with a ``buffer_s`` jitter buffer would play it (``omni_serve.playback``)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, clock: Callable[[], float] = time.monotonic, buffer_s: float = 0.5):
         self._clock = clock
         self.start = clock()
         self.first_text: float | None = None
         self.first_audio: float | None = None
         self.text_times: list[float] = []
         self.audio_seconds = 0.0
+        self.playback = Playback(buffer_s, self.start)
+        self.on_audio: Callable[[float], None] | None = None  # told each chunk's seconds (real-time admission)
         self.error: str | None = None  # error type, when a stream ended with an error event
 
     def text(self) -> None:
@@ -60,13 +67,19 @@ class RequestClock:
         self.text_times.append(now)
 
     def audio(self, seconds: float) -> None:
-        self.first_audio = self.first_audio if self.first_audio is not None else self._clock()
+        now = self._clock()
+        self.first_audio = self.first_audio if self.first_audio is not None else now
         self.audio_seconds += seconds
+        self.playback.add(now, seconds)
+        if self.on_audio is not None:
+            self.on_audio(seconds)
 
     def figures(self) -> dict[str, Any]:
-        """ttft, ttfp, e2e, rtf (None when not applicable) and itl (gaps between text deltas)."""
+        """ttft, ttfp, e2e, rtf (None when not applicable), itl (gaps between text deltas) and ``playback``, the
+        listener's figures (``omni_serve.playback.PlaybackFigures``; None without audio)."""
         e2e = self._clock() - self.start
         return {
+            "playback": self.playback.figures() if self.playback.first is not None else None,
             "ttft": None if self.first_text is None else self.first_text - self.start,
             "ttfp": None if self.first_audio is None else self.first_audio - self.start,
             "e2e": e2e,
@@ -104,6 +117,17 @@ class IngressMetrics(_Guarded):
                                boundaries=LATENCY_BUCKETS, tag_keys=("route",))
         self.rtf = m.Histogram("omni_serve_rtf", description="Real-time factor: E2E / seconds of audio produced.",
                                boundaries=RTF_BUCKETS, tag_keys=("route",))
+        self.audio_gap = m.Histogram("omni_serve_audio_chunk_gap_seconds", description=(
+            "Time between consecutive audio chunks of a stream."), boundaries=LATENCY_BUCKETS, tag_keys=("route",))
+        self.stalls = m.Histogram("omni_serve_audio_stalls", description=(
+            "Stalls per audio stream: chunks that arrived after the client's buffer ran dry (playback.client_buffer_s "
+            "of the graph)."), boundaries=STALL_COUNT_BUCKETS, tag_keys=("route",))
+        self.stall_s = m.Histogram("omni_serve_audio_stall_seconds", description=(
+            "Silence per audio stream: its stalls' lateness in all (0 for a stream that never stalled)."),
+            boundaries=STALL_BUCKETS, tag_keys=("route",))
+        self.rtf_after_first = m.Histogram("omni_serve_audio_rtf_after_first", description=(
+            "Real-time factor after the first chunk: time from the first audio to the last / audio after the first "
+            "chunk (< 1: produced faster than it plays)."), boundaries=RTF_BUCKETS, tag_keys=("route",))
         self.requests = m.Counter("omni_serve_requests", description="Requests by route and outcome.",
                                   tag_keys=("route", "outcome"))
         self.errors = m.Counter("omni_serve_errors", description="Failed requests by route and error type.",
@@ -119,6 +143,14 @@ class IngressMetrics(_Guarded):
                     getattr(self, name).observe(f[name], tags=tags)
             for gap in f["itl"]:
                 self.itl.observe(gap, tags=tags)
+            heard = f["playback"]
+            if heard is not None:
+                for gap in heard.gaps:
+                    self.audio_gap.observe(gap, tags=tags)
+                self.stalls.observe(heard.stalls, tags=tags)
+                self.stall_s.observe(heard.stall_s, tags=tags)
+                if heard.rtf_after_first is not None:
+                    self.rtf_after_first.observe(heard.rtf_after_first, tags=tags)
             self.requests.inc(tags={"route": route, "outcome": "ok"})
         self.run(record)
 

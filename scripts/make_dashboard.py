@@ -42,6 +42,13 @@ PANELS = [
     ("Time to first audio (TTFP)", "s", _quantiles("omni_serve_ttfp_seconds")),
     ("Inter-token latency (ITL)", "s", _quantiles("omni_serve_itl_seconds")),
     ("Real-time factor (E2E / audio seconds)", "none", _quantiles("omni_serve_rtf")),
+    ("Audio streams that stalled / s (client buffer: playback.client_buffer_s)", "none",
+     [(f"sum by (route) (rate(ray_omni_serve_audio_stalls_count{{{APP}}}[$__rate_interval])) - sum by (route) "
+       f"(rate(ray_omni_serve_audio_stalls_bucket{{{APP}, le=\"0.5\"}}[$__rate_interval]))", "{{route}} stalled"),
+      (f"sum by (route) (rate(ray_omni_serve_audio_stall_seconds_sum{{{APP}}}[$__rate_interval]))",
+       "{{route}} silence s / s")]),
+    ("Gap between audio chunks", "s", _quantiles("omni_serve_audio_chunk_gap_seconds")),
+    ("Real-time factor after the first audio chunk", "none", _quantiles("omni_serve_audio_rtf_after_first")),
     ("Stage replicas", "none",
      [(f"count by (deployment) (ray_omni_serve_stage_utilization{{{APP}}})", "{{deployment}}")]),
     ("Stage utilization (worker busy fraction)", "percentunit",

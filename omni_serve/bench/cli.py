@@ -140,6 +140,9 @@ def add_parser(sub, argv: list[str] | None) -> argparse.ArgumentParser:
                     help="log progress every K requests (0: off)")
     bn.add_argument("--threads", type=int, default=None, help="torch threads for the in-process baselines "
                     "(default: all cores)")
+    bn.add_argument("--client-buffer", type=float, default=0.5, metavar="S",
+                    help="seconds a listening client buffers before it plays streamed audio: the report's stalls "
+                         "and headroom assume it (default 0.5)")
     bn.add_argument("--stop-server-pid", type=int, default=None, metavar="PID",
                     help="SIGTERM this local server after the engine runs and wait for it to exit, so the "
                          "baselines run on a quiet machine")

@@ -5,7 +5,8 @@ Contract:
 * ``send_one(client, chat_url, request, model)`` posts one ``stream: true`` request and returns a
   ``RequestRecord``; it never raises for request failures. Timing (``time.perf_counter``): TTFT is the first
   non-empty ``delta.content`` or ``delta.audio.transcript``, TTFP the first non-empty ``delta.audio.data``, ITL
-  the gaps between consecutive non-empty text deltas, E2E the end of the stream. Audio seconds are decoded pcm16 bytes
+  the gaps between consecutive non-empty text deltas, E2E the end of the stream; each audio delta's arrival and
+  length is kept (``audio_chunks``) for the report's playback figures. Audio seconds are decoded pcm16 bytes
   ``/ 2 / 24000`` (streamed audio is raw pcm16, 24 kHz mono). Output tokens, best source first:
   ``choices[].token_ids`` if the server streams them (``token_ids``), the final usage chunk's
   ``completion_tokens`` (``usage``), else the number of non-empty text deltas (``deltas``: approximate).
@@ -134,6 +135,8 @@ class StreamAccumulator:
                     continue
                 if n and self.rec.ttfp_s is None:
                     self.rec.ttfp_s = t - self.t0
+                if n:
+                    self.rec.audio_chunks.append([t - self.t0, n / 2 / PCM16_RATE])
                 self.audio_bytes += n
 
     def _fail(self, message: str) -> None:

@@ -6,6 +6,8 @@ Contract:
   (``start_s`` is its start relative to the run's start). A failed request has ``ok=False`` and ``error``
   set (plus ``status`` when an HTTP status was received); it is always kept in ``RunResult.records`` and
   counted, never dropped, and it is left out of latency percentiles.
+  ``audio_chunks`` are the audio's arrivals (seconds from the request's start, seconds of audio), which the
+  report plays back (``omni_serve.playback``) with the run's ``client_buffer_s`` for stalls and gaps.
 * ``RunResult``: one load point of one system (``system``: ``engine`` / ``engine_vllm``, the served graph with a
   native / vLLM thinker; ``engine_text`` / ``vllm``, the thinker alone on each; baselines ``hf`` and ``cb``),
   with its records, the run's wall time (first request start to last request end) and free-form ``notes``
@@ -40,6 +42,7 @@ class RequestRecord:
     text_chars: int = 0
     text_sha1: str | None = None  # digest of the full output text (greedy parity checks across systems)
     audio_seconds: float = 0.0
+    audio_chunks: list[list[float]] = field(default_factory=list)  # [arrival from the request's start, seconds]
     finish_reason: str | None = None
     status: int | None = None  # HTTP status, when one was received
     error: str | None = None
@@ -61,6 +64,7 @@ class RunResult:
     request_rate: float | None = None  # open loop: Poisson arrivals per second; None = closed loop
     wall_s: float = 0.0
     streaming: bool = True  # False: TTFT/TTFP are the E2E latency (no partial output observed)
+    client_buffer_s: float = 0.5  # the listener's jitter buffer its audio is played with (omni_serve.playback)
     records: list[RequestRecord] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 

@@ -2,10 +2,12 @@
 
 Contract:
 
-* ``stats(values)`` -> ``{"n", "mean", "p50", "p95", "p99"}`` (linear-interpolated percentiles) or None
-  when there are no values.
+* ``stats(values)`` (``omni_serve.bench.stats``) -> ``{"n", "mean", "p50", "p95", "p99"}`` (linear-interpolated
+  percentiles) or None when there are no values.
 * ``summarize(run)`` -> per-run dict: latency stats in seconds of ``ttft``, ``ttfp``, ``itl``, ``e2e`` and
-  ``rtf`` (E2E / audio seconds, per request with audio; unitless) over successful requests only;
+  ``rtf`` (E2E / audio seconds, per request with audio; unitless) over successful requests only; ``playback``,
+  what listeners with the run's ``client_buffer_s`` heard (``omni_serve.bench.heard``: stalls, chunk gaps,
+  headroom, RTF after the first chunk; None for a run without streamed audio);
   throughput over the run's wall time (``requests_per_s``, ``output_tokens_per_s``, ``audio_s_per_s``;
   successful requests only; ``audio_s_per_s`` is None when no audio came back); the error count (failed
   requests are counted and listed by message); how output tokens were counted.
@@ -27,13 +29,14 @@ Contract:
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from typing import Any
 
+from omni_serve.bench.heard import HEARD_HEADER, heard, heard_rows
 from omni_serve.bench.machine import machine_section
 from omni_serve.bench.records import EXACT_TOKEN_SOURCES, RequestRecord, RunResult
+from omni_serve.bench.stats import percentile, stats  # noqa: F401 - stats is the report's (image_report imports it)
 
 METRICS = ("ttft", "ttfp", "itl", "e2e", "rtf")
 THROUGHPUTS = ("requests_per_s", "output_tokens_per_s", "audio_s_per_s")
@@ -43,23 +46,6 @@ VLLM_NATIVE = {"vllm": "engine_text", "engine_vllm": "engine"}  # a vLLM-thinker
 #: config keys that must agree for reports to be merged (the workload and what each request asks for)
 WORKLOAD_KEYS = ("mode", "num_requests", "seed", "max_tokens", "min_tokens", "audio", "voice", "temperature",
                  "min_words", "max_words", "system_prompt")
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default), on an already sorted list."""
-    if not sorted_values:
-        raise ValueError("no values")
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
-def stats(values: list[float]) -> dict[str, float] | None:
-    vals = sorted(float(v) for v in values if v is not None)
-    if not vals:
-        return None
-    return {"n": len(vals), "mean": sum(vals) / len(vals), "p50": percentile(vals, 50),
-            "p95": percentile(vals, 95), "p99": percentile(vals, 99)}
 
 
 def metric_values(run: RunResult) -> dict[str, list[float]]:
@@ -88,6 +74,7 @@ def summarize(run: RunResult) -> dict[str, Any]:
     return {
         "label": run.label, "system": run.system, "mode": run.mode, "concurrency": run.concurrency,
         "request_rate": run.request_rate, "streaming": run.streaming, "wall_s": wall,
+        "client_buffer_s": run.client_buffer_s,
         "num_requests": len(run.records), "num_ok": len(ok), "num_errors": len(failed),
         "errors_by_message": by_message,
         "errors": [{"index": r.index, "status": r.status, "error": r.error} for r in failed[:20]],
@@ -95,6 +82,7 @@ def summarize(run: RunResult) -> dict[str, Any]:
         "token_sources": sources,
         "tokens_exact": all(s in EXACT_TOKEN_SOURCES for s in sources),
         "latency_s": {m: stats(v) for m, v in metric_values(run).items()},
+        "playback": heard([r.audio_chunks for r in ok], run.client_buffer_s) if run.streaming else None,
         "throughput": {
             "requests_per_s": len(ok) / wall if wall > 0 else None,
             "output_tokens_per_s": tokens / wall if wall > 0 else None,
@@ -178,6 +166,7 @@ def runs_of(report: dict[str, Any]) -> list[RunResult]:
     """The ``RunResult``s a report was built from (its summaries plus its per-request records)."""
     return [RunResult(label=s["label"], system=s["system"], mode=s["mode"], concurrency=s["concurrency"],
                       request_rate=s["request_rate"], wall_s=s["wall_s"], streaming=s["streaming"],
+                      client_buffer_s=s.get("client_buffer_s", 0.5),
                       records=[RequestRecord.from_dict(r) for r in report["records"].get(s["label"], [])],
                       notes=list(s["notes"])) for s in report["runs"]]
 
@@ -241,6 +230,10 @@ def format_table(report: dict[str, Any]) -> str:
                          conv(st["p50"]), conv(st["p95"]), conv(st["p99"])])
     out += ["", "Latency (successful requests; RTF = E2E / audio seconds)",
             _table(["run", "metric", "n", "mean", "p50", "p95", "p99"], rows) if rows else "  (no successful requests)"]
+    heard_table = [row for s in runs if (row := heard_rows(s["label"], s.get("playback")))]
+    if heard_table:
+        out += ["", "Playback (each stream's audio played by a client that starts buffer s after its first audio; a "
+                "stall: a chunk that came after the buffer ran dry)", _table(HEARD_HEADER, heard_table)]
     if report["comparisons"]:
         crow = []
         for c in report["comparisons"]:
@@ -276,7 +269,7 @@ def plot_report(runs: list[RunResult], path: str) -> str:
 
     values = {r.label: metric_values(r) for r in runs}
     labels = [r.label for r in runs]
-    fig, axes = plt.subplots(2, 3, figsize=(18, 10))
+    fig, axes = plt.subplots(3, 3, figsize=(18, 15))
     ax = axes[0][0]
     for label in labels:
         v = sorted(values[label]["e2e"])
@@ -329,11 +322,62 @@ def plot_report(runs: list[RunResult], path: str) -> str:
         ax.set(title=f"{title} vs load", xlabel=xlabel, ylabel=title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    _plot_heard(axes[2], runs, kind, xlabel)
     fig.suptitle("omni-serve bench")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _plot_heard(axes, runs: list[RunResult], kind: str, xlabel: str) -> None:
+    """The listener's row: gaps between audio chunks, stalled streams, and TTFP p50/p95 vs load."""
+    gaps = [(r.label, [b[0] - a[0] for rec in r.records if rec.ok for a, b in zip(rec.audio_chunks,
+                                                                                    rec.audio_chunks[1:])])
+            for r in runs]
+    gaps = [(label, g) for label, g in gaps if g]
+    ax = axes[0]
+    if gaps:
+        ax.boxplot([g for _, g in gaps], showfliers=True)
+        ax.set_xticks(range(1, len(gaps) + 1), [lbl for lbl, _ in gaps], rotation=30, ha="right", fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no streamed audio", ha="center", va="center", transform=ax.transAxes)
+    ax.set(title="gaps between audio chunks", ylabel="seconds")
+    ax.grid(alpha=0.3)
+    ax = axes[1]
+    heard_runs = [(r.label, summarize(r)["playback"]) for r in runs]
+    heard_runs = [(label, h) for label, h in heard_runs if h]
+    if heard_runs:
+        xs = range(len(heard_runs))
+        ax.bar(xs, [h["streams"] for _, h in heard_runs], color="lightgray", label="streams")
+        ax.bar(xs, [h["stalled_streams"] for _, h in heard_runs], color="tab:red", label="stalled")
+        ax.set_xticks(list(xs), [lbl for lbl, _ in heard_runs], rotation=30, ha="right", fontsize=7)
+        ax.legend(fontsize=8)
+        buffers = sorted({h["client_buffer_s"] for _, h in heard_runs})
+        ax.set_title(f"streams that stalled (client buffer {', '.join(f'{b:g}' for b in buffers)} s)")
+    else:
+        ax.text(0.5, 0.5, "no streamed audio", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title("streams that stalled")
+    ax.grid(alpha=0.3)
+    ax = axes[2]
+    plotted = False
+    for system in dict.fromkeys(r.system for r in runs if r.system in ENGINE_SYSTEMS):
+        pts = []
+        for r in runs:
+            ttfp = summarize(r)["latency_s"]["ttfp"] if r.system == system else None
+            x = r.request_rate if kind == "rate" else r.concurrency
+            if ttfp and x is not None:
+                pts.append((x, ttfp["p50"], ttfp["p95"]))
+        pts.sort()
+        if pts:
+            plotted = True
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{system} p50")
+            ax.plot([p[0] for p in pts], [p[2] for p in pts], marker="x", linestyle="--", label=f"{system} p95")
+    if plotted:
+        ax.legend(fontsize=8)
+    ax.set_ylim(bottom=0)
+    ax.set(title="TTFP vs load", xlabel=xlabel, ylabel="seconds")
+    ax.grid(alpha=0.3)
 
 
 def write_report(report: dict[str, Any], runs: list[RunResult], out_dir: str,

@@ -66,6 +66,8 @@ class BenchConfig(BaseModel):
         "before the baselines, record both in the report's config (calibration_s) and add a note when they differ "
         "by more than 10% (machine-speed drift that skews the ratios)."))
     timeout_s: float = Field(600.0, gt=0)
+    client_buffer_s: float = Field(0.5, ge=0, description=(
+        "The listener's jitter buffer the report plays streamed audio with (stalls, headroom)."))
     progress_every: int = Field(10, ge=0)
     max_codec_tokens: int | None = Field(None, ge=1,
                                          description="HF talker max tokens (server: talker.max_codec_tokens).")
@@ -176,7 +178,7 @@ def _engine_omni_runs(cfg: BenchConfig, requests) -> tuple[list[RunResult], list
         log.info("engine run %s: %d requests ...", point.label(system), len(requests))
         run = asyncio.run(run_load(cfg.url, requests, model, point, arrival_seed=cfg.seed, timeout_s=cfg.timeout_s,
                                    progress_every=cfg.progress_every, label=point.label(system)))
-        run.system = system
+        run.system, run.client_buffer_s = system, cfg.client_buffer_s
         runs.append(run)
     return runs, notes
 

@@ -29,7 +29,7 @@ handler in its ``RequestContext``; outcomes and latencies are counted under the 
 
 import asyncio
 import inspect
-from typing import Annotated, Any, AsyncIterator
+from typing import Annotated, Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Form, Request
 from fastapi.routing import APIRoute
@@ -72,6 +72,8 @@ class OpenAIIngress:
         observe_transfers()
         self.inflight = InflightLimit(spec.ingress.max_inflight_requests, spec.ingress.retry_after_s)
         self.default_timeout_s = spec.ingress.request_timeout_s
+        playback = getattr(spec, "playback", None)  # graphs that speak: the client their stall metrics assume
+        self.client_buffer_s = playback.client_buffer_s if playback is not None else 0.5
         self.ingress_spec = spec.ingress
         self.limits = spec.limits
         self.api_keys = api_keys(spec.ingress)
@@ -109,12 +111,13 @@ class OpenAIIngress:
         self.metrics.failed(route, kind, outcome)
 
     async def serve_route(self, route: Route, body: Any, request: Request) -> Response:
-        clock = RequestClock()
+        clock = RequestClock(buffer_s=self.client_buffer_s)
         ticket, timeout_s = self._admit(route.name, request)
+        ctx = RequestContext(timeout_s, clock, request.headers)
+        ctx.on_end.append(ticket.release)
         streaming = False
         try:
             try:
-                ctx = RequestContext(timeout_s, clock, request.headers)
                 reply = await getattr(self.frontend, route.handler)(body, ctx)
             except Exception as err:
                 self._failed(route.name, err)
@@ -124,8 +127,8 @@ class OpenAIIngress:
                 streaming = True
                 lines, media_type = ((reply.lines, "text/event-stream") if isinstance(reply, EventStream)
                                      else (reply.chunks, reply.media_type))
-                return StreamingResponse(self._timed_stream(route.name, lines, clock, ticket),
-                                         media_type=media_type, background=BackgroundTask(ticket.release))
+                return StreamingResponse(self._timed_stream(route.name, lines, clock, ctx.end),
+                                         media_type=media_type, background=BackgroundTask(ctx.end))
             self.requests.labels(route=route.name, outcome="ok").inc()
             self.latency.labels(route=route.name).observe(clock.figures()["e2e"])
             self.metrics.finished(route.name, clock)
@@ -134,10 +137,10 @@ class OpenAIIngress:
             return JSONResponse(reply.model_dump(exclude_none=True))
         finally:
             if not streaming:
-                ticket.release()
+                ctx.end()
 
     async def _timed_stream(self, route: str, lines: AsyncIterator[str | bytes], clock: RequestClock,
-                            ticket: Ticket) -> AsyncIterator[str | bytes]:
+                            end: Callable[[], None]) -> AsyncIterator[str | bytes]:
         """The streamed reply (SSE lines or a file's bytes), recording its outcome and timings once it ends (or the
         client leaves)."""
         try:
@@ -147,7 +150,7 @@ class OpenAIIngress:
             self.metrics.failed(route, "client_disconnected", "cancelled")
             raise
         finally:
-            ticket.release()
+            end()  # the in-flight slot, and what the frontend holds for the request (e.g. its audio stream's place)
         if clock.error is None:
             self.metrics.finished(route, clock)
         else:
@@ -171,6 +174,9 @@ class OpenAIIngress:
                                  "rejected": self.inflight.rejected}
             status["stages"] = stages
             status["data_plane"] = data_plane
+            realtime = getattr(self.frontend, "realtime", None)
+            if realtime is not None:
+                status["ingress"]["realtime"] = realtime.state()
         return JSONResponse(status, status_code=200 if ok else 503)
 
     def rejected(self, status: int, err: OpenAIError) -> None:

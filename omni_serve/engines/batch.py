@@ -1,23 +1,29 @@
 """Batch engine for one-shot stages (code2wav, later VAE/encoders): compatible steps of many requests run as one call.
 
 Contract (request lifecycle as ``omni_serve.engines.loop.LoopEngine``): programs are ``BatchProgram``s.
-Each tick the worker asks every ready program for its next unit of work, ``work() -> (key, payload)``;
-payloads with equal ``key`` are computed together by the engine's ``compute(payloads) -> results`` (at most
-``max_batch`` per call), then each program gets its result through ``complete(result) -> outputs``. Groups run in
-ascending key order (Qwen2.5-Omni's code2wav keys a request's first window 0 and later windows 1, so a first chunk is
-not queued behind other requests' long windows). ``compute`` runs without any request lock, so feeding and aborts
-never wait for a batch; an aborted request's result is dropped.
+Each tick the worker picks the ready programs to compute now (``omni_serve.engines.deadlines``: all of them, unless
+programs have a ``deadline()``; then those the deadlines say, most urgent first, the rest in a later tick) and
+asks each for its next unit of work, ``work() -> (key, payload)``; payloads with equal ``key`` are computed together
+by the engine's ``compute(payloads) -> results`` (at most ``max_batch`` per call), then each program gets its result
+through ``complete(result) -> outputs``. Groups run by their earliest deadline, then in ascending key order
+(Qwen2.5-Omni's code2wav keys a request's first window 0 and later windows 1, so a first chunk is not queued behind
+other requests' long windows). ``work()`` is only called for a unit that is computed in the same tick. ``compute``
+runs without any request lock, so feeding and aborts never wait for a batch; an aborted request's result is
+dropped. Each call is timed into the engine's ``CostModel`` (by the programs' ``work_size()``), which the deadline
+choice reads.
 """
 
 from __future__ import annotations
 
 import abc
 import logging
+import math
 import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Callable, Hashable
 
 from omni_serve.engines.base import StageProgram
+from omni_serve.engines.deadlines import CostModel, Ready, choose_by_deadline
 from omni_serve.engines.load import DecayingMean
 from omni_serve.engines.loop import LoopEngine, Slot, log_failure
 
@@ -35,6 +41,14 @@ class BatchProgram(StageProgram):
     @abc.abstractmethod
     def complete(self, result: Any) -> list[Any]:
         """Take the computed result of the last ``work()``; return outputs for the caller."""
+
+    def deadline(self) -> float | None:
+        """When the next unit's output is due (``time.monotonic()``); None: no deadline (the default)."""
+        return None
+
+    def work_size(self) -> float:
+        """The next unit's share of a call's cost, in the engine's units (e.g. frames); 1 by default."""
+        return 1.0
 
     def step(self) -> list[Any]:
         raise RuntimeError("batch programs are stepped by omni_serve.engines.batch.BatchEngine")
@@ -54,7 +68,9 @@ class BatchEngine(LoopEngine):
         self.work_unit = work_unit
         self._occupancy = DecayingMean()  # items per call / max_batch
         self._ready = 0  # items ready at the last tick
+        self._deferred = 0  # of them, left for a later tick by their deadlines
         self._work_left = 0.0
+        self.cost = CostModel()
 
     def backlog(self) -> float:
         """Items ready beyond one full batch, in full batches."""
@@ -62,7 +78,7 @@ class BatchEngine(LoopEngine):
 
     def extra_load(self) -> dict[str, float]:
         out = {"batch_occupancy": self._occupancy.value(), "ready": float(self._ready),
-               "ready_waiting": float(max(0, self._ready - self.max_batch))}
+               "ready_waiting": float(max(self._deferred, self._ready - self.max_batch))}
         if self.work_unit:
             out[f"{self.work_unit}_in_flight"] = self._work_left
         return out
@@ -71,13 +87,22 @@ class BatchEngine(LoopEngine):
         return {**super().stats(), **self.counters}
 
     def tick(self) -> bool:
-        groups: dict[Hashable, list[tuple[Slot, Any]]] = defaultdict(list)
+        ready: list[Ready] = []
         work_left = 0.0
         for slot in self.live_slots():
             with slot.lock:
                 if self.work_unit:
                     work_left += slot.program.work_left() or 0
-                if not slot.program.ready():
+                if slot.program.ready():
+                    ready.append(Ready(slot, slot.program.deadline(), slot.program.work_size()))
+        chosen = choose_by_deadline(ready, time.monotonic(), self.cost)
+        self._ready, self._deferred, self._work_left = len(ready), len(ready) - len(chosen), work_left
+        groups: dict[Hashable, list[tuple[Slot, Any, float]]] = defaultdict(list)
+        due: dict[Hashable, float] = {}
+        for r in chosen:
+            slot = r.item
+            with slot.lock:
+                if slot.aborted or slot.finished or not slot.program.ready():
                     continue
                 try:
                     key, payload = slot.program.work()
@@ -85,30 +110,31 @@ class BatchEngine(LoopEngine):
                     log_failure(log, exc, "%s: request %s failed", self.name, slot.request_id)
                     self.finish(slot, exc)
                     continue
-            groups[key].append((slot, payload))
-        self._ready, self._work_left = sum(len(items) for items in groups.values()), work_left
-        for _, items in sorted(groups.items(), key=lambda kv: kv[0]):
+            groups[key].append((slot, payload, r.size))
+            due[key] = min(due.get(key, math.inf), math.inf if r.deadline is None else r.deadline)
+        for key, items in sorted(groups.items(), key=lambda kv: (due[kv[0]], kv[0])):
             for i in range(0, len(items), self.max_batch):
                 self._occupancy.add(len(items[i:i + self.max_batch]) / self.max_batch)
                 self._compute_group(items[i:i + self.max_batch])
         return bool(groups)
 
-    def _compute_group(self, items: list[tuple[Slot, Any]]) -> None:
+    def _compute_group(self, items: list[tuple[Slot, Any, float]]) -> None:
         start, start_cpu = time.perf_counter(), time.thread_time()
         try:
-            results = self.compute([payload for _, payload in items])
+            results = self.compute([payload for _, payload, _ in items])
         except Exception as exc:  # noqa: BLE001 - a failed batch fails its requests, not the replica
             log_failure(log, exc, "%s: batch of %d failed", self.name, len(items))
-            for slot, _ in items:
+            for slot, _, _ in items:
                 self.finish(slot, exc)
             return
         seconds = time.perf_counter() - start
+        self.cost.add(sum(size for _, _, size in items), seconds)
         self.counters["calls"] += 1
         self.counters["items"] += len(items)
         self.counters["compute_s"] += seconds
         self.counters["compute_cpu_s"] += time.thread_time() - start_cpu
         self.stepped(len(items), seconds)
-        for (slot, _), result in zip(items, results):
+        for (slot, _, _), result in zip(items, results):
             self.advance(slot, lambda program, r=result: program.complete(r))
 
 

@@ -25,7 +25,7 @@ Frontends are built once per ingress replica with ``(spec, stages)``: the valida
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, ClassVar, Mapping
+from typing import Any, AsyncIterator, Callable, ClassVar, Mapping
 
 from pydantic import BaseModel
 
@@ -49,6 +49,14 @@ class RequestContext:
     timeout_s: float  # the request's deadline in seconds
     clock: RequestClock = field(default_factory=RequestClock)
     headers: Mapping[str, str] = field(default_factory=dict)  # the HTTP request's headers (case-insensitive)
+    # called once when the request ends, however it ends (the reply sent, the stream over, the client gone)
+    on_end: list[Callable[[], None]] = field(default_factory=list)
+
+    def end(self) -> None:
+        """Run (once) what the request asked to be told of its end."""
+        hooks, self.on_end[:] = list(self.on_end), []
+        for hook in hooks:
+            hook()
 
 
 @dataclass

@@ -42,8 +42,8 @@ def _text_turn(role: str, text: str) -> dict:
 
 class AudioEndpoints:
     """The audio routes of a Qwen-Omni frontend (see the module doc). Uses the frontend's ``spec``, ``inputs``,
-    ``sample_rate``, ``stop_token_ids``, ``_check_model``, ``_voice``, ``_preprocessed``, ``_prepared`` and
-    ``_events``."""
+    ``sample_rate``, ``stop_token_ids``, ``_check_model``, ``_voice``, ``_preprocessed``, ``_prepared``,
+    ``admit_audio`` and ``_events``."""
 
     # -- /v1/audio/speech ---------------------------------------------------------------------------------
     async def audio_speech(self, req: SpeechRequest, ctx: RequestContext) -> ByteStream | EventStream:
@@ -59,6 +59,7 @@ class AudioEndpoints:
                            audio_format=req.response_format, forced_reply=forced, param="input",
                            sampling=dict(temperature=1.0 if req.temperature is None else req.temperature))
         p.clock, p.timeout_s = ctx.clock, ctx.timeout_s
+        await self.admit_audio(p, ctx)
         # A FLAC's header holds its length: it is sent whole, once complete (a streamed FLAC, whose header says
         # "unknown length", is valid but many readers, libsndfile among them, refuse it). Every other format streams.
         encoder = SpeechEncoder(req.response_format, self.sample_rate, req.speed,

@@ -43,6 +43,7 @@ from omni_serve.kits.omni.vllm_omni_stream import HEADER as STREAM_FORMAT_HEADER
 from omni_serve.kits.omni.vllm_omni_stream import vllm_omni_chunks
 from omni_serve.metrics import RequestClock
 from omni_serve.models.qwen2_5_omni_layout import SAMPLE_RATE
+from omni_serve.realtime_admission import RealtimeAdmission
 from omni_serve.request_ids import new_request_id
 
 AUDIO_TTL_S = 3600
@@ -92,8 +93,18 @@ class OmniFrontend(AudioEndpoints, Frontend):
         self.kv_capacity = None if self.raw_media else min(
             spec.stage_spec(s).engine.ar.num_kv_blocks * spec.stage_spec(s).engine.ar.block_size
             for s in spec.thinker_stages())
+        self.realtime = RealtimeAdmission(spec.playback.admission, spec.playback.client_buffer_s)
         eos = self.inputs.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.stop_token_ids = [eos]
+
+    async def admit_audio(self, p: "Prepared", ctx: RequestContext) -> None:
+        """Hold a request that asked for audio until the graph's real-time capacity takes it (or raise its 429),
+        before any stage is called; its place is given back when the request ends."""
+        if p.voice is None:
+            return
+        ticket = await self.realtime.enter(p.request_id)
+        ctx.on_end.append(ticket.release)
+        p.clock.on_audio = ticket.audio
 
     def _load_checkpoint(self, checkpoint: str) -> None:
         """Set ``inputs`` (the input processor), ``thinker_cfg`` and ``voices`` (name -> what the talker needs)."""
@@ -122,6 +133,7 @@ class OmniFrontend(AudioEndpoints, Frontend):
             body = body.model_copy(update={"transcript_in_content": True})
         p = await self.prepare(body)
         p.clock, p.timeout_s = ctx.clock, ctx.timeout_s
+        await self.admit_audio(p, ctx)
         if body.stream and shape == "vllm_omni":
             return EventStream(vllm_omni_chunks(p, self._events(p), self.spec.model_name, self.sample_rate))
         if body.stream:

@@ -13,6 +13,7 @@ from omni_serve.api.video import VideoLimits
 from omni_serve.graph.graph import GraphDef
 from omni_serve.kits.omni.messages import TextDelta, ThinkerCall
 from omni_serve.kits.omni.params import ThinkerParams
+from omni_serve.realtime_admission import AdmissionSpec
 
 
 class OmniVideoSpec(VideoLimits):
@@ -55,8 +56,28 @@ class TranscriptionSpec(BaseModel):
     max_tokens: int = Field(448, ge=1, description="Most transcript tokens generated per request.")
 
 
+class PlaybackSpec(BaseModel):
+    """What the graph promises a listening client, and what it assumes of it (docs/speech_under_load.md). The
+    audio stages schedule their work by each stream's deadline: its first audio ``target_ttfp_s`` after the request
+    arrived, then the moment the client's buffer would run dry."""
+
+    target_ttfp_s: float = Field(1.0, gt=0, description=(
+        "Time to first audio the audio stages aim for: the deadline of a stream's first chunk. Lower puts new "
+        "streams' first chunks further ahead of other streams' later ones."))
+    client_buffer_s: float = Field(0.5, ge=0, description=(
+        "Seconds a client waits after its first audio before it starts playing (its jitter buffer). A stream's "
+        "next chunk is due when the audio sent so far would have played out; the served stall metrics assume "
+        "the same client. Larger lets the server batch more, at the cost of the listener's delay."))
+    admission: AdmissionSpec = Field(default_factory=AdmissionSpec, description=(
+        "Whether a new audio stream waits, or gets a 429, while the graph's measured real-time capacity cannot "
+        "take it without slowing the streams it plays."))
+
+
 class OmniAudioSpec(BaseModel):
     """How the Qwen-Omni graphs speak to clients: the chat stream's shape and the audio endpoints."""
+
+    playback: PlaybackSpec = Field(default_factory=PlaybackSpec, description=(
+        "Streamed speech: the first-audio target and the client buffer the audio stages schedule for."))
 
     chat_stream_format: Literal["openai", "vllm_omni"] = Field("openai", description=(
         "Shape of streamed chat replies: 'openai' (text of an audio reply as delta.audio.transcript pieces, "

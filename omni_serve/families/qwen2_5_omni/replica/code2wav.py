@@ -26,7 +26,7 @@ import torch
 
 from omni_serve.engines.batch import BatchProgram
 from omni_serve.families.qwen2_5_omni.messages import CodecChunk
-from omni_serve.kits.omni.replica.streams import StreamedInput, WaveChunk
+from omni_serve.kits.omni.replica.streams import PacedAudio, StreamedInput, WaveChunk
 from omni_serve.models.qwen2_5_omni import DiTWindow, OmniCode2Wav
 
 
@@ -63,7 +63,7 @@ def check_chunking(model: OmniCode2Wav, req: Code2WavRequest) -> None:
                              f"({unit} codes = block_size / repeats) (contexts may be 0)")
 
 
-class Code2WavStream(StreamedInput, BatchProgram):
+class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
     def __init__(self, model: OmniCode2Wav, req: Code2WavRequest):
         self.model, self.req = model, req
         self.codes: list[int] = []
@@ -99,13 +99,20 @@ class Code2WavStream(StreamedInput, BatchProgram):
             self.noise = torch.cat([self.noise, more[0]])
         return self.noise
 
+    def _window(self) -> tuple[int, int, int]:
+        """(first code of the next DiT window, its end, the end of the chunk it yields)."""
+        r, end = self.req, self._chunk_end()
+        return max(0, self.start - r.left_context_codes), min(len(self.codes), end + r.right_context_codes), end
+
+    def work_size(self) -> float:
+        lo, hi, _ = self._window()
+        return float(max(hi - lo, 0) * self.model.repeats)  # mel frames the DiT solves
+
     def work(self):
         if self.start >= len(self.codes):  # upstream ended: nothing (more) to synthesize
             return (0,), None
         r, rep = self.req, self.model.repeats
-        end = self._chunk_end()
-        lo = max(0, self.start - r.left_context_codes)
-        hi = min(len(self.codes), end + r.right_context_codes)
+        lo, hi, end = self._window()
         noise = self._noise(rep * hi)[rep * lo:rep * hi]
         self._pending_end = end
         job = _Job(DiTWindow(self.codes[lo:hi], noise, r.voice), (rep * (self.start - lo), rep * (end - lo)),
@@ -124,7 +131,7 @@ class Code2WavStream(StreamedInput, BatchProgram):
         self.start = self._pending_end
         self.emitted = True
         self.done = self.upstream_done and self.start >= len(self.codes)
-        return [WaveChunk(wav.numpy(), n)]
+        return [self.sent(WaveChunk(wav.numpy(), n))]
 
 
 class Code2WavCompute:

@@ -21,6 +21,7 @@ from omni_serve.families.qwen2_5_omni.replica.code2wav import (
     Code2WavCompute, Code2WavRequest, Code2WavStream, check_chunking,
 )
 from omni_serve.graph.runner import StageRunner
+from omni_serve.kits.omni.replica.streams import client_pace
 from omni_serve.kits.omni.replica import runners as omni
 
 
@@ -83,6 +84,7 @@ class Code2WavRunner(StageRunner):
         if call.voice not in self.model.speakers:
             raise ValueError(f"unknown voice {call.voice!r}")
         program = Code2WavStream(self.model, self._request(call.voice, call.seed))
+        program.pace = client_pace(self.spec)  # its chunks are due when its client needs them
         async for out in self.drive(engine, call.request_id, program):
             # Audio for the client is the response payload itself (bytes), not a data-plane reference.
             yield AudioDelta(samples=np.asarray(out.audio, dtype="<f4").tobytes(), num_codes=out.num_codes)

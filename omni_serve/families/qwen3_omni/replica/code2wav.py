@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from omni_serve.engines.batch import BatchProgram
-from omni_serve.kits.omni.replica.streams import StreamedInput, WaveChunk
+from omni_serve.kits.omni.replica.streams import PacedAudio, StreamedInput, WaveChunk
 from omni_serve.families.qwen3_omni.messages import CodecChunk
 from omni_serve.models.qwen3_omni import Qwen3OmniCode2Wav
 from omni_serve.models.qwen3_omni_vocoder import VocoderStream
@@ -45,7 +45,7 @@ class _Job:
     drop: int  # samples of the output that belong to the block's context (not this chunk's)
 
 
-class Code2WavStream(StreamedInput, BatchProgram):
+class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
     def __init__(self, model: Qwen3OmniCode2Wav, req: Code2WavRequest):
         self.model, self.req = model, req
         self.frames: list[list[int]] = []
@@ -74,6 +74,10 @@ class Code2WavStream(StreamedInput, BatchProgram):
     def ready(self) -> bool:
         return not self.done and (self.upstream_done or self._chunk_end() is not None)
 
+    def work_size(self) -> float:
+        end = self._chunk_end()
+        return float(max((end or self.fed) - self.fed, 0))  # frames the vocoder decodes
+
     def work(self):
         end = self._chunk_end()
         if end is None or end <= self.fed:  # upstream ended: nothing (more) to decode
@@ -97,7 +101,7 @@ class Code2WavStream(StreamedInput, BatchProgram):
         self.fed = self._pending_end
         self.emitted = True
         self.done = self.upstream_done and self.fed >= len(self.frames)
-        return [WaveChunk(result.numpy(), n)]
+        return [self.sent(WaveChunk(result.numpy(), n))]
 
 
 class Code2WavCompute:

@@ -17,6 +17,7 @@ from omni_serve.families.qwen3_omni.messages import AudioDelta, Code2WavCall, Ta
 from omni_serve.families.qwen3_omni.replica.code2wav import Code2WavCompute, Code2WavRequest, Code2WavStream
 from omni_serve.families.qwen3_omni.replica.programs import Qwen3TalkerSequence, Qwen3ThinkerSequence, TalkerRequest
 from omni_serve.graph.runner import StageRunner
+from omni_serve.kits.omni.replica.streams import client_pace
 from omni_serve.kits.omni.replica import runners as omni
 
 class ThinkerRunner(omni.ThinkerRunner):
@@ -60,6 +61,7 @@ class Code2WavRunner(StageRunner):
         program = Code2WavStream(self.model, Code2WavRequest(
             first_chunk_codes=p.first_chunk_codes, chunk_codes=p.chunk_codes, block_codes=p.block_codes,
             block_left_context=p.block_left_context))
+        program.pace = client_pace(self.spec)  # its chunks are due when its client needs them
         async for out in self.drive(engine, call.request_id, program):
             # Audio for the client is the response payload itself (bytes), not a data-plane reference.
             yield AudioDelta(samples=np.asarray(out.audio, dtype="<f4").tobytes(), num_codes=out.num_codes)

@@ -17,6 +17,8 @@ import numpy as np
 
 from omni_serve.engines.ar.sequence import ARSequence
 from omni_serve.graph.messages import StreamChunk
+from omni_serve.models.qwen2_5_omni_layout import SAMPLE_RATE
+from omni_serve.playback import StreamDeadline
 
 
 class StreamedInput:
@@ -43,6 +45,29 @@ class StreamedInput:
 
     def release(self) -> None:
         self.drop_inputs()
+
+
+class PacedAudio:
+    """An audio program whose chunks are due when its client needs them: ``pace`` (set by the runner from the
+    graph's ``playback`` settings) gives the batch engine its ``deadline()``; ``sent(chunk)`` as each chunk is
+    emitted. ``size_of(frames)`` turns the next unit's frames into its ``work_size()``."""
+
+    pace: StreamDeadline | None = None
+    sample_rate: int = SAMPLE_RATE
+
+    def deadline(self) -> float | None:
+        return None if self.pace is None else self.pace.due()
+
+    def sent(self, chunk: "WaveChunk") -> "WaveChunk":
+        if self.pace is not None:
+            self.pace.sent(len(chunk.audio) / self.sample_rate)
+        return chunk
+
+
+def client_pace(spec) -> StreamDeadline:
+    """A new stream's deadlines by the graph spec's ``playback`` settings (its first-audio target and client
+    buffer), from now."""
+    return StreamDeadline(spec.playback.target_ttfp_s, spec.playback.client_buffer_s)
 
 
 class StreamedSequence(StreamedInput, ARSequence):

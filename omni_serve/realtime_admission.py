@@ -1,0 +1,168 @@
+"""Admission by real-time capacity: a new audio stream starts only while every stream already admitted keeps up.
+
+Contract: ``RealtimeAdmission(settings, buffer_s)`` (``settings``: a graph's ``playback.admission``, an
+``AdmissionSpec``) is kept by the frontend of a graph that speaks. ``await enter(request_id)`` admits a request that
+asked for audio, before any stage is called, and returns its ``StreamTicket``; ``ticket.audio(seconds)`` as each
+chunk reaches the client, ``ticket.release()`` when the stream ends (idempotent; the ingress calls it however the
+request ends). ``state()`` is what ``/health`` and the metrics show.
+
+Policies (``settings.policy``):
+- ``none``: every request is admitted (the ingress' ``max_inflight_requests`` still bounds them).
+- ``queue``: a request that cannot be admitted waits, in arrival order, up to ``max_wait_s`` (its time to first
+  audio counting), then gets a 429 with ``Retry-After``; beyond ``max_queued`` waiting, a 429 at once.
+- ``reject``: a request that cannot be admitted now gets a 429 with ``Retry-After`` at once.
+
+When a stream can be admitted: when none is admitted; otherwise when the capacity is known, the admitted streams
+with the new one would each still be produced at least ``1 + margin`` times as fast as they play
+(``capacity / (admitted + 1) >= 1 + margin``), and no admitted stream is behind (its client's buffer, as
+``omni_serve.playback`` models it with ``buffer_s``, has run dry or will within ``guard_s``).
+
+The capacity is the audio seconds per second the graph delivered over the last ``window_s`` of a busy period (from
+the first audio of the period on), measured here, at the ingress, from the chunks it passes to clients. Why here and
+not summed from each stage's step costs: the stages of one node share its cores, so what a stage could do alone
+overstates what the graph does; the delivered rate counts every stage, every replica and the cores they share.
+While streams are produced as fast as the stages go (every admitted stream is backlogged), the delivered rate is
+the capacity at the current load; batching makes a larger load cheaper per stream, so the estimate is
+conservative and grows as admissions raise the load. It is kept from one busy period to the next; before any was
+measured, only one stream is admitted at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from typing import Callable, Literal
+
+from pydantic import BaseModel, Field
+
+from omni_serve.api.errors import too_many_requests
+from omni_serve.playback import Playback
+
+
+class AdmissionSpec(BaseModel):
+    """Admission of audio streams by the graph's real-time capacity (docs/speech_under_load.md)."""
+
+    policy: Literal["none", "queue", "reject"] = Field("none", description=(
+        "none: every request is admitted; queue: a request the capacity cannot take waits up to max_wait_s, "
+        "then gets a 429; reject: it gets a 429 at once. Requests without audio are never held."))
+    margin: float = Field(0.2, ge=0, description=(
+        "Admit while every stream, with the new one, is still produced at least 1 + margin times as fast as it "
+        "plays. More margin: fewer streams, more room for bursts."))
+    max_wait_s: float = Field(2.0, ge=0, description=(
+        "queue: the longest a request waits for admission before its 429 (the wait counts in its time to first "
+        "audio)."))
+    max_queued: int = Field(64, ge=0, description="queue: requests waiting at most; beyond, a 429 at once.")
+    window_s: float = Field(4.0, gt=0, description="Seconds of delivered audio the capacity is measured over.")
+    guard_s: float = Field(0.1, ge=0, description=(
+        "A stream whose client buffer runs dry within this many seconds is behind: nothing new is admitted."))
+    retry_after_s: float = Field(1.0, gt=0, description="Retry-After of the 429.")
+
+
+class StreamTicket:
+    def __init__(self, admission: "RealtimeAdmission", request_id: str):
+        self.admission: RealtimeAdmission | None = admission
+        self.request_id = request_id
+        self.playback = Playback(admission.buffer_s, admission.clock())
+
+    def audio(self, seconds: float) -> None:
+        if self.admission is not None and seconds > 0:
+            self.admission._delivered(self, seconds)
+
+    def release(self) -> None:
+        if self.admission is not None:
+            admission, self.admission = self.admission, None
+            admission._left(self)
+
+
+class RealtimeAdmission:
+    def __init__(self, settings: AdmissionSpec, buffer_s: float, clock: Callable[[], float] = time.monotonic):
+        self.settings, self.buffer_s, self.clock = settings, buffer_s, clock
+        self.admitted: set[StreamTicket] = set()
+        self.capacity: float | None = None  # audio seconds per second, last measured
+        self.rejected = 0
+        self._waiters: collections.deque[tuple[str, asyncio.Future]] = collections.deque()
+        self._chunks: collections.deque[tuple[float, float]] = collections.deque()  # (arrival, seconds)
+        self._first_audio: float | None = None  # first audio of the busy period
+
+    # -- requests ---------------------------------------------------------------------------------------------
+    async def enter(self, request_id: str) -> StreamTicket:
+        s = self.settings
+        if s.policy == "none" or (not self._waiters and self.can_admit()):
+            return self._admit(request_id)
+        if s.policy == "reject" or len(self._waiters) >= s.max_queued:
+            raise self._refusal("it cannot start now")
+        entry = (request_id, asyncio.get_running_loop().create_future())
+        self._waiters.append(entry)
+        ticket = None
+        try:
+            ticket = await asyncio.wait_for(asyncio.shield(entry[1]), s.max_wait_s)
+            return ticket
+        except asyncio.TimeoutError:
+            raise self._refusal(f"it waited {s.max_wait_s:g} s") from None
+        finally:
+            if entry in self._waiters:
+                self._waiters.remove(entry)
+            waiter = entry[1]
+            if ticket is None and waiter.done() and not waiter.cancelled():
+                waiter.result().release()  # admitted just as it timed out or its client left
+            elif not waiter.done():
+                waiter.cancel()
+
+    def can_admit(self) -> bool:
+        if not self.admitted:
+            return True
+        speed = None if self.capacity is None else self.capacity / (len(self.admitted) + 1)
+        if speed is None or speed < 1 + self.settings.margin:
+            return False
+        horizon = self.clock() + self.settings.guard_s
+        return all(t.playback.due() is None or t.playback.due() > horizon for t in self.admitted)
+
+    def state(self) -> dict:
+        return {"policy": self.settings.policy, "admitted": len(self.admitted), "queued": len(self._waiters),
+                "capacity_audio_s_per_s": None if self.capacity is None else round(self.capacity, 3),
+                "rejected": self.rejected}
+
+    # -- internals --------------------------------------------------------------------------------------------
+    def _refusal(self, why: str):
+        self.rejected += 1
+        cap = "unknown" if self.capacity is None else f"{self.capacity:.2f} audio s/s"
+        return too_many_requests(
+            f"The server is at its real-time capacity for speech ({len(self.admitted)} streams playing, capacity "
+            f"{cap}); {why}. Retry after {max(1, round(self.settings.retry_after_s))} s.", self.settings.retry_after_s)
+
+    def _admit(self, request_id: str) -> StreamTicket:
+        if not self.admitted:
+            self._first_audio = None  # a new busy period
+            self._chunks.clear()
+        ticket = StreamTicket(self, request_id)
+        self.admitted.add(ticket)
+        return ticket
+
+    def _delivered(self, ticket: StreamTicket, seconds: float) -> None:
+        now = self.clock()
+        ticket.playback.add(now, seconds)
+        if self._first_audio is None:
+            self._first_audio = now
+        self._chunks.append((now, seconds))
+        start = max(now - self.settings.window_s, self._first_audio)
+        while self._chunks and self._chunks[0][0] < start:
+            self._chunks.popleft()
+        span = now - start
+        if span >= min(1.0, self.settings.window_s / 2):
+            audio = sum(s for _, s in self._chunks)
+            if start == self._first_audio:  # the period's first chunk marks the start: it was produced before it
+                audio -= self._chunks[0][1]
+            self.capacity = audio / span
+        self._wake()
+
+    def _left(self, ticket: StreamTicket) -> None:
+        self.admitted.discard(ticket)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Admit waiting requests, in order, while the capacity allows."""
+        while self._waiters and self.can_admit():
+            request_id, waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(self._admit(request_id))

@@ -1,0 +1,75 @@
+"""Speech under load on the served tiny Qwen2.5-Omni graph, over real HTTP: with admission by real-time capacity
+(``playback.admission``), the streams beyond what the graph takes get a 429 with ``Retry-After`` and the streams it
+admits play without a stall for a client with the graph's buffer; the ingress reports it on ``/health``, and every
+place is given back when the streams end (tests/integration/test_observability.py finds the stall and gap
+histograms in a real scrape)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from omni_serve.playback import replay
+from tests.integration.conftest import ORACLE
+
+pytestmark = pytest.mark.integration
+OMNI_STAGES = ("encoder", "thinker", "talker", "code2wav")
+BUFFER_S = 0.5
+
+
+@pytest.fixture(scope="module")
+def admitting_app(ray_serve, omni_tiny_dir):
+    from ray import serve
+
+    from omni_serve.families.qwen2_5_omni import build_app
+
+    serve.run(build_app({
+        "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in OMNI_STAGES},
+        "stages.talker.params.max_codec_tokens": 200, "stages.code2wav.params.num_steps": ORACLE["steps"],
+        # a margin no capacity meets: one stream at a time, the rest refused at once
+        "playback.admission.policy": "reject", "playback.admission.margin": 1000,
+        "playback.admission.retry_after_s": 2, "playback.client_buffer_s": BUFFER_S,
+    }), name="omni_admission", route_prefix="/admission")
+    yield ray_serve + "/admission"
+    serve.delete("omni_admission")
+
+
+async def _speak(client: httpx.AsyncClient, url: str, i: int) -> dict:
+    body = {"model": "qwen2.5-omni", "voice": "Chelsie", "input": f"hello world cat dog number {i}",
+            "response_format": "pcm", "temperature": 0, "seed": i}
+    t0 = time.perf_counter()
+    async with client.stream("POST", f"{url}/v1/audio/speech", json=body) as r:
+        if r.status_code != 200:
+            return {"status": r.status_code, "headers": dict(r.headers), "body": (await r.aread()).decode()}
+        chunks = [[time.perf_counter() - t0, len(c) / 2 / 24000] async for c in r.aiter_raw() if c]
+    return {"status": 200, "chunks": chunks}
+
+
+async def _speak_alone(url: str, i: int) -> dict:
+    async with httpx.AsyncClient(timeout=300) as client:
+        return await _speak(client, url, i)
+
+
+def test_streams_beyond_the_capacity_get_a_429_and_the_admitted_ones_never_stall(admitting_app):
+    async def burst():
+        async with httpx.AsyncClient(timeout=300) as client:
+            return await asyncio.gather(*(_speak(client, admitting_app, i) for i in range(4)))
+
+    results = asyncio.run(burst())
+    served = [r for r in results if r["status"] == 200]
+    refused = [r for r in results if r["status"] != 200]
+    assert served and refused and len(served) + len(refused) == 4, [r["status"] for r in results]
+    for r in refused:
+        assert r["status"] == 429 and r["headers"]["retry-after"] == "2", r
+        assert "real-time capacity" in r["body"] and "rate_limit_error" in r["body"]
+    for r in served:
+        heard = replay([tuple(c) for c in r["chunks"]], BUFFER_S)
+        assert heard.audio_s == pytest.approx(200 / 50, abs=0.05) and heard.stalls == 0, heard
+    # every place is given back: a new stream is admitted once the others ended
+    alone = asyncio.run(_speak_alone(admitting_app, 9))
+    assert alone["status"] == 200
+    state = httpx.get(f"{admitting_app}/health?fresh=1", timeout=60).json()["ingress"]["realtime"]
+    assert state["policy"] == "reject" and state["admitted"] == 0 and state["rejected"] == len(refused), state

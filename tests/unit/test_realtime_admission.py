@@ -1,0 +1,129 @@
+"""Admission by real-time capacity (omni_serve.realtime_admission) with fake streams: the capacity measured from
+delivered audio, who is admitted, who waits and who gets a 429, and that every place is given back (no Ray)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from omni_serve.api.errors import OpenAIError
+from omni_serve.realtime_admission import AdmissionSpec, RealtimeAdmission
+from tests.unit.test_autoscaling import FakeClock
+
+
+def _admission(policy: str, clock: FakeClock, **kw) -> RealtimeAdmission:
+    return RealtimeAdmission(AdmissionSpec(policy=policy, margin=0.2, **kw), buffer_s=0.5, clock=clock)
+
+
+def _deliver(ticket, clock: FakeClock, chunks: int, every_s: float, seconds: float) -> None:
+    for _ in range(chunks):
+        clock.t += every_s
+        ticket.audio(seconds)
+
+
+def test_the_capacity_is_the_audio_delivered_per_second_of_the_busy_period():
+    clock = FakeClock()
+    admission = _admission("none", clock)
+
+    async def main():
+        ticket = await admission.enter("a")
+        clock.t += 0.9  # time to first audio: not part of the rate
+        ticket.audio(0.24)
+        assert admission.capacity is None
+        _deliver(ticket, clock, 4, 0.5, 1.5)  # 6 s of audio in 2 s after the first chunk
+        assert admission.capacity == pytest.approx(3.0)
+        ticket.release()
+        ticket.release()  # idempotent
+        assert admission.state()["admitted"] == 0 and admission.state()["capacity_audio_s_per_s"] == 3.0
+    asyncio.run(main())
+
+
+def test_reject_admits_while_every_stream_keeps_real_time_with_the_new_one():
+    clock = FakeClock()
+    admission = _admission("reject", clock)
+
+    async def main():
+        first = await admission.enter("a")
+        with pytest.raises(OpenAIError) as refused:  # nothing measured yet: one stream at a time
+            await admission.enter("b")
+        assert refused.value.status_code == 429 and refused.value.headers["Retry-After"] == "1"
+        assert refused.value.type == "rate_limit_error"
+        first.audio(0.24)
+        _deliver(first, clock, 4, 0.5, 1.5)  # 3 audio s/s: room for a second stream at 1.5x real time
+        second = await admission.enter("b")
+        with pytest.raises(OpenAIError):  # a third would get 1.0x: under 1 + margin
+            await admission.enter("c")
+        assert admission.state() == {"policy": "reject", "admitted": 2, "queued": 0,
+                                     "capacity_audio_s_per_s": 3.0, "rejected": 2}
+        first.release()
+        second.release()
+    asyncio.run(main())
+
+
+def test_nothing_new_is_admitted_while_a_stream_is_behind_its_client():
+    clock = FakeClock()
+    admission = _admission("reject", clock)
+
+    async def main():
+        a = await admission.enter("a")
+        a.audio(0.24)
+        _deliver(a, clock, 4, 0.5, 1.5)  # 3 audio s/s; a's client runs dry at 100 + 0.5 + 6.24
+        assert admission.can_admit()
+        clock.t = 106.7  # nothing more came: within guard_s of running dry
+        assert not admission.can_admit()
+        a.audio(10.0)  # it caught up (10 s in the last 4 s: 2.5 audio s/s)
+        assert admission.capacity == pytest.approx(2.5) and admission.can_admit()
+        a.release()
+    asyncio.run(main())
+
+
+def test_queue_holds_a_request_until_a_stream_ends_or_its_wait_runs_out():
+    clock = FakeClock()
+    admission = _admission("queue", clock, max_wait_s=5.0, max_queued=1)
+
+    async def main():
+        a = await admission.enter("a")
+        waiting = asyncio.ensure_future(admission.enter("b"))
+        await asyncio.sleep(0.01)
+        assert not waiting.done() and admission.state()["queued"] == 1
+        with pytest.raises(OpenAIError):  # the queue is full: a 429 at once
+            await admission.enter("c")
+        a.release()
+        b = await asyncio.wait_for(waiting, 1)
+        assert admission.state()["admitted"] == 1 and admission.state()["queued"] == 0
+        admission.settings = admission.settings.model_copy(update={"max_wait_s": 0.05})
+        with pytest.raises(OpenAIError) as late:
+            await admission.enter("d")
+        assert "waited" in late.value.message and admission.state()["queued"] == 0
+        b.release()
+        assert admission.state()["admitted"] == 0
+    asyncio.run(main())
+
+
+def test_a_waiting_request_whose_client_leaves_holds_no_place():
+    clock = FakeClock()
+    admission = _admission("queue", clock, max_wait_s=5.0)
+
+    async def main():
+        a = await admission.enter("a")
+        waiting = asyncio.ensure_future(admission.enter("b"))
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        await asyncio.sleep(0.01)
+        assert admission.state()["queued"] == 0
+        a.release()
+        assert admission.state()["admitted"] == 0
+    asyncio.run(main())
+
+
+def test_policy_none_admits_everything_and_still_measures():
+    clock = FakeClock()
+    admission = _admission("none", clock)
+
+    async def main():
+        tickets = [await admission.enter(str(i)) for i in range(5)]
+        assert admission.state()["admitted"] == 5 and admission.rejected == 0
+        for t in tickets:
+            t.release()
+    asyncio.run(main())
