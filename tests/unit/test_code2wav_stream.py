@@ -53,6 +53,7 @@ def stream_all(c2w, streams_codes, req_kw, feed=7):
     {"chunk_codes": 48},
     {"chunk_codes": 24, "left_context_codes": 0},
     {"first_chunk_codes": 24, "chunk_codes": 12, "left_context_codes": 24, "right_context_codes": 24},
+    {"chunk_codes": 96, "chunk_growth": 2.0},  # 12, 24, 72, then the rest: growing chunks keep exact seams
 ])
 def test_chunks_concatenate_to_whole_sequence(c2w, req_kw):
     cs = codes(101, 0)
@@ -149,3 +150,10 @@ def test_time_conditioning_kept_per_time_value_serves_any_step_schedule(c2w, omn
                                    fresh.dit_windows([window], num_steps=steps)[0], rtol=0, atol=0)
     assert not torch.equal(c2w.dit_windows([window], num_steps=STEPS + 2)[0],
                            c2w.dit_windows([window], num_steps=STEPS)[0])
+
+
+def test_chunks_grow_with_the_audio_sent_up_to_chunk_codes(c2w):
+    outs, _ = stream_all(c2w, [(7, codes(301, 4))], {"chunk_codes": 96, "chunk_growth": 2.0})
+    assert [o.num_codes for o in outs[0]] == [12, 24, 72, 96, 96, 1]
+    fixed, _ = stream_all(c2w, [(7, codes(301, 4))], {"chunk_codes": 96})
+    assert [o.num_codes for o in fixed[0]] == [12, 96, 96, 96, 1]

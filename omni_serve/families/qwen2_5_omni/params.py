@@ -32,7 +32,11 @@ class Code2WavParams(BaseModel):
     first_chunk_codes: int = Field(12, ge=1, description=(
         "Codec tokens in the first synthesized audio chunk (small = early first audio). Chunk sizes and "
         "contexts are multiples of the DiT block (block_size / repeats codes: 12 for Qwen2.5-Omni)."))
-    chunk_codes: int = Field(96, ge=1, description="Codec tokens per later audio chunk.")
+    chunk_codes: int = Field(96, ge=1, description="Codec tokens per later audio chunk (the largest chunk).")
+    chunk_growth: float = Field(2.0, ge=0, description=(
+        "Each later chunk is at most this many times the codes already sent (rounded down to the DiT block), up "
+        "to chunk_codes; 0: every later chunk is chunk_codes. Chunks that grow from the first let the second one "
+        "arrive before a client that started playing the first runs dry (docs/speech_under_load.md)."))
     left_context_codes: int = Field(12, ge=0, description="Codes before a chunk the DiT sees (seam accuracy).")
     right_context_codes: int = Field(12, ge=0, description=(
         "Codes after a chunk the DiT sees; a chunk waits for them (or the end of speech)."))

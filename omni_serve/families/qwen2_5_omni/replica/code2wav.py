@@ -15,7 +15,9 @@ How the seams match:
 - Vocoder: each chunk's mel is vocoded with ``vocoder_context_frames`` of already-final mel on the left and
   of the window's look-ahead mel on the right, and the output trimmed to the chunk's samples.
 The chunk waits for ``right`` codes beyond its end (or the end of the stream), which is the price of exact
-seams: a few codec frames (12 codes = 0.24 s of audio by default) of extra latency.
+seams: a few codec frames (12 codes = 0.24 s of audio by default) of extra latency. With ``chunk_growth``, chunks
+after the first grow with the audio already sent (12, 24, 72, 96 codes by the stage's defaults), so the second
+chunk comes before a client playing the short first one runs dry; the seams are exact whatever the sizes.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Code2WavRequest:
     sway_coefficient: float = -1.0
     first_chunk_codes: int = 12
     chunk_codes: int = 96
+    chunk_growth: float = 0.0  # a later chunk is at most this times the codes sent (whole blocks); 0: chunk_codes
     left_context_codes: int = 12
     right_context_codes: int = 12
     vocoder_context_frames: int = 8
@@ -81,8 +84,18 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
     def drop_inputs(self) -> None:
         self.noise = self.mel_tail = None
 
+    def _chunk_size(self) -> int:
+        r = self.req
+        if not self.start:
+            return r.first_chunk_codes
+        if not r.chunk_growth:
+            return r.chunk_codes
+        unit = self.model.block_codes
+        grown = int(r.chunk_growth * self.start) // unit * unit
+        return max(unit, min(r.chunk_codes, grown))
+
     def _chunk_end(self) -> int:
-        size = self.req.chunk_codes if self.start else self.req.first_chunk_codes
+        size = self._chunk_size()
         end = self.start + size
         return min(end, len(self.codes)) if self.upstream_done else end
 
