@@ -5,7 +5,7 @@ arrives (``t`` on any clock, the same as ``start``; chunks without audio are ign
 the listener heard. The same object tells a server when the stream needs its next chunk: ``due()``.
 
 ``StreamDeadline(target_ttfp_s, buffer_s)`` is a server's side of the same client: ``sent(seconds)`` as each chunk
-leaves, and ``due()``, when the stream needs its next chunk: ``target_ttfp_s`` after the stream began until its
+leaves, and ``due()``, when the stream needs its next chunk (``slack()``: how long until then): ``target_ttfp_s`` after the stream began until its
 first audio is sent, then the moment the client's buffer would run dry.
 
 The client model (documented in docs/speech_under_load.md): playback starts ``buffer_s`` seconds after the first
@@ -109,3 +109,7 @@ class StreamDeadline:
     def due(self) -> float:
         due = self.playback.due()
         return self.first_due if due is None else due
+
+    def slack(self) -> float:
+        """Seconds until ``due()`` (negative: the client has run dry)."""
+        return self.due() - self.clock()

@@ -157,3 +157,31 @@ def test_chunks_grow_with_the_audio_sent_up_to_chunk_codes(c2w):
     assert [o.num_codes for o in outs[0]] == [12, 24, 72, 96, 96, 1]
     fixed, _ = stream_all(c2w, [(7, codes(301, 4))], {"chunk_codes": 96})
     assert [o.num_codes for o in fixed[0]] == [12, 96, 96, 96, 1]
+
+
+def test_a_chunk_is_cut_to_the_codes_here_when_its_client_is_about_to_run_dry(c2w):
+    from omni_serve.playback import StreamDeadline
+    from tests.unit.test_autoscaling import FakeClock
+
+    clock = FakeClock()
+    stream = Code2WavStream(c2w, Code2WavRequest("Chelsie", 7, STEPS, chunk_codes=96, cut_lead_s=0.4))
+    stream.pace = StreamDeadline(target_ttfp_s=1.0, buffer_s=0.5, clock=clock)
+    cs = codes(200, 5)
+    compute = Code2WavCompute(c2w, STEPS, 0.5, -1.0)
+
+    def run_one():
+        _, job = stream.work()
+        return stream.complete(compute([job])[0])
+
+    with torch.inference_mode():
+        stream.feed(CodecChunk(codes=cs[:24], end=False))
+        assert [o.num_codes for o in run_one()] == [12]  # sent at 100.0: the client runs dry at 100.74
+        stream.feed(CodecChunk(codes=cs[24:60], end=False))
+        clock.t += 0.2
+        assert not stream.ready()  # 0.54 s left: it waits for the whole chunk (96 codes)
+        clock.t += 0.2
+        assert stream.ready()  # 0.34 s left: the 36 codes with their right context go now
+        assert [o.num_codes for o in run_one()] == [36]
+        clock.t += 5  # dry already: the next chunk waits for its whole size
+        stream.feed(CodecChunk(codes=cs[60:100], end=False))
+        assert not stream.ready()

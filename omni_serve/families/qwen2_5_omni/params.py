@@ -37,6 +37,10 @@ class Code2WavParams(BaseModel):
         "Each later chunk is at most this many times the codes already sent (rounded down to the DiT block), up "
         "to chunk_codes; 0: every later chunk is chunk_codes. Chunks that grow from the first let the second one "
         "arrive before a client that started playing the first runs dry (docs/speech_under_load.md)."))
+    cut_lead_s: float = Field(0.4, ge=0, description=(
+        "A later chunk whose client would run dry within this many seconds goes at once, cut to the whole DiT "
+        "blocks of codes the talker has sent (0: chunks are never cut). Roughly the time a window takes to "
+        "compute and reach the client."))
     left_context_codes: int = Field(12, ge=0, description="Codes before a chunk the DiT sees (seam accuracy).")
     right_context_codes: int = Field(12, ge=0, description=(
         "Codes after a chunk the DiT sees; a chunk waits for them (or the end of speech)."))

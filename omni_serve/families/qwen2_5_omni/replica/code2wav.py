@@ -17,7 +17,8 @@ How the seams match:
 The chunk waits for ``right`` codes beyond its end (or the end of the stream), which is the price of exact
 seams: a few codec frames (12 codes = 0.24 s of audio by default) of extra latency. With ``chunk_growth``, chunks
 after the first grow with the audio already sent (12, 24, 72, 96 codes by the stage's defaults), so the second
-chunk comes before a client playing the short first one runs dry; the seams are exact whatever the sizes.
+chunk comes before a client playing the short first one runs dry; the seams are exact whatever the sizes. A stream with a ``pace`` (its client's deadlines) cuts a later chunk short,
+to the whole blocks of codes it has, once its client is within ``cut_lead_s`` of running dry.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Code2WavRequest:
     first_chunk_codes: int = 12
     chunk_codes: int = 96
     chunk_growth: float = 0.0  # a later chunk is at most this times the codes sent (whole blocks); 0: chunk_codes
+    cut_lead_s: float = 0.4  # with a pace: a later chunk is cut to the codes here this long before its client runs dry
     left_context_codes: int = 12
     right_context_codes: int = 12
     vocoder_context_frames: int = 8
@@ -95,9 +97,20 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
         return max(unit, min(r.chunk_codes, grown))
 
     def _chunk_end(self) -> int:
-        size = self._chunk_size()
-        end = self.start + size
-        return min(end, len(self.codes)) if self.upstream_done else end
+        r = self.req
+        end = self.start + self._chunk_size()
+        if self.upstream_done:
+            return min(end, len(self.codes))
+        if self.start and self.pace is not None and len(self.codes) < end + r.right_context_codes:
+            # The client runs dry before the whole chunk's codes come: a shorter chunk of the codes here (whole
+            # blocks) goes now, unless it is dry already (then the full chunk: cutting it would cost every stream
+            # throughput and buy this one little).
+            if 0 < self.pace.slack() <= r.cut_lead_s:
+                unit = self.model.block_codes
+                here = (len(self.codes) - r.right_context_codes - self.start) // unit * unit
+                if here >= unit:
+                    return self.start + here
+        return end
 
     def ready(self) -> bool:
         if self.done:

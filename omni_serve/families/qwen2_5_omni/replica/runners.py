@@ -73,7 +73,7 @@ class Code2WavRunner(StageRunner):
         return Code2WavRequest(
             voice=voice, seed=seed, num_steps=p.num_steps, guidance_scale=p.guidance_scale,
             sway_coefficient=p.sway_coefficient, first_chunk_codes=p.first_chunk_codes, chunk_codes=p.chunk_codes,
-            chunk_growth=p.chunk_growth,
+            chunk_growth=p.chunk_growth, cut_lead_s=p.cut_lead_s,
             left_context_codes=p.left_context_codes, right_context_codes=p.right_context_codes,
             vocoder_context_frames=p.vocoder_context_frames)
 
