@@ -17,8 +17,9 @@ How the seams match:
 The chunk waits for ``right`` codes beyond its end (or the end of the stream), which is the price of exact
 seams: a few codec frames (12 codes = 0.24 s of audio by default) of extra latency. With ``chunk_growth``, chunks
 after the first grow with the audio already sent (12, 24, 72, 96 codes by the stage's defaults), so the second
-chunk comes before a client playing the short first one runs dry; the seams are exact whatever the sizes. A stream with a ``pace`` (its client's deadlines) cuts a later chunk short,
-to the whole blocks of codes it has, once its client is within ``cut_lead_s`` of running dry.
+chunk comes before a client playing the short first one runs dry; the seams are exact whatever the sizes. A stream
+with a ``pace`` (its client's deadlines) cuts a later chunk short, to the whole blocks of codes it has, once its
+client is within ``cut_lead_s`` of running dry.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ class StreamedInput:
 class PacedAudio:
     """An audio program whose chunks are due when its client needs them: ``pace`` (set by the runner from the
     graph's ``playback`` settings) gives the batch engine its ``deadline()``; ``sent(chunk)`` as each chunk is
-    emitted. ``size_of(frames)`` turns the next unit's frames into its ``work_size()``."""
+    emitted."""
 
     pace: StreamDeadline | None = None
     sample_rate: int = SAMPLE_RATE
