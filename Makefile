@@ -74,14 +74,12 @@ integration: setup vllm-env checkpoint
 	$(TEST_ENV) OMNI_SERVE_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/pytest tests/integration
 
 # The GPU check (docs/gpu.md). A lent GPU machine has CUDA torch and little else of ours (and no room for Ray):
-# `make gpu-wheels` downloads, here, the wheels of what the check imports beyond torch, at this venv's versions,
-# into gpu-wheels/ (ignored; carry it); `make gpu-check` (or scripts/gpu_check.sh there) installs them and runs.
-GPU_WHEEL_PACKAGES := transformers tokenizers huggingface_hub safetensors diffusers cache_dit pydantic pydantic_core \
-  typing_inspection annotated_types soundfile
+# `make gpu-wheels` downloads, here, the wheels of what the check imports beyond torch and what they need on the GPU
+# machine's Python (3.12), at this venv's versions, into gpu-wheels/ (ignored; carry it); `make gpu-check` (or
+# scripts/gpu_check.sh there) installs them and runs. The list: omni_serve/bench/gpu_env.py.
 gpu-wheels: setup
-	mkdir -p gpu-wheels
-	$(PY) -c "import importlib.metadata as m; print('\n'.join(f'{n}=={m.version(n)}' for n in '$(GPU_WHEEL_PACKAGES)'.split()))" > gpu-wheels/requirements.txt
-	$(PY) -m pip download --quiet --no-deps --only-binary=:all: -d gpu-wheels -r gpu-wheels/requirements.txt
+	rm -rf gpu-wheels
+	$(PY) -m omni_serve.bench.gpu_env download gpu-wheels
 	du -sh gpu-wheels
 
 gpu-check:

@@ -3,7 +3,7 @@
 # --dry-run so that it never rots.
 #   scripts/gpu_check.sh [--dry-run] [--out DIR] [--batches 1,8,32] [--size tiny|small]
 # On the GPU machine (its own python3 and CUDA torch; no .venv, no Ray): installs the wheels `make gpu-wheels`
-# put in gpu-wheels/ (carried along, without their dependencies, so the machine's torch stays), then runs
+# put in gpu-wheels/ (carried along; pip keeps the machine's torch), then runs
 # omni_serve.bench.gpu_check: every gpu-marked test, one DiT step and one AR decode step timed at batch 1/8/32,
 # and DIR/gpu_check.json (default gpu_check_out/). Exits non-zero when a test failed or a timing could not be taken.
 set -euo pipefail
@@ -15,9 +15,11 @@ fi
 dry=0
 for arg in "$@"; do [ "$arg" = "--dry-run" ] && dry=1; done
 if [ "$dry" = 0 ]; then
-  if compgen -G "gpu-wheels/*.whl" >/dev/null; then
-    echo "installing the carried wheels (gpu-wheels/; no dependencies: the machine's torch stays)"
-    "$PY" -m pip install --quiet --no-deps --no-index gpu-wheels/*.whl
+  if [ -f gpu-wheels/requirements.txt ]; then
+    # pip resolves against what the machine has: its torch and numpy stay, a dependency missing or too old there
+    # comes from the carried wheels, and one that is in neither fails here, before anything runs.
+    echo "installing the carried wheels (gpu-wheels/, resolved against the machine's own packages)"
+    "$PY" -m pip install --quiet --no-index --find-links gpu-wheels -r gpu-wheels/requirements.txt
   else
     echo "no gpu-wheels/ here (make gpu-wheels, then carry it): using what $PY has"
   fi

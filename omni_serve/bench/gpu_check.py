@@ -2,8 +2,8 @@
 runs on CPU with ``--dry-run`` so that it never rots.
 
 Contract: ``python -m omni_serve.bench.gpu_check [--dry-run] [--out DIR] [--batches 1,8,32] [--size tiny|small]``
-1. runs every ``gpu``-marked test with pytest (``--dry-run``: collects them only, which proves they import on a
-   machine without CUDA and without Ray);
+1. runs every ``gpu``-marked test with pytest (``--dry-run``: collects them only, under ``python -S`` with only the
+   distributions the GPU machine has importable, which proves they import there: without CUDA, Ray or FastAPI);
 2. times one DiT step (Qwen-Image, diffusers' ``QwenImagePipeline``: the time of ``k + 1`` steps minus the time of
    one, over ``k``, so the text encoder and the VAE cancel out) and one AR decode step (the Qwen2.5-Omni thinker on
    omni_serve's own ``AREngine``, ``batch`` requests in flight: the time from the last request's first token to the
@@ -28,6 +28,8 @@ import time
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from omni_serve.bench.gpu_env import shadow_python, shadow_site
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -47,8 +49,9 @@ def gpu_test_files() -> list[str]:
 def run_gpu_tests(out_dir: str, dry_run: bool, env: dict[str, str]) -> dict[str, Any]:
     """pytest over the ``gpu``-marked tests; their counts from its JUnit report."""
     junit = os.path.abspath(os.path.join(out_dir, "gpu_tests.xml"))
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", f"--junitxml={junit}",
-           *gpu_test_files()]
+    shadow = os.environ.get(_SHADOW_ENV)
+    python = shadow_python(shadow, "pytest") if shadow else [sys.executable, "-m", "pytest"]
+    cmd = [*python, "-q", "-p", "no:cacheprovider", "-m", "gpu", f"--junitxml={junit}", *gpu_test_files()]
     if dry_run:
         cmd.append("--collect-only")
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
@@ -142,6 +145,20 @@ def versions() -> dict[str, str]:
             "transformers": transformers.__version__, "diffusers": diffusers.__version__}
 
 
+# Set in the dry run's re-run: the folder that is its only site (omni_serve.bench.gpu_env.shadow_site).
+_SHADOW_ENV = "OMNI_SERVE_GPU_SHADOW_SITE"
+
+
+def _dry_run_in_shadow(argv: list[str]) -> int:
+    """The dry run again, under ``python -S`` with only the GPU machine's distributions importable (its image and the
+    carried wheels: ``omni_serve.bench.gpu_env.shadow_site``), so that an import the GPU machine cannot satisfy fails
+    here."""
+    with tempfile.TemporaryDirectory(prefix="gpu-site-") as site:
+        shadow_site(site)
+        env = {**os.environ, _SHADOW_ENV: site, "PYTHONPATH": os.pathsep.join([REPO, os.path.join(REPO, "kernels")])}
+        return subprocess.call([*shadow_python(site, "omni_serve.bench.gpu_check"), *argv], env=env)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m omni_serve.bench.gpu_check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -152,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="checkpoint size (default small; tiny with --dry-run)")
     args = parser.parse_args(argv)
     dry = args.dry_run
+    if dry and not os.environ.get(_SHADOW_ENV):
+        return _dry_run_in_shadow(sys.argv[1:] if argv is None else argv)
     batches = [int(b) for b in (args.batches or ("1,2" if dry else "1,8,32")).split(",")]
     size = args.size or ("tiny" if dry else "small")
     device = "cpu" if dry else "cuda"

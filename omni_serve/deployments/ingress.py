@@ -38,7 +38,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from ray import serve
 from starlette.background import BackgroundTask
 
-from omni_serve.api.errors import OpenAIError, install_error_handlers
+from omni_serve.api.error_handlers import install_error_handlers
+from omni_serve.api.errors import OpenAIError
 from omni_serve.api.guards import ApiKeyAuth, BodyLimit, api_keys
 from omni_serve.api.json_body import parse_json_body
 from omni_serve.api.protocol import ModelCard, ModelList

@@ -103,7 +103,7 @@ class Sampler:
     def process(self, scores: torch.Tensor, history: list[list[int]] | None) -> torch.Tensor:
         """``scores [n, V]`` (float) through the processors; ``history``: per row, the tokens generated so far
         (only read when ``reads_history``)."""
-        ids = torch.tensor(history, dtype=torch.long) if self.reads_history else None
+        ids = torch.tensor(history, dtype=torch.long, device=scores.device) if self.reads_history else None
         for proc in self.processors:
             scores = proc(ids, scores)
         return scores
@@ -112,7 +112,7 @@ class Sampler:
         scores = self.process(logits.view(1, -1).float(), [history])
         if self.params.greedy:
             return int(scores.argmax(-1))
-        probs = torch.softmax(scores, dim=-1)
+        probs = torch.softmax(scores, dim=-1).cpu()  # the request's generator is a host one, on every device
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
 
@@ -134,7 +134,7 @@ def select_rows(samplers: Sequence[Sampler], logits: torch.Tensor) -> list[int]:
             for i, token in zip(rows, scores.argmax(-1).tolist()):
                 out[i] = token
             continue
-        probs = torch.softmax(scores, dim=-1)
+        probs = torch.softmax(scores, dim=-1).cpu()
         for j, i in enumerate(rows):
             out[i] = int(torch.multinomial(probs[j:j + 1], 1, generator=samplers[i].generator))
     return out

@@ -52,6 +52,7 @@ class PagedDecoder:
         self.num_kv_heads = self.prepared.shard(rank, world, group)
 
     def run(self, decoder, embeds, positions, batch):
+        embeds = embeds.to(self.device)  # a sequence keeps its rows on the host (engines/ar/sequence.py)
         if self.prepared is not None:
             return self.prepared(embeds, positions.to(embeds.device), batch)
         out = decoder(inputs_embeds=embeds.unsqueeze(0), position_ids=positions.unsqueeze(1).to(embeds.device),

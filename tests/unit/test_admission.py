@@ -7,7 +7,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from omni_serve.api.errors import OpenAIError, install_error_handlers
+from omni_serve.api.error_handlers import install_error_handlers
+from omni_serve.api.errors import OpenAIError
 from omni_serve.deployments.admission import InflightLimit, request_deadline
 
 

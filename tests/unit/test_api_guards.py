@@ -10,7 +10,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from omni_serve.api.errors import install_error_handlers
+from omni_serve.api.error_handlers import install_error_handlers
 from omni_serve.api.guards import ApiKeyAuth, BodyLimit, api_keys
 
 KEY = "sk-test-123"

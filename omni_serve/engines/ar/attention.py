@@ -59,7 +59,10 @@ class PagedBatch:
     def build(cls, cache: PagedKVCache, segments: list[tuple[str, int, torch.Tensor, torch.Tensor]],
               decode_kv: DecodeKV | None = None) -> "PagedBatch":
         """``segments``: per request, in packed order, (request id, new tokens n, write slots [n], read slots
-        [past+n]). With ``decode_kv``, decode rows attend over its contiguous copy when it fits its budget."""
+        [past+n]). With ``decode_kv``, decode rows attend over its contiguous copy when it fits its budget. The
+        indices and masks are built on the host (the block tables live there) and moved to the cache's device
+        once, here."""
+        device = cache.k.device
         writes, prefills, d_rows, d_slots, d_ids = [], [], [], [], []
         row = 0
         for rid, n, write, read in segments:
@@ -72,20 +75,21 @@ class PagedBatch:
                 past = read.numel() - n
                 mask = None
                 if past:
-                    mask = torch.arange(past + n)[None, :] <= (past + torch.arange(n))[:, None]
-                prefills.append(PrefillSegment(row, n, read, mask))
+                    mask = (torch.arange(past + n)[None, :] <= (past + torch.arange(n))[:, None]).to(device)
+                prefills.append(PrefillSegment(row, n, read.to(device), mask))
             row += n
-        batch = cls(cache, torch.cat(writes), prefills=prefills, segments=segments)
+        batch = cls(cache, torch.cat(writes).to(device), prefills=prefills, segments=segments)
         if d_rows:
             lengths = [s.numel() for s in d_slots]
             longest = max(lengths)
             slots = torch.zeros(len(d_slots), longest, dtype=torch.long)
             for i, s in enumerate(d_slots):
                 slots[i, :s.numel()] = s
-            batch.decode_rows = torch.tensor(d_rows)
+            slots = slots.to(device)
+            batch.decode_rows = torch.tensor(d_rows, device=device)
             batch.decode_slots = slots
             if min(lengths) != longest:
-                batch.decode_mask = decode_bias(torch.tensor(lengths), longest)
+                batch.decode_mask = decode_bias(torch.tensor(lengths), longest).to(device)
             if decode_kv is not None:
                 batch.decode_kv = decode_kv.plan(d_ids, lengths, slots)
                 batch.decode_kv_rows, batch.decode_kv_mask = batch.decode_rows, batch.decode_mask
