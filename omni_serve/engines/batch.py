@@ -10,7 +10,8 @@ through ``complete(result) -> outputs``. Groups run by their earliest deadline, 
 other requests' long windows). ``work()`` is only called for a unit that is computed in the same tick. ``compute``
 runs without any request lock, so feeding and aborts never wait for a batch; an aborted request's result is
 dropped. Each call is timed into the engine's ``CostModel`` (by the programs' ``work_size()``), which the deadline
-choice reads.
+choice reads. A tick's units are shortened (``limit``) to end before the deadlines of the work left out of it, ready or
+not (``deadlines.call_budget``): programs that can shorten a unit say how far (``least_size()``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Callable, Hashable
 
 from omni_serve.engines.base import StageProgram
-from omni_serve.engines.deadlines import CostModel, Ready, choose_by_deadline
+from omni_serve.engines.deadlines import CostModel, Ready, call_budget, choose_by_deadline, fit_to_budget
 from omni_serve.engines.load import DecayingMean
 from omni_serve.engines.loop import LoopEngine, Slot, log_failure
 
@@ -49,6 +50,14 @@ class BatchProgram(StageProgram):
     def work_size(self) -> float:
         """The next unit's share of a call's cost, in the engine's units (e.g. frames); 1 by default."""
         return 1.0
+
+    def least_size(self) -> float | None:
+        """The smallest the next unit can be shortened to (``limit``); None (the default): it cannot be."""
+        return None
+
+    def limit(self, size: float) -> None:
+        """Make the next unit (the next ``work()``) at most ``size`` (no less than ``least_size()``); a program
+        whose units cannot be shortened ignores it (the default)."""
 
     def step(self) -> list[Any]:
         raise RuntimeError("batch programs are stepped by omni_serve.engines.batch.BatchEngine")
@@ -88,29 +97,43 @@ class BatchEngine(LoopEngine):
 
     def tick(self) -> bool:
         ready: list[Ready] = []
+        waiting: list[Ready] = []  # live work with a deadline that is not ready (its input is still coming)
         work_left = 0.0
         for slot in self.live_slots():
             with slot.lock:
+                program = slot.program
                 if self.work_unit:
-                    work_left += slot.program.work_left() or 0
-                if slot.program.ready():
-                    ready.append(Ready(slot, slot.program.deadline(), slot.program.work_size()))
-        chosen = choose_by_deadline(ready, time.monotonic(), self.cost)
-        self._ready, self._deferred, self._work_left = len(ready), len(ready) - len(chosen), work_left
+                    work_left += program.work_left() or 0
+                is_ready, deadline = program.ready(), program.deadline()
+                if is_ready or deadline is not None:
+                    item = Ready(slot, deadline, program.work_size(), program.least_size())
+                    (ready if is_ready else waiting).append(item)
+        now = time.monotonic()
+        chosen = choose_by_deadline(ready, now, self.cost)
+        picked = {id(r) for r in chosen}
+        # the units are cut to one call's budget; a tick whose units fall in two groups (keys) pays a second fixed
+        # cost that the budget does not count
+        budget = call_budget(waiting + [r for r in ready if id(r) not in picked], now, self.cost)
+        fitted = fit_to_budget(chosen, budget)
+        self._ready, self._deferred, self._work_left = len(ready), len(ready) - len(fitted), work_left
         groups: dict[Hashable, list[tuple[Slot, Any, float]]] = defaultdict(list)
         due: dict[Hashable, float] = {}
-        for r in chosen:
+        for r, limit in fitted:
             slot = r.item
             with slot.lock:
                 if slot.aborted or slot.finished or not slot.program.ready():
                     continue
                 try:
+                    size = r.size
+                    if limit is not None:
+                        slot.program.limit(limit)
+                        size = slot.program.work_size()
                     key, payload = slot.program.work()
                 except Exception as exc:  # noqa: BLE001 - reported to the request's caller
                     log_failure(log, exc, "%s: request %s failed", self.name, slot.request_id)
                     self.finish(slot, exc)
                     continue
-            groups[key].append((slot, payload, r.size))
+            groups[key].append((slot, payload, size))
             due[key] = min(due.get(key, math.inf), math.inf if r.deadline is None else r.deadline)
         for key, items in sorted(groups.items(), key=lambda kv: (due[kv[0]], kv[0])):
             for i in range(0, len(items), self.max_batch):

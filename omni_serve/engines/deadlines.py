@@ -12,6 +12,13 @@ Contract:
   would end): a batch is as large as the deadlines in it allow. The rest wait for a later call: a
   stream with audio buffered yields to one about to starve or still waiting for its first audio.
 
+- ``call_budget(others, now, cost)``: how long the next call may run, in ``cost`` units of size: until the first of
+  the deadlines of the work *not* in it (``others``: live work with deadlines, ready or still waiting for input),
+  less that work's own call (it runs after this one). None when nothing bounds it. The engine shortens the chosen
+  units to fit (``BatchProgram.limit``), most urgent first, so that a call started while every client had audio
+  buffered cannot make a stream that is about to starve wait past its deadline: a call is not preemptible, so its
+  length is the wait it imposes.
+
 Why not simply the earliest deadlines first, in full batches: a batch runs to its end once started (a step is not
 preemptible), so a large batch of work that is not due delays the work that is; and why not one request at a time:
 most of a call's cost on these models is fixed (weights read, kernels launched), so batching is what makes
@@ -30,6 +37,7 @@ class Ready:
     item: Any  # what the engine computes (its slot)
     deadline: float | None  # when its output is due (time.monotonic()); None: no deadline
     size: float = 1.0  # its share of a call's cost (CostModel units)
+    least: float | None = None  # the smallest size its unit can be shortened to; None: it cannot be
 
 
 class CostModel:
@@ -81,3 +89,41 @@ def choose_by_deadline(ready: list[Ready], now: float, cost: CostModel) -> list[
         size += r.size
         earliest = min(earliest, deadline)
     return chosen
+
+
+def call_budget(others: list[Ready], now: float, cost: CostModel) -> float | None:
+    """The size the next call may have so that it ends before every deadline of ``others`` less their own call
+    (at their least size); None when nothing bounds it or nothing was timed yet. Work whose deadline cannot be met
+    any more (its own call would end after it even if it started now) does not bound it: a shorter call would not
+    save it, and shortening every call then would only cost throughput."""
+    c = cost.coefficients()
+    if c is None or c[1] <= 0:
+        return None
+    fixed, per_unit = c
+    latest = math.inf
+    for r in others:
+        if r.deadline is not None:
+            start_by = r.deadline - cost.estimate(r.least if r.least is not None else r.size)
+            if start_by > now:
+                latest = min(latest, start_by)
+    if latest == math.inf:
+        return None
+    return max(0.0, (latest - now - fixed) / per_unit)
+
+
+def fit_to_budget(chosen: list[Ready], budget: float | None) -> list[tuple[Ready, float | None]]:
+    """``chosen`` (most urgent first) cut to ``budget``: each with the size it is limited to (None: not limited).
+    The budget is never below every chosen unit at its least size (a call keeps its batch, only its units get
+    shorter); the most urgent take their whole size first, the later ones what is left, at least their least size."""
+    if budget is None:
+        return [(r, None) for r in chosen]
+    out: list[tuple[Ready, float | None]] = []
+    least_total = sum(r.least if r.least is not None else r.size for r in chosen)
+    left = max(budget, least_total)
+    spare = left - least_total  # what the units may take beyond their least sizes, most urgent first
+    for r in chosen:
+        least = r.least if r.least is not None else r.size
+        size = least + max(0.0, min(r.size - least, spare))
+        spare -= size - least
+        out.append((r, size if size < r.size else None))
+    return out

@@ -1,4 +1,4 @@
-"""Unit tests for omni_serve.api.errors: OpenAI error bodies and FastAPI handlers."""
+"""Unit tests for omni_serve.api.errors and omni_serve.api.error_handlers: OpenAI error bodies and FastAPI handlers."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 from fastapi import FastAPI, HTTPException
 from fastapi.testclient import TestClient
 
+from omni_serve.api.error_handlers import install_error_handlers
 from omni_serve.api.errors import (
     OpenAIError,
     bad_request,
     from_validation_errors,
-    install_error_handlers,
     internal_error,
     not_found,
     service_unavailable,
@@ -184,13 +184,13 @@ def test_http_exception_detail_is_kept(client: TestClient) -> None:
 
 
 def test_unexpected_exception_is_500_and_logged(client: TestClient, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.ERROR, logger="omni_serve.api.errors"):
+    with caplog.at_level(logging.ERROR, logger="omni_serve.api.error_handlers"):
         resp = client.get("/raise/boom")  # default TestClient re-raises server errors; this must not
     assert resp.status_code == 500
     err = error_of(resp)
     assert err["type"] == "internal_error"
     assert "secret internal detail" not in err["message"] and "RuntimeError" not in err["message"]
-    records = [r for r in caplog.records if r.name == "omni_serve.api.errors"]
+    records = [r for r in caplog.records if r.name == "omni_serve.api.error_handlers"]
     assert records and records[0].exc_info is not None
     assert "secret internal detail" in caplog.text
     rid = err["message"].split("(request ")[1].split(")")[0]

@@ -24,8 +24,9 @@ def codes(n: int, seed: int) -> list[int]:
     return torch.randint(0, 8000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def stream_all(c2w, streams_codes, req_kw, feed=7):
-    """Feed several streams ``feed`` codes at a time; every engine tick computes all ready ones as one batch."""
+def stream_all(c2w, streams_codes, req_kw, feed=7, shortest=False):
+    """Feed several streams ``feed`` codes at a time; every engine tick computes all ready ones as one batch
+    (``shortest``: each chunk limited to its least size, as the batch engine does under the tightest budget)."""
     compute = Code2WavCompute(c2w, STEPS, 0.5, -1.0)
     streams = [Code2WavStream(c2w, Code2WavRequest("Chelsie", seed, STEPS, **req_kw)) for seed, _ in streams_codes]
     outs = [[] for _ in streams]
@@ -40,6 +41,8 @@ def stream_all(c2w, streams_codes, req_kw, feed=7):
             groups = {}
             for i, s in enumerate(streams):
                 if s.ready():
+                    if shortest:
+                        s.limit(s.least_size())
                     key, job = s.work()
                     groups.setdefault(key, []).append((i, job))
             for items in groups.values():
@@ -185,3 +188,22 @@ def test_a_chunk_is_cut_to_the_codes_here_when_its_client_is_about_to_run_dry(c2
         clock.t += 5  # dry already: the next chunk waits for its whole size
         stream.feed(CodecChunk(codes=cs[60:100], end=False))
         assert not stream.ready()
+
+
+def test_chunks_limited_by_the_engine_are_whole_blocks_and_keep_exact_seams(c2w):
+    cs = codes(101, 0)
+    unit = c2w.block_codes
+    outs, _ = stream_all(c2w, [(7, cs)], {"chunk_codes": 96, "chunk_growth": 2.0}, shortest=True)
+    assert [o.num_codes for o in outs[0][:-1]] == [unit] * (len(outs[0]) - 1)  # one block each, the rest last
+    whole = c2w.synthesize(cs, "Chelsie", 7, num_steps=STEPS).numpy()
+    wav = np.concatenate([o.audio for o in outs[0]])
+    np.testing.assert_allclose(wav, whole, rtol=0, atol=1e-4 * np.abs(whole).max())
+    # limit(size) takes the most whole blocks whose window fits size; work_size() then says so
+    stream = Code2WavStream(c2w, Code2WavRequest("Chelsie", 7, STEPS, chunk_codes=96, chunk_growth=2.0))
+    stream.feed(CodecChunk(codes=cs, end=False))
+    stream.start = 24  # as if two chunks were sent: the next is 48 codes, with 12 each side
+    rep = c2w.repeats
+    assert stream.work_size() == (12 + 48 + 12) * rep
+    stream.limit((12 + 2 * unit + 12) * rep + rep)  # room for two blocks, not three
+    assert stream.work_size() == (12 + 2 * unit + 12) * rep
+    assert stream.least_size() == (12 + unit + 12) * rep

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from omni_serve.engines.batch import BatchEngine, BatchProgram
-from omni_serve.engines.deadlines import CostModel, Ready, choose_by_deadline
+from omni_serve.engines.deadlines import CostModel, Ready, call_budget, choose_by_deadline, fit_to_budget
 from omni_serve.engines.loop import Slot
 from omni_serve.playback import StreamDeadline
 from tests.unit.test_autoscaling import FakeClock
@@ -60,6 +60,27 @@ def test_work_that_waiting_would_make_late_joins_the_urgent_call():
     next_due = Ready("next", 0.3, 10)  # waiting: done at 0.4 (late); joining: 0.3 (on time)
     far = Ready("far", 3.0, 10)
     assert [r.item for r in choose_by_deadline([far, next_due, late], 0.0, cost)] == ["late", "next"]
+
+
+def test_a_call_may_run_until_the_first_deadline_of_the_work_left_out_less_that_works_own_call():
+    cost = _cost(0.1, 0.01)
+    waiting = Ready("ramping", 1.0, 50, least=20)  # its own shortest call: 0.1 + 0.2 = 0.3 s, so it starts by 0.7
+    assert call_budget([waiting], 0.0, cost) == pytest.approx((0.7 - 0.1) / 0.01)  # this call: 0.1 s + 60 units
+    assert call_budget([waiting, Ready("calm", 9.0, 50)], 0.0, cost) == pytest.approx(60)
+    # nothing bounds it: no deadlines, no cost timed yet, or only work that cannot be on time any more
+    assert call_budget([Ready("plain", None, 5)], 0.0, cost) is None
+    assert call_budget([waiting], 0.0, CostModel()) is None
+    assert call_budget([Ready("dry", 0.2, 50, least=20)], 0.0, cost) is None  # needs 0.3 s from now: late anyway
+
+
+def test_units_are_shortened_to_the_budget_most_urgent_first_but_never_below_their_least_size():
+    urgent, next_one = Ready("urgent", 0.5, 100, least=20), Ready("next", 0.6, 100, least=20)
+    plain = Ready("plain", 0.7, 30)  # cannot be shortened
+    fitted = fit_to_budget([urgent, next_one, plain], 170)
+    assert [r.item for r, _ in fitted] == ["urgent", "next", "plain"]
+    assert [size for _, size in fitted] == [None, 40, None]  # 170 - 30 - 20*2 = 100 spare: urgent whole, next +20
+    assert [size for _, size in fit_to_budget([urgent, next_one], 0)] == [20, 20]  # the batch stays whole
+    assert [size for _, size in fit_to_budget([urgent], None)] == [None]
 
 
 class _Timed(BatchProgram):
@@ -129,3 +150,37 @@ def test_a_streams_deadline_is_its_first_audio_target_then_when_its_clients_buff
     clock.t += 0.5
     pace.sent(2.0)
     assert pace.due() == pytest.approx(100.8 + 0.5 + 2.24)
+
+
+class _Shortened(_Timed):
+    """A unit that can be shortened to ``least`` (like a code2wav chunk cut to fewer blocks)."""
+
+    def __init__(self, name, key, due, size, least, ready=True):
+        super().__init__(name, key, due, size)
+        self.least, self.is_ready, self.limits = least, ready, []
+
+    def ready(self):
+        return self.is_ready and not self.done
+
+    def least_size(self):
+        return self.least
+
+    def limit(self, size):
+        self.limits.append(size)
+        self.size = size
+
+
+def test_a_call_is_shortened_so_that_a_stream_still_waiting_for_input_is_not_kept_past_its_deadline(monkeypatch):
+    import omni_serve.engines.batch as batch
+
+    monkeypatch.setattr(batch.time, "monotonic", lambda: 0.0)
+    long = _Shortened("long", 1, 3.0, 200, 20)  # 2.1 s whole: its client has 3 s of audio buffered
+    ramping = _Shortened("ramping", 1, 1.0, 40, 20, ready=False)  # its input is coming; it must start by 0.7
+    engine, calls = _engine_with([long, ramping], _cost(0.1, 0.01))
+    engine.tick()
+    assert calls == [["long"]] and long.limits == [pytest.approx(60)]  # 0.1 s + 60 units: ends at 0.7
+    # without the ramping stream nothing bounds the call: the whole unit runs
+    alone = _Shortened("alone", 1, 3.0, 200, 20)
+    engine, calls = _engine_with([alone], _cost(0.1, 0.01))
+    engine.tick()
+    assert calls == [["alone"]] and alone.limits == []

@@ -19,7 +19,8 @@ seams: a few codec frames (12 codes = 0.24 s of audio by default) of extra laten
 after the first grow with the audio already sent (12, 24, 72, 96 codes by the stage's defaults), so the second
 chunk comes before a client playing the short first one runs dry; the seams are exact whatever the sizes. A stream
 with a ``pace`` (its client's deadlines) cuts a later chunk short, to the whole blocks of codes it has, once its
-client is within ``cut_lead_s`` of running dry.
+client is within ``cut_lead_s`` of running dry, and the batch engine shortens a chunk (``limit``, whole blocks) when
+its whole length would keep another stream's client waiting past its deadline.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
         self.emitted = False
         self.done = False
         self._pending_end = 0
+        self._limit_codes: int | None = None  # the next chunk's most codes (``limit``), for one ``work()``
 
     def take(self, chunk: CodecChunk) -> None:
         self.codes.extend(chunk.codes)
@@ -100,6 +102,8 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
     def _chunk_end(self) -> int:
         r = self.req
         end = self.start + self._chunk_size()
+        if self._limit_codes is not None:
+            end = min(end, self.start + self._limit_codes)
         if self.upstream_done:
             return min(end, len(self.codes))
         if self.start and self.pace is not None and len(self.codes) < end + r.right_context_codes:
@@ -135,13 +139,33 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
         lo, hi, _ = self._window()
         return float(max(hi - lo, 0) * self.model.repeats)  # mel frames the DiT solves
 
+    def _frames_for(self, chunk_codes: int) -> float:
+        """Mel frames of the next window with a chunk of at most ``chunk_codes``."""
+        saved, self._limit_codes = self._limit_codes, chunk_codes
+        try:
+            return self.work_size()
+        finally:
+            self._limit_codes = saved
+
+    def least_size(self) -> float | None:
+        return self._frames_for(self.model.block_codes)  # a chunk of one DiT block
+
+    def limit(self, size: float) -> None:
+        """The next chunk as long as fits ``size`` mel frames (whole blocks, at least one)."""
+        unit, r = self.model.block_codes, self.req
+        context = min(self.start, r.left_context_codes) + r.right_context_codes
+        codes = int(size / self.model.repeats - context) // unit * unit
+        self._limit_codes = max(unit, codes)
+
     def work(self):
         if self.start >= len(self.codes):  # upstream ended: nothing (more) to synthesize
+            self._limit_codes = None
             return (0,), None
         r, rep = self.req, self.model.repeats
         lo, hi, end = self._window()
         noise = self._noise(rep * hi)[rep * lo:rep * hi]
         self._pending_end = end
+        self._limit_codes = None
         job = _Job(DiTWindow(self.codes[lo:hi], noise, r.voice), (rep * (self.start - lo), rep * (end - lo)),
                    self.mel_tail, r.vocoder_context_frames, end - self.start)
         # Windows of any length share one DiT call (packed); a request's first window (its time to first audio)
