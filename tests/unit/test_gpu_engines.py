@@ -43,16 +43,19 @@ def _prompt_ids(proc: OmniInputProcessor) -> list[list[int]]:
             for text in PROMPTS]
 
 
-def engine_tokens(checkpoint: str, device: str, prompts: list[list[int]], tokenizer) -> tuple[list[list[int]], dict]:
-    """Greedy tokens of every prompt, all in flight at once on one AR engine on ``device``; the engine's stats."""
+def engine_tokens(checkpoint: str, device: str, prompts: list[list[int]], tokenizer,
+                  samplings: list[SamplingParams] | None = None) -> tuple[list[list[int]], dict]:
+    """Tokens of every prompt (greedy, or by ``samplings[i]``), all in flight at once on one AR engine on ``device``;
+    the engine's stats."""
     model = OmniThinker(checkpoint, device=device)
+    greedy = SamplingParams(temperature=0, stop_token_ids=(EOS,))
 
     async def main():
         engine = AREngine("thinker", model, ARConfig())
         try:
             sequences = [ThinkerSequence(model, tokenizer, ThinkerRequest(
                 input_ids=ids, max_new_tokens=MAX_NEW_TOKENS, stop_token_ids=(EOS,),
-                sampling=SamplingParams(temperature=0, stop_token_ids=(EOS,)))) for ids in prompts]
+                sampling=samplings[i] if samplings else greedy)) for i, ids in enumerate(prompts)]
             tokens = await asyncio.gather(*(collect(engine, f"r{i}", s) for i, s in enumerate(sequences)))
             return tokens, engine.stats()
         finally:
@@ -82,6 +85,20 @@ def test_ar_engine_on_the_device_gives_transformers_greedy_tokens(omni_tiny_dir)
     assert stats["kv_blocks_used"] == 0
     assert on_device == transformers_tokens(omni_tiny_dir, DEVICE, prompts)
     assert on_device == engine_tokens(omni_tiny_dir, "cpu", prompts, proc.tokenizer)[0]
+
+
+def test_seeded_sampling_on_the_device_is_reproducible_and_gives_the_cpus_tokens(omni_tiny_dir):
+    """Each request samples with its own host generator whatever the device (top-p, top-k, repetition penalty)."""
+    proc = OmniInputProcessor(omni_tiny_dir)
+    prompts = _prompt_ids(proc)
+    samplings = [SamplingParams(temperature=0.8, top_p=0.9, seed=1, stop_token_ids=(EOS,)),
+                 SamplingParams(temperature=1.0, top_k=20, seed=2, stop_token_ids=(EOS,)),
+                 SamplingParams(temperature=0.7, repetition_penalty=1.3, seed=3, stop_token_ids=(EOS,))]
+    on_device = engine_tokens(omni_tiny_dir, DEVICE, prompts, proc.tokenizer, samplings)[0]
+    assert on_device == engine_tokens(omni_tiny_dir, DEVICE, prompts, proc.tokenizer, samplings)[0]
+    assert on_device == engine_tokens(omni_tiny_dir, "cpu", prompts, proc.tokenizer, samplings)[0]
+    other_seed = [SamplingParams(temperature=0.8, top_p=0.9, seed=9, stop_token_ids=(EOS,)), *samplings[1:]]
+    assert engine_tokens(omni_tiny_dir, DEVICE, prompts, proc.tokenizer, other_seed)[0][0] != on_device[0]
 
 
 def test_dit_batched_on_the_device_equals_diffusers_on_the_device(qwen_image_tiny_dir):
