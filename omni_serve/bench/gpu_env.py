@@ -3,11 +3,11 @@
 Contract:
 * ``image_packages()``: the distributions on the GPU machines' image (``scripts/gpu_image_packages.txt``).
 * ``carried_closure(roots)``: the wheels ``make gpu-wheels`` carries there: ``roots`` and every distribution they
-  need on that machine's Python (3.12, Linux x86-64), at this venv's versions, less torch and numpy (the machine's
-  own builds stay). ``scripts/gpu_check.sh`` installs them with pip resolving against what the image has, so a
+  need on that machine's Python (3.12, Linux x86-64), at this venv's versions, less ``NEVER_CARRIED`` (torch,
+  numpy and triton: the machine's own builds stay). ``scripts/gpu_check.sh`` installs them with pip resolving against what the image has, so a
   missing or too old dependency is taken from the carried wheels or fails the install at once.
 * ``shadow_site(folder)``: a folder of links to this venv's files of only those distributions (image and carried);
-  ``shadow_python(folder)`` the command that runs a module under ``python -S`` with that folder as its only site:
+  ``shadow_python(folder, module)`` the command that runs a module under ``python -S`` with that folder as its only site:
   the check's dry run on CPU then imports what the GPU machine would import, and a module that imports anything
   else (FastAPI, Ray, PyAV) fails in ``make test``.
 """
@@ -20,7 +20,7 @@ import re
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IMAGE_PACKAGES = os.path.join(REPO, "scripts", "gpu_image_packages.txt")
-# What the GPU check imports beyond torch (the Makefile's gpu-wheels target passes the same list).
+# What the GPU check imports beyond torch; ``make gpu-wheels`` carries them and what they need.
 CARRIED_ROOTS = ("transformers", "tokenizers", "huggingface_hub", "safetensors", "diffusers", "cache_dit",
                  "pydantic", "pydantic_core", "typing_inspection", "annotated_types", "soundfile")
 # The machine's own builds, never carried (a CPU wheel would replace its CUDA torch), and Pillow (any version does).

@@ -3,8 +3,9 @@
 Layers, top to bottom (a module may import its own layer and any layer below; function-level imports count):
 tools (cli, bench) > checkpoint writers > families (``omni_serve.graph.<family>``) > deployments > the generic
 graph framework (``omni_serve.graph.*`` modules) > model adapters > engines, parallel > metrics, autoscaling,
-realtime admission > api, transport, request ids, playback > settings, torchvision_compat. Inside a family, only ``replica/`` (what stage replicas run) may import the
-family's replica code; everything else of the family is ingress-side or declaration.
+realtime admission > api, transport, request ids, playback > settings, torchvision_compat. Inside a family, only
+``replica/`` (what stage replicas run) may import the family's replica code; everything else of the family is
+ingress-side or declaration.
 """
 
 from __future__ import annotations
