@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The speech benchmark of docs/benchmarks.md (POST /v1/audio/speech) on the Qwen2.5-Omni `small` checkpoint, in one
 # invocation. Twice: serve the graph (benchmarks/qwen2_5_omni/small_speech.yaml) on a local Ray and speak N texts at
-# concurrency 1 and 8 (streamed pcm, greedy codec tokens), first with the DiT in float32 (transformers'
-# numerics)                                                                           -> OUT/speech_fp32
+# concurrency 1 and 8 (streamed pcm, greedy codec tokens), first with stages.code2wav.params.dit_dtype=float32
+# (transformers' numerics)                                                              -> OUT/speech_fp32
 # then with stages.code2wav.params.dit_dtype=bfloat16; that second bench stops the server and speaks the same texts
 # with transformers' generate (thinker forced to the text, one request at a time, quiet machine) -> OUT/speech_bf16
 # Usage: benchmarks/qwen2_5_omni/run_speech.sh [OUT_DIR] (default bench_out/).
@@ -20,7 +20,7 @@ source benchmarks/tools/serve_lib.sh
 
 [ -f "$CKPT/omni_serve_checkpoint.json" ] || "$BIN/omni-serve" make-checkpoint qwen2_5_omni --size small "$CKPT"
 mkdir -p "$OUT/speech_fp32" "$OUT/speech_bf16"
-start_server "$OUT/speech_fp32/serve.log" --config "$CONFIG"
+start_server "$OUT/speech_fp32/serve.log" --config "$CONFIG" stages.code2wav.params.dit_dtype=float32
 "$BIN/omni-serve" bench "${SPEECH[@]}" --baseline none --out "$OUT/speech_fp32"
 kill $SERVER; wait $SERVER 2>/dev/null || true
 "$BIN/ray" stop --force > /dev/null 2>&1 || true

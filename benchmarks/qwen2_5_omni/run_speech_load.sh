@@ -6,10 +6,12 @@
 # buffer, chunk gaps, headroom, RTF after the first chunk and audio seconds per second. Once per admission policy:
 #   POLICIES="none queue" (default): playback.admission.policy=<policy>         -> OUT/speech_load_<policy>
 # A 429 is sent again after its Retry-After, as a client would (the report counts them and the waits).
-# Usage: benchmarks/qwen2_5_omni/run_speech_load.sh [OUT_DIR] (default bench_out/).
+# Usage: benchmarks/qwen2_5_omni/run_speech_load.sh [OUT_DIR [OVERRIDE...]] (default bench_out/; graph overrides
+# such as stages.code2wav.params.dit_dtype=float32 go to the server).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-bench_out}
+shift || true
 BIN=${VENV:-.venv}/bin
 CKPT=checkpoints/qwen2_5_omni-small
 PORT=${PORT:-8123}
@@ -25,7 +27,7 @@ source benchmarks/tools/serve_lib.sh
 [ -f "$CKPT/omni_serve_checkpoint.json" ] || "$BIN/omni-serve" make-checkpoint qwen2_5_omni --size small "$CKPT"
 for policy in $POLICIES; do
   mkdir -p "$OUT/speech_load_$policy"
-  start_server "$OUT/speech_load_$policy/serve.log" --config "$CONFIG" "playback.admission.policy=$policy"
+  start_server "$OUT/speech_load_$policy/serve.log" --config "$CONFIG" "playback.admission.policy=$policy" "$@"
   "$BIN/omni-serve" bench "${SPEECH[@]}" --out "$OUT/speech_load_$policy"
   kill $SERVER; wait $SERVER 2>/dev/null || true
   "$BIN/ray" stop --force > /dev/null 2>&1 || true

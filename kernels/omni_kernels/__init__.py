@@ -9,13 +9,14 @@ Why ``omni_kernels`` and not ``kernels``: that import name belongs to Hugging Fa
 transformers probes for; ours must not shadow it.
 """
 
-from omni_kernels.capability import (cpu_capability, kernel_paths, packing_available, packing_supported,
-                                     packing_unsupported_reason, record_path)
+from omni_kernels.capability import (bfloat16_slow_reason, cpu_capability, kernel_paths, packing_available,
+                                     packing_supported, packing_unsupported_reason, record_path)
 from omni_kernels.decode_attention import decode_attention, decode_bias, reference_decode_attention
 from omni_kernels.gelu import reference_tanh_gelu, tanh_gelu
 from omni_kernels.packed_linear import (PackedLinear, pack_linears, record_linear_path, reference_linear,
                                         reference_linear_gelu)
 
-__all__ = ["PackedLinear", "cpu_capability", "decode_attention", "decode_bias", "kernel_paths", "pack_linears",
-           "packing_available", "packing_supported", "packing_unsupported_reason", "record_linear_path", "record_path",
-           "reference_decode_attention", "reference_linear", "reference_linear_gelu", "reference_tanh_gelu", "tanh_gelu"]
+__all__ = ["PackedLinear", "bfloat16_slow_reason", "cpu_capability", "decode_attention", "decode_bias",
+           "kernel_paths", "pack_linears", "packing_available", "packing_supported", "packing_unsupported_reason",
+           "record_linear_path", "record_path", "reference_decode_attention", "reference_linear",
+           "reference_linear_gelu", "reference_tanh_gelu", "tanh_gelu"]

@@ -5,6 +5,9 @@ Contract:
   ``AVX512``, ...; ``ATEN_CPU_CAPABILITY`` lowers it), the bfloat16/AMX instruction sets the hardware reports, and
   whether oneDNN's prepacked linear product (``torch.ops.mkldnn._reorder_linear_weight`` + ``_linear_pointwise``,
   what ``omni_kernels.PackedLinear`` runs) works in float32 and in bfloat16, each with the reason when it does not.
+- ``bfloat16_slow_reason()``: None where bfloat16 products run faster than float32 (the CPU has native bfloat16
+  dot products, AVX512-BF16 or AMX, and oneDNN's prepacked bfloat16 product works), else why not: what a setting
+  of ``auto`` precision asks before it picks bfloat16.
 - ``packing_supported(dtype)`` / ``packing_unsupported_reason(dtype)``: that answer for one dtype. A caller that
   would prepack a weight of an unsupported dtype takes the library's plain path instead (``F.linear``, which torch
   runs in every dtype on every x86-64 CPU, only slower where oneDNN lacks the instructions).
@@ -138,6 +141,19 @@ def packing_unsupported_reason(dtype: torch.dtype) -> str | None:
 
 _paths: dict[str, dict[str, str]] = {}
 _paths_lock = threading.Lock()
+
+
+def bfloat16_slow_reason() -> str | None:
+    """None where bfloat16 products beat float32 on this CPU; else why they do not. Measured (docs/benchmarks.md):
+    with AVX512-BF16 the prepacked bfloat16 DiT is 1.35-1.46x float32's speed, with AMX more; where oneDNN
+    emulates bfloat16 or has no product for it, float32 is as fast or several times faster."""
+    cpu = cpu_capability()
+    why = cpu.unsupported.get("bfloat16")
+    if why:
+        return why
+    if not (cpu.avx512_bf16 or cpu.amx):
+        return "the CPU has no native bfloat16 dot product (AVX512-BF16 or AMX): float32 is as fast here"
+    return None
 
 
 def record_path(what: str, path: str, reason: str | None = None) -> None:

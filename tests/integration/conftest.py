@@ -8,6 +8,9 @@ import os
 import pytest
 
 ORACLE = {"thinker_tokens": 12, "talker_tokens": 20, "steps": 3, "seed": 7}
+# The code2wav settings of every graph held to transformers' token2wav: its steps, and float32 DiT blocks (the
+# default, auto, runs them in bfloat16 on CPUs where that is faster, within ~7e-4 of float32 but not equal)
+ORACLE_CODE2WAV = {"stages.code2wav.params.num_steps": ORACLE["steps"], "stages.code2wav.params.dit_dtype": "float32"}
 TRANSCRIPT_TOKENS = 16  # the served graphs' transcription.max_tokens
 TRANSCRIPTION = {"transcription.max_tokens": TRANSCRIPT_TOKENS, "transcription.max_file_bytes": 500_000}
 METRICS_PORT = 8099  # the session's Ray metrics endpoint (Prometheus text at /metrics)
@@ -40,7 +43,7 @@ def omni_app(ray_serve, omni_tiny_dir):
         # store backend stays covered by the tests of the default graph (leaks, metrics, faults)
         "edges.thinker_talker.connector": "ray",
         "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"],
-        "stages.code2wav.params.num_steps": ORACLE["steps"], **TRANSCRIPTION,
+        **ORACLE_CODE2WAV, **TRANSCRIPTION,
     }), name="omni", route_prefix="/")
     return ray_serve
 
@@ -60,7 +63,7 @@ def omni_disagg_app(ray_serve, omni_tiny_dir):
         "checkpoint": omni_tiny_dir, "thinker_layout": "disaggregated", "ingress.num_cpus": 0,
         **{f"stages.{s}.num_cpus": 0 for s in DISAGG_STAGES},
         "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"],
-        "stages.code2wav.params.num_steps": ORACLE["steps"],
+        **ORACLE_CODE2WAV,
     }), name="omni_disagg", route_prefix="/disagg")
     return ray_serve + "/disagg"
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import torch
 
-from tests.integration.conftest import ORACLE
+from tests.integration.conftest import ORACLE, ORACLE_CODE2WAV
 from tests.integration.http_waits import ray_directory_size, shm_leftovers, wait_until
 from tests.integration import test_omni_graph as aggregated
 from tests.integration.test_omni_graph import check_against_reference, oracle_request
@@ -46,7 +46,7 @@ def dp_app(ray_serve, omni_tiny_dir):
         **{f"edges.{e}.connector": c for e, c in DP_EDGES.items()},
         "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"],
         "stages.talker.engine.ar.num_kv_blocks": DP_TALKER_BLOCKS,
-        "stages.code2wav.params.num_steps": ORACLE["steps"],
+        **ORACLE_CODE2WAV,
     }), name="omni_dp", route_prefix="/dp")
     yield ray_serve + "/dp"
     serve.delete("omni_dp")

@@ -18,7 +18,7 @@ import pytest
 
 from omni_serve.engines.vllm_engine.config import VLLM_PYTHON_ENV
 from tests.openai_stream import sse_has_text
-from tests.integration.conftest import ORACLE
+from tests.integration.conftest import ORACLE, ORACLE_CODE2WAV
 from tests.integration.test_omni_graph import (  # noqa: F401 - `reference` is a fixture
     CASES, check_against_reference, check_batch_against_reference, decode_wav, oracle_request, reference,
 )
@@ -44,7 +44,7 @@ def vllm_app(ray_serve, omni_tiny_dir):
         "stages.thinker.engine.backend": "vllm", "stages.thinker.engine.vllm.python": PYTHON,
         "stages.thinker.engine.vllm.max_model_len": 2048,
         "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"],
-        "stages.code2wav.params.num_steps": ORACLE["steps"],
+        **ORACLE_CODE2WAV,
     }), name=APP, route_prefix="/vllm")
     yield ray_serve + "/vllm"
     serve.delete(APP)  # vLLM's engine holds ~3 GiB in its own processes: give them back for the next modules

@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.integration.conftest import ORACLE
+from tests.integration.conftest import ORACLE, ORACLE_CODE2WAV
 from tests.integration.test_omni_graph import CASES, decode_wav, oracle_request
 from tests.integration.test_omni_vllm_graph import PYTHON, pytestmark  # noqa: F401 - same skip and marks
 
@@ -32,7 +32,7 @@ def pressure_app(ray_serve, omni_tiny_dir):
         "stages.thinker.engine.vllm.extra_engine_args": {"num_gpu_blocks_override": BLOCKS,
                                                          "block_size": BLOCK_SIZE},
         "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"],
-        "stages.code2wav.params.num_steps": ORACLE["steps"],
+        **ORACLE_CODE2WAV,
     }), name=APP, route_prefix="/vllm_pressure")
     yield ray_serve + "/vllm_pressure"
     serve.delete(APP)

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tests.integration.conftest import ORACLE
+from tests.integration.conftest import ORACLE, ORACLE_CODE2WAV
 from tests.integration.test_omni_graph import (  # noqa: F401 - `reference` is a fixture
     check_against_reference, check_batch_against_reference, oracle_request, reference,
 )
@@ -32,7 +32,7 @@ def tp_app(ray_serve, omni_tiny_dir):
         "stages.thinker.engine.backend": "vllm", "stages.thinker.engine.vllm.python": PYTHON,
         "stages.thinker.engine.vllm.max_model_len": 2048, "stages.thinker.engine.vllm.tensor_parallel_size": 2,
         "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"],
-        "stages.code2wav.params.num_steps": ORACLE["steps"],
+        **ORACLE_CODE2WAV,
     }), name=APP, route_prefix="/vllm_tp")
     yield ray_serve + "/vllm_tp"
     serve.delete(APP)  # vLLM's engine and its two workers: give the memory back for the next modules

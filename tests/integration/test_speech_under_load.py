@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from omni_serve.playback import replay
-from tests.integration.conftest import ORACLE
+from tests.integration.conftest import ORACLE, ORACLE_CODE2WAV
 
 pytestmark = pytest.mark.integration
 OMNI_STAGES = ("encoder", "thinker", "talker", "code2wav")
@@ -28,7 +28,7 @@ def admitting_app(ray_serve, omni_tiny_dir):
 
     serve.run(build_app({
         "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in OMNI_STAGES},
-        "stages.talker.params.max_codec_tokens": 200, "stages.code2wav.params.num_steps": ORACLE["steps"],
+        "stages.talker.params.max_codec_tokens": 200, **ORACLE_CODE2WAV,
         # a margin no capacity meets: one stream at a time, the rest refused at once
         "playback.admission.policy": "reject", "playback.admission.margin": 1000,
         "playback.admission.retry_after_s": 2, "playback.client_buffer_s": BUFFER_S,

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.integration.conftest import ORACLE
+from tests.integration.conftest import ORACLE, ORACLE_CODE2WAV
 from tests.integration.test_omni_graph import check_against_reference, oracle_request, reference  # noqa: F401
 
 pytestmark = pytest.mark.integration
@@ -38,7 +38,7 @@ def tp_app(ray_serve, omni_tiny_dir):
             ("num_cpus", 0.01), ("parallel.tensor", 2), ("parallel.rank_cpus", 0.01),
             ("parallel.call_timeout_s", 60))},
         "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"],
-        "stages.code2wav.params.num_steps": ORACLE["steps"],
+        **ORACLE_CODE2WAV,
     }), name="omni_tp", route_prefix="/omni_tp")
     yield ray_serve + "/omni_tp"
     serve.delete("omni_tp")

@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from tests.integration.conftest import ORACLE
+from tests.integration.conftest import ORACLE, ORACLE_CODE2WAV
 from tests.integration.test_omni_graph import check_against_reference, oracle_request, reference  # noqa: F401
 from tests.multinode.conftest import NODE_ENV, start_cluster, stop_cluster, wait_until
 
@@ -66,7 +66,7 @@ def cluster(omni_tiny_dir):
             "ingress.resources": {INGRESS: 1},
             **{f"stages.{s}.resources": {resource[node]: 1} for s, node in PLACEMENT.items()},
             "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"],
-            "stages.code2wav.params.num_steps": ORACLE["steps"],
+            **ORACLE_CODE2WAV,
         }, name="omni", route_prefix="/")
         yield c
     finally:

@@ -207,3 +207,54 @@ def test_chunks_limited_by_the_engine_are_whole_blocks_and_keep_exact_seams(c2w)
     stream.limit((12 + 2 * unit + 12) * rep + rep)  # room for two blocks, not three
     assert stream.work_size() == (12 + 2 * unit + 12) * rep
     assert stream.least_size() == (12 + unit + 12) * rep
+
+
+def test_planned_chunks_follow_the_machine_s_cost_and_keep_exact_seams(c2w):
+    from omni_serve.engines.deadlines import CostModel
+    from omni_serve.playback import StreamDeadline
+    from tests.unit.test_autoscaling import FakeClock
+
+    rep = c2w.repeats
+    slow = CostModel()  # 0.2 s a call + 0.0105 s a window code: code2wav on one core of machine E
+    for frames in (48, 240):
+        slow.add(frames, 0.2 + 0.0105 * frames / rep)
+    clock = FakeClock()
+    stream = Code2WavStream(c2w, Code2WavRequest("Chelsie", 7, STEPS, chunk_codes=96, chunk_growth=2.0,
+                                                 plan_margin=0.0))
+    stream.pace = StreamDeadline(target_ttfp_s=1.0, buffer_s=0.5, clock=clock)
+    stream.plan_with(slow)
+    cs = codes(200, 5)
+    compute = Code2WavCompute(c2w, STEPS, 0.5, -1.0)
+    out = []
+
+    def run_one():
+        _, job = stream.work()
+        got = stream.complete(compute([job])[0])
+        out.extend(got)
+        return [o.num_codes for o in got]
+
+    with torch.inference_mode():
+        stream.feed(CodecChunk(codes=cs[:24], end=False))
+        assert not stream.ready()  # 12 codes first would leave its client dry on this machine: it waits for 24
+        stream.feed(CodecChunk(codes=cs[24:36], end=False))
+        assert run_one() == [24]  # sent at 100.0: 0.98 s of lead (0.5 s buffer + 0.48 s)
+        stream.feed(CodecChunk(codes=cs[36:200], end=False))
+        assert run_one() == [48]  # the most whole blocks whose call (72 codes' window) lands within 0.98 s
+        clock.t += 0.9  # 1.04 s of lead left (the client runs dry at 101.94): 48 codes (a 72-code window) land
+        assert run_one() == [48]
+        clock.t += 1.2  # 0.8 s left (dry at 102.9): 36 codes land in time, but no chunk that lands in time keeps
+        assert run_one() == [96]  # up from a lead that low: a whole chunk, to stall once and not again and again
+        stream.feed(CodecChunk(codes=[], end=True))
+        while not stream.done:
+            run_one()
+    whole = c2w.synthesize(cs, "Chelsie", 7, num_steps=STEPS).numpy()
+    np.testing.assert_allclose(np.concatenate([o.audio for o in out]), whole, rtol=0, atol=1e-4 * np.abs(whole).max())
+    # a fast machine keeps the short first chunk
+    fast = CostModel()
+    for frames in (48, 240):
+        fast.add(frames, 0.02 + 0.001 * frames / rep)
+    quick = Code2WavStream(c2w, Code2WavRequest("Chelsie", 7, STEPS, chunk_codes=96, chunk_growth=2.0))
+    quick.pace = StreamDeadline(target_ttfp_s=1.0, buffer_s=0.5, clock=clock)
+    quick.plan_with(fast)
+    quick.feed(CodecChunk(codes=cs[:24], end=False))
+    assert quick.ready() and quick.work_size() == 24 * rep

@@ -69,6 +69,23 @@ def test_the_capability_is_what_the_cpu_flags_imply():
             assert "ONEDNN_MAX_CPU_ISA" in cap.unsupported["bfloat16"]
 
 
+@x86_linux
+def test_auto_precision_picks_bfloat16_only_where_the_cpu_runs_it_faster():
+    """``dit_dtype: auto`` (Qwen2.5-Omni's code2wav): bfloat16 exactly where oneDNN's bfloat16 product runs and
+    the CPU has native bfloat16 dot products (flags ``avx512_bf16`` or ``amx_bf16``), else float32 with the reason;
+    the choice is a kernel path. Capped to AVX2 (the run below) it is float32 on every machine."""
+    from omni_kernels import bfloat16_slow_reason
+    from omni_serve.families.qwen2_5_omni.replica.runners import dit_dtype
+
+    fast = expected_packed_bfloat16() and bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+    assert (bfloat16_slow_reason() is None) == fast, (cpu_capability(), bfloat16_slow_reason())
+    assert dit_dtype("auto", "cpu") == (torch.bfloat16 if fast else torch.float32)
+    chosen = kernel_paths()["code2wav.dit_dtype"]
+    assert chosen["path"] == ("bfloat16" if fast else "float32") and ("reason" in chosen) != fast, chosen
+    assert dit_dtype("float32", "cpu") == torch.float32 and dit_dtype("bfloat16", "cpu") == torch.bfloat16
+    assert dit_dtype("auto", "cuda") == torch.float32  # not measured on GPUs yet
+
+
 def test_bfloat16_linears_take_the_path_the_cpu_supports():
     """Prepacked where the CPU runs it (and recorded so), else left as ``nn.Linear``, recorded with the reason; both
     compute what the layer computed before. ``PackedLinear`` refuses what the CPU cannot run, saying why."""
@@ -122,6 +139,7 @@ CAPPED = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 CAPPED_TESTS = [
     "tests/unit/test_cpu_capability.py::test_the_capability_is_what_the_cpu_flags_imply",
     "tests/unit/test_cpu_capability.py::test_bfloat16_linears_take_the_path_the_cpu_supports",
+    "tests/unit/test_cpu_capability.py::test_auto_precision_picks_bfloat16_only_where_the_cpu_runs_it_faster",
     "tests/unit/test_kernels.py",
     "tests/unit/test_code2wav_stream.py::test_bfloat16_dit_blocks_stay_close_to_float32",
     "tests/unit/test_prepared_decoder.py",

@@ -41,19 +41,29 @@ class Code2WavParams(BaseModel):
         "A later chunk whose client would run dry within this many seconds goes at once, cut to the whole DiT "
         "blocks of codes the talker has sent (0: chunks are never cut). Roughly the time a window takes to "
         "compute and reach the client."))
+    plan_chunks: bool = Field(True, description=(
+        "Size chunks by what this machine's code2wav calls cost (the engine's cost model) and each client's "
+        "buffer: the first chunk as long as the client needs to never run dry afterwards (first_chunk_codes where "
+        "the machine is fast enough), a later chunk no longer than lands before its client runs dry. false: the "
+        "sizes above alone. See docs/speech_under_load.md."))
+    plan_margin: float = Field(0.15, ge=0, description=(
+        "plan_chunks assumes calls take this fraction longer than the cost model estimates (noise, other "
+        "streams' windows in the same call)."))
     left_context_codes: int = Field(12, ge=0, description="Codes before a chunk the DiT sees (seam accuracy).")
     right_context_codes: int = Field(12, ge=0, description=(
         "Codes after a chunk the DiT sees; a chunk waits for them (or the end of speech)."))
     vocoder_context_frames: int = Field(8, ge=0, description="Mel frames of context on each side of a vocoder chunk.")
     max_batch: int = Field(16, ge=1, description=(
         "Windows of different requests solved in one DiT call (any lengths: packed end to end)."))
-    dit_dtype: Literal["float32", "bfloat16"] = Field("float32", description=(
-        "dtype of the DiT's transformer blocks. float32 (the default) is transformers' token2wav, which the oracle "
-        "holds the stage to. bfloat16 runs the blocks on a bfloat16 copy (ODE state, solver, input and output "
-        "layers stay float32): on CPUs with AMX (Sapphire Rapids and later) the DiT is ~2.4x faster, the mel "
-        "within ~7e-4 of float32's (relative max; benchmarks/qwen2_5_omni/code2wav_cost.py). On CPUs without "
-        "oneDNN's bfloat16 product (AVX2-only) the blocks run on plain bfloat16 layers: the same answer, slower "
-        "than float32 (the replica logs it, /health shows it under kernels)."))
+    dit_dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description=(
+        "dtype of the DiT's transformer blocks. auto (the default): bfloat16 where this machine runs it faster "
+        "than float32 (a CPU with AVX512-BF16 or AMX and oneDNN's bfloat16 product), else float32; the replica "
+        "logs the choice and /health shows it under kernels (code2wav.dit_dtype). float32 is transformers' "
+        "token2wav, which the oracle holds the stage to. bfloat16 runs the blocks on a bfloat16 copy (ODE state, "
+        "solver, input and output layers stay float32): with AVX512-BF16 the DiT is ~1.4x faster, with AMX ~2.4x, "
+        "the mel within ~7e-4 of float32's (relative max; benchmarks/qwen2_5_omni/code2wav_cost.py). On CPUs "
+        "without oneDNN's bfloat16 product (AVX2-only) the blocks run on plain bfloat16 layers: the same answer, "
+        "several times slower than float32. GPUs: auto is float32 (bfloat16 there is not measured yet)."))
     prepared_dit: bool = Field(True, description=(
         "Run the DiT's blocks prepared (omni_serve.models.qwen2_5_omni_dit.PreparedDiT: fused, prepacked, "
         "block-local attention; less work per ODE step, measured in docs/prepared.md). false, or a DiT it does not "

@@ -20,7 +20,10 @@ after the first grow with the audio already sent (12, 24, 72, 96 codes by the st
 chunk comes before a client playing the short first one runs dry; the seams are exact whatever the sizes. A stream
 with a ``pace`` (its client's deadlines) cuts a later chunk short, to the whole blocks of codes it has, once its
 client is within ``cut_lead_s`` of running dry, and the batch engine shortens a chunk (``limit``, whole blocks) when
-its whole length would keep another stream's client waiting past its deadline.
+its whole length would keep another stream's client waiting past its deadline. With the engine's cost model
+(``plan_with``), chunk sizes also follow what the machine can do (``omni_serve.kits.omni.replica.chunk_plan``): the
+first chunk is as long as the client needs to never run dry afterwards (the short first chunk where the machine is
+fast enough), and a later chunk no longer than lands before its client runs dry.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from dataclasses import dataclass
 import torch
 
 from omni_serve.engines.batch import BatchProgram
+from omni_serve.engines.deadlines import CostModel
 from omni_serve.families.qwen2_5_omni.messages import CodecChunk
+from omni_serve.kits.omni.replica.chunk_plan import ChunkPlanner
 from omni_serve.kits.omni.replica.streams import PacedAudio, StreamedInput, WaveChunk
 from omni_serve.models.qwen2_5_omni import DiTWindow, OmniCode2Wav
 
@@ -46,6 +51,7 @@ class Code2WavRequest:
     chunk_codes: int = 96
     chunk_growth: float = 0.0  # a later chunk is at most this times the codes sent (whole blocks); 0: chunk_codes
     cut_lead_s: float = 0.4  # with a pace: a later chunk is cut to the codes here this long before its client runs dry
+    plan_margin: float = 0.15  # with a pace and a cost model (plan_with): calls planned this much longer than estimated
     left_context_codes: int = 12
     right_context_codes: int = 12
     vocoder_context_frames: int = 8
@@ -82,6 +88,15 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
         self.done = False
         self._pending_end = 0
         self._limit_codes: int | None = None  # the next chunk's most codes (``limit``), for one ``work()``
+        self.planner: ChunkPlanner | None = None
+
+    def plan_with(self, cost: CostModel) -> None:
+        """Size chunks by what the engine's calls cost (``cost``: seconds per mel frame solved) and the pace."""
+        r, model = self.req, self.model
+        self.planner = ChunkPlanner(
+            lambda codes: cost.estimate(codes * model.repeats), model.samples_per_code / self.sample_rate,
+            model.block_codes, r.chunk_codes, r.right_context_codes, r.left_context_codes + r.right_context_codes,
+            r.plan_margin)
 
     def take(self, chunk: CodecChunk) -> None:
         self.codes.extend(chunk.codes)
@@ -90,14 +105,24 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
         self.noise = self.mel_tail = None
 
     def _chunk_size(self) -> int:
-        r = self.req
+        r, planned = self.req, self.planner is not None and self.pace is not None
         if not self.start:
+            if planned:
+                return self.planner.first(self.pace.playback.buffer_s, r.first_chunk_codes)
             return r.first_chunk_codes
-        if not r.chunk_growth:
-            return r.chunk_codes
-        unit = self.model.block_codes
-        grown = int(r.chunk_growth * self.start) // unit * unit
-        return max(unit, min(r.chunk_codes, grown))
+        size = r.chunk_codes
+        if r.chunk_growth:
+            unit = self.model.block_codes
+            size = max(unit, min(r.chunk_codes, int(r.chunk_growth * self.start) // unit * unit))
+        if planned:
+            lead = self.pace.slack()
+            fit = self.planner.fit(lead)
+            # The largest chunk that lands in time, while chunks that land in time can keep the client playing.
+            # Below that lead it runs dry whatever is sent: a whole chunk then stalls it once and restores the lead,
+            # where ever shorter chunks would stall it again and again.
+            if fit and fit < size and self.planner.keeps_playing(lead):
+                size = fit
+        return size
 
     def _chunk_end(self) -> int:
         r = self.req

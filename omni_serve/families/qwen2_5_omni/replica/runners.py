@@ -58,6 +58,18 @@ class TalkerRunner(PreparedLayers, StageRunner):
             yield out
 
 
+def dit_dtype(setting: str, device: str) -> torch.dtype:
+    """``stages.code2wav.params.dit_dtype`` as a torch dtype: ``auto`` is bfloat16 where this CPU runs it faster
+    than float32 (``omni_kernels.bfloat16_slow_reason``), else float32; the choice is a kernel path on /health."""
+    if setting != "auto":
+        return getattr(torch, setting)
+    from omni_kernels import bfloat16_slow_reason, record_path
+
+    why = bfloat16_slow_reason() if device == "cpu" else f"auto is float32 on {device} (bfloat16 not measured there)"
+    record_path("code2wav.dit_dtype", "float32" if why else "bfloat16", why)
+    return torch.float32 if why else torch.bfloat16
+
+
 class Code2WavRunner(StageRunner):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -65,7 +77,7 @@ class Code2WavRunner(StageRunner):
 
     def adapter_options(self):
         p = self.stage_spec.params
-        return {"dit_dtype": getattr(torch, p.dit_dtype), "prepared_dit": p.prepared_dit,
+        return {"dit_dtype": dit_dtype(p.dit_dtype, self.engine_spec.device), "prepared_dit": p.prepared_dit,
                 "prepared_vocoder": p.prepared_vocoder}
 
     def _request(self, voice: str, seed: int) -> Code2WavRequest:
@@ -73,7 +85,7 @@ class Code2WavRunner(StageRunner):
         return Code2WavRequest(
             voice=voice, seed=seed, num_steps=p.num_steps, guidance_scale=p.guidance_scale,
             sway_coefficient=p.sway_coefficient, first_chunk_codes=p.first_chunk_codes, chunk_codes=p.chunk_codes,
-            chunk_growth=p.chunk_growth, cut_lead_s=p.cut_lead_s,
+            chunk_growth=p.chunk_growth, cut_lead_s=p.cut_lead_s, plan_margin=p.plan_margin,
             left_context_codes=p.left_context_codes, right_context_codes=p.right_context_codes,
             vocoder_context_frames=p.vocoder_context_frames)
 
@@ -84,8 +96,11 @@ class Code2WavRunner(StageRunner):
     async def run(self, engine, call: Code2WavCall) -> AsyncIterator:
         if call.voice not in self.model.speakers:
             raise ValueError(f"unknown voice {call.voice!r}")
+        p = self.stage_spec.params
         program = Code2WavStream(self.model, self._request(call.voice, call.seed))
         program.pace = client_pace(self.spec)  # its chunks are due when its client needs them
+        if p.plan_chunks and getattr(engine, "cost", None) is not None:
+            program.plan_with(engine.cost)  # ... and as long as this machine's calls allow
         async for out in self.drive(engine, call.request_id, program):
             # Audio for the client is the response payload itself (bytes), not a data-plane reference.
             yield AudioDelta(samples=np.asarray(out.audio, dtype="<f4").tobytes(), num_codes=out.num_codes)

@@ -1,0 +1,79 @@
+"""Chunk sizes that keep a client playing: how much audio a streamed chunk may carry so that it arrives before its
+client runs dry, and how much the first must carry so that the lead never runs out.
+
+Contract: ``ChunkPlanner(call_s, audio_per_code, unit, cap, context_first, context_later, margin)``, where
+``call_s(codes)`` is what a call computing a window of ``codes`` codes costs in seconds (the batch engine's
+``CostModel`` in the program's units), or None while nothing was timed; chunks are whole ``unit``s of codes, at
+most ``cap``; a window is its chunk plus ``context_first`` codes (a stream's first chunk) or ``context_later``
+codes (every later one) of context; the plan assumes calls cost ``1 + margin`` times the estimate.
+
+- ``fit(lead_s)``: the most codes a later chunk may have so that a call started with ``lead_s`` seconds of audio
+  still buffered at its client ends before the client runs dry; 0 when not even one unit fits (the client will
+  run dry whatever is sent: a full chunk then stalls it once instead of a short one stalling it again and again).
+  None while nothing was timed.
+- ``first(buffer_s, least)``: the smallest first chunk (whole units, at least ``least``, at most ``cap``) after
+  which chunks of ``fit`` sizes, each started as the one before lands, never let the client run dry: its lead
+  when the first chunk lands is ``buffer_s`` plus that chunk's audio. ``least`` while nothing was timed, and
+  when no size keeps the client playing (the stage is slower than real time at its load: the stream will run dry
+  whatever its first chunk, so its first audio stays early; admission is what keeps such streams out).
+
+Why: a window costs a fixed amount plus its context, so on a machine that produces a stream barely faster than
+real time a short chunk costs more time than the audio it carries. A client that starts with a short first chunk
+and a small buffer then always runs dry once, and cutting later chunks shorter only makes it run dry more often.
+Below a certain lead no chunk size keeps up; above it, the largest chunk that fits grows the lead. The first chunk
+is therefore as long as it must be to start above that lead on this machine and no longer: a fast machine (a GPU,
+AMX) keeps the short first chunk and its early first audio, a slow one trades some first-audio time for no gap.
+The plan assumes the codes come as fast as the chunks need them (the talker runs ahead of real time); when they
+do not, the stream's chunks are cut to the codes it has (the code2wav program's ``cut_lead_s``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+MAX_PLANNED_CHUNKS = 32  # chunks simulated before a first chunk is judged unable to keep its client playing
+
+
+class ChunkPlanner:
+    def __init__(self, call_s: Callable[[int], float | None], audio_per_code: float, unit: int, cap: int,
+                 context_first: int, context_later: int, margin: float = 0.25):
+        if unit <= 0 or cap < unit or audio_per_code <= 0 or margin < 0:
+            raise ValueError(f"bad chunk plan: unit={unit} cap={cap} audio_per_code={audio_per_code} "
+                             f"margin={margin}")
+        self.call_s, self.audio_per_code, self.unit, self.cap = call_s, audio_per_code, unit, cap
+        self.context_first, self.context_later, self.margin = context_first, context_later, margin
+
+    def _cost(self, codes: int) -> float | None:
+        seconds = self.call_s(codes)
+        return None if seconds is None else seconds * (1 + self.margin)
+
+    def fit(self, lead_s: float) -> int | None:
+        if self._cost(self.unit + self.context_later) is None:
+            return None
+        best = 0
+        for codes in range(self.unit, self.cap + 1, self.unit):  # at most cap / unit (8 by default) estimates
+            if self._cost(codes + self.context_later) > lead_s:
+                break
+            best = codes
+        return best
+
+    def keeps_playing(self, lead_s: float) -> bool:
+        """Whether a client with ``lead_s`` of audio buffered as the next call starts never runs dry."""
+        for _ in range(MAX_PLANNED_CHUNKS):
+            codes = self.fit(lead_s)
+            if not codes:
+                return False
+            after = lead_s - self._cost(codes + self.context_later) + codes * self.audio_per_code
+            if codes == self.cap and after >= lead_s:
+                return True  # full chunks from here on, each adding lead
+            lead_s = after
+        return False
+
+    def first(self, buffer_s: float, least: int) -> int:
+        if self._cost(least + self.context_first) is None:
+            return least
+        least = max(self.unit, least // self.unit * self.unit)
+        for codes in range(least, self.cap + 1, self.unit):
+            if self.keeps_playing(buffer_s + codes * self.audio_per_code):
+                return codes
+        return least
