@@ -258,3 +258,18 @@ def test_planned_chunks_follow_the_machine_s_cost_and_keep_exact_seams(c2w):
     quick.plan_with(fast)
     quick.feed(CodecChunk(codes=cs[:24], end=False))
     assert quick.ready() and quick.work_size() == 24 * rep
+
+
+def test_the_code2wav_replica_times_its_calls_before_the_first_stream(omni_tiny_dir):
+    """With ``plan_chunks`` (the default) the replica's engine starts with a cost model (a first-chunk and a
+    full-chunk call, timed), so its first stream's chunks are planned too; without it, none is timed."""
+    from omni_serve.families.qwen2_5_omni import FAMILY
+    from omni_serve.graph.runner import build_runner
+
+    runner = build_runner(FAMILY, "code2wav", {"checkpoint": omni_tiny_dir,
+                                               "stages": {"code2wav": {"params": {"num_steps": STEPS}}}})
+    fixed, per_frame = runner.make_engine().cost.coefficients()  # the engine's worker starts with its first request
+    assert fixed >= 0 and per_frame > 0  # two sizes timed: a cost per frame of window
+    off = build_runner(FAMILY, "code2wav", {"checkpoint": omni_tiny_dir, "stages": {"code2wav": {"params": {
+        "num_steps": STEPS, "plan_chunks": False}}}})
+    assert off.make_engine().cost.coefficients() is None

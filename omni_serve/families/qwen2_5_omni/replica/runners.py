@@ -9,13 +9,16 @@ connector, never in handle arguments.
 
 from __future__ import annotations
 
+import logging
+import time
+from dataclasses import replace
 from typing import AsyncIterator
 
 import numpy as np
 import torch
 
 from omni_serve.engines.sampling import SamplingParams, is_greedy
-from omni_serve.families.qwen2_5_omni.messages import AudioDelta, Code2WavCall, TalkerCall
+from omni_serve.families.qwen2_5_omni.messages import AudioDelta, CodecChunk, Code2WavCall, TalkerCall
 from omni_serve.families.qwen2_5_omni.replica import programs as P
 from omni_serve.families.qwen2_5_omni.replica.code2wav import (
     Code2WavCompute, Code2WavRequest, Code2WavStream, check_chunking,
@@ -23,6 +26,8 @@ from omni_serve.families.qwen2_5_omni.replica.code2wav import (
 from omni_serve.graph.runner import StageRunner
 from omni_serve.kits.omni.replica.streams import client_pace
 from omni_serve.kits.omni.replica import runners as omni
+
+log = logging.getLogger(__name__)
 
 
 class PreparedLayers:
@@ -92,6 +97,32 @@ class Code2WavRunner(StageRunner):
     def batch_compute(self):
         p = self.stage_spec.params
         return Code2WavCompute(self.model, p.num_steps, p.guidance_scale, p.sway_coefficient)
+
+    def make_engine(self):
+        engine = super().make_engine()
+        if self.stage_spec.params.plan_chunks and getattr(engine, "cost", None) is not None:
+            self._time_calls(engine)
+        return engine
+
+    def _time_calls(self, engine) -> None:
+        """Seed the engine's cost model with a first-chunk call and a full-chunk call (each timed after an untimed
+        one), so that the replica's first streams get planned chunks too. On the small checkpoint and 2 cores this
+        takes a few seconds of start-up."""
+        if engine.torch_threads:
+            torch.set_num_threads(engine.torch_threads)
+        voice, p = next(iter(self.model.speakers)), self.stage_spec.params
+        with torch.inference_mode():
+            for codes in (p.first_chunk_codes, p.chunk_codes):
+                for timed in (False, True):
+                    stream = Code2WavStream(self.model, replace(self._request(voice, 0), first_chunk_codes=codes))
+                    stream.feed(CodecChunk(codes=[0] * (codes + p.right_context_codes), end=True))
+                    size = stream.work_size()
+                    _, job = stream.work()
+                    start = time.perf_counter()
+                    engine.compute([job])
+                    if timed:
+                        engine.cost.add(size, time.perf_counter() - start)
+        log.info("code2wav: call cost seeded: %s (fixed s, s per mel frame)", engine.cost.coefficients())
 
     async def run(self, engine, call: Code2WavCall) -> AsyncIterator:
         if call.voice not in self.model.speakers:
