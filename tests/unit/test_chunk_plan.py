@@ -102,3 +102,12 @@ def test_bad_plans_are_refused(bad):
           "context_later": 24, **bad}
     with pytest.raises(ValueError, match="bad chunk plan"):
         ChunkPlanner(**kw)
+
+
+def test_whether_a_lead_keeps_up_can_be_asked_with_calls_as_estimated():
+    """The code2wav program gives up on a lead (sends a whole chunk) only when even calls as estimated cannot keep
+    its client playing; the planner's margin makes the chunks it sends safe, not that judgement pessimistic."""
+    plan = planner(SLOW, margin=0.25)
+    assert not plan.keeps_playing(1.0)  # with calls 25% longer, 1 s of lead runs out ...
+    assert plan.keeps_playing(1.0, margin=0.0)  # ... with calls as estimated it is above the 0.95 s that keeps up
+    assert not plan.keeps_playing(0.9, margin=0.0)

@@ -46,7 +46,7 @@ class Code2WavParams(BaseModel):
         "buffer: the first chunk as long as the client needs to never run dry afterwards (first_chunk_codes where "
         "the machine is fast enough), a later chunk no longer than lands before its client runs dry. false: the "
         "sizes above alone. See docs/speech_under_load.md."))
-    plan_margin: float = Field(0.15, ge=0, description=(
+    plan_margin: float = Field(0.3, ge=0, description=(
         "plan_chunks assumes calls take this fraction longer than the cost model estimates (noise, other "
         "streams' windows in the same call)."))
     left_context_codes: int = Field(12, ge=0, description="Codes before a chunk the DiT sees (seam accuracy).")

@@ -51,7 +51,7 @@ class Code2WavRequest:
     chunk_codes: int = 96
     chunk_growth: float = 0.0  # a later chunk is at most this times the codes sent (whole blocks); 0: chunk_codes
     cut_lead_s: float = 0.4  # with a pace: a later chunk is cut to the codes here this long before its client runs dry
-    plan_margin: float = 0.15  # with a pace and a cost model (plan_with): calls planned this much longer than estimated
+    plan_margin: float = 0.3  # with a pace and a cost model (plan_with): calls planned this much longer than estimated
     left_context_codes: int = 12
     right_context_codes: int = 12
     vocoder_context_frames: int = 8
@@ -117,10 +117,11 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
         if planned:
             lead = self.pace.slack()
             fit = self.planner.fit(lead)
-            # The largest chunk that lands in time, while chunks that land in time can keep the client playing.
-            # Below that lead it runs dry whatever is sent: a whole chunk then stalls it once and restores the lead,
-            # where ever shorter chunks would stall it again and again.
-            if fit and fit < size and self.planner.keeps_playing(lead):
+            # The largest chunk that lands in time (calls planned plan_margin longer than estimated), while chunks
+            # that land in time can keep the client playing even with calls as estimated. Below that lead it runs
+            # dry whatever is sent: a whole chunk then stalls it once and restores the lead, where ever shorter
+            # chunks would stall it again and again.
+            if fit and fit < size and self.planner.keeps_playing(lead, margin=0.0):
                 size = fit
         return size
 

@@ -8,9 +8,11 @@ most ``cap``; a window is its chunk plus ``context_first`` codes (a stream's fir
 codes (every later one) of context; the plan assumes calls cost ``1 + margin`` times the estimate.
 
 - ``fit(lead_s)``: the most codes a later chunk may have so that a call started with ``lead_s`` seconds of audio
-  still buffered at its client ends before the client runs dry; 0 when not even one unit fits (the client will
-  run dry whatever is sent: a full chunk then stalls it once instead of a short one stalling it again and again).
-  None while nothing was timed.
+  still buffered at its client ends before the client runs dry; 0 when not even one unit fits. None while nothing
+  was timed.
+- ``keeps_playing(lead_s, margin)``: whether chunks of ``fit`` sizes from a lead of ``lead_s`` never let the client
+  run dry. A stream for which even ``margin=0`` (calls as estimated) says no will run dry whatever is sent: a full
+  chunk then stalls it once, where ever shorter ones would stall it again and again.
 - ``first(buffer_s, least)``: the smallest first chunk (whole units, at least ``least``, at most ``cap``) after
   which chunks of ``fit`` sizes, each started as the one before lands, never let the client run dry: its lead
   when the first chunk lands is ``buffer_s`` plus that chunk's audio. ``least`` while nothing was timed, and
@@ -43,34 +45,37 @@ class ChunkPlanner:
         self.call_s, self.audio_per_code, self.unit, self.cap = call_s, audio_per_code, unit, cap
         self.context_first, self.context_later, self.margin = context_first, context_later, margin
 
-    def _cost(self, codes: int) -> float | None:
+    def _cost(self, codes: int, margin: float) -> float | None:
         seconds = self.call_s(codes)
-        return None if seconds is None else seconds * (1 + self.margin)
+        return None if seconds is None else seconds * (1 + margin)
 
-    def fit(self, lead_s: float) -> int | None:
-        if self._cost(self.unit + self.context_later) is None:
+    def fit(self, lead_s: float, margin: float | None = None) -> int | None:
+        margin = self.margin if margin is None else margin
+        if self._cost(self.unit + self.context_later, margin) is None:
             return None
         best = 0
         for codes in range(self.unit, self.cap + 1, self.unit):  # at most cap / unit (8 by default) estimates
-            if self._cost(codes + self.context_later) > lead_s:
+            if self._cost(codes + self.context_later, margin) > lead_s:
                 break
             best = codes
         return best
 
-    def keeps_playing(self, lead_s: float) -> bool:
-        """Whether a client with ``lead_s`` of audio buffered as the next call starts never runs dry."""
+    def keeps_playing(self, lead_s: float, margin: float | None = None) -> bool:
+        """Whether a client with ``lead_s`` of audio buffered as the next call starts never runs dry, with calls
+        ``margin`` (default: the planner's) longer than estimated."""
+        margin = self.margin if margin is None else margin
         for _ in range(MAX_PLANNED_CHUNKS):
-            codes = self.fit(lead_s)
+            codes = self.fit(lead_s, margin)
             if not codes:
                 return False
-            after = lead_s - self._cost(codes + self.context_later) + codes * self.audio_per_code
+            after = lead_s - self._cost(codes + self.context_later, margin) + codes * self.audio_per_code
             if codes == self.cap and after >= lead_s:
                 return True  # full chunks from here on, each adding lead
             lead_s = after
         return False
 
     def first(self, buffer_s: float, least: int) -> int:
-        if self._cost(least + self.context_first) is None:
+        if self._cost(least + self.context_first, 0.0) is None:
             return least
         least = max(self.unit, least // self.unit * self.unit)
         for codes in range(least, self.cap + 1, self.unit):
