@@ -119,7 +119,7 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
             fit = self.planner.fit(lead)
             # The largest chunk that lands in time (calls planned plan_margin longer than estimated), while chunks
             # that land in time can keep the client playing even with calls as estimated. Below that lead it runs
-            # dry whatever is sent: a whole chunk then stalls it once and restores the lead, where ever shorter
+            # dry whatever is sent: a whole chunk then stalls it once and restores the lead, whereas shorter
             # chunks would stall it again and again.
             if fit and fit < size and self.planner.keeps_playing(lead, margin=0.0):
                 size = fit

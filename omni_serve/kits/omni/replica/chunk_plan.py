@@ -12,7 +12,7 @@ codes (every later one) of context; the plan assumes calls cost ``1 + margin`` t
   was timed.
 - ``keeps_playing(lead_s, margin)``: whether chunks of ``fit`` sizes from a lead of ``lead_s`` never let the client
   run dry. A stream for which even ``margin=0`` (calls as estimated) says no will run dry whatever is sent: a full
-  chunk then stalls it once, where ever shorter ones would stall it again and again.
+  chunk then stalls it once, whereas shorter ones would stall it again and again.
 - ``first(buffer_s, least)``: the smallest first chunk (whole units, at least ``least``, at most ``cap``) after
   which chunks of ``fit`` sizes, each started as the one before lands, never let the client run dry: its lead
   when the first chunk lands is ``buffer_s`` plus that chunk's audio. ``least`` while nothing was timed, and
@@ -38,7 +38,7 @@ MAX_PLANNED_CHUNKS = 32  # chunks simulated before a first chunk is judged unabl
 
 class ChunkPlanner:
     def __init__(self, call_s: Callable[[int], float | None], audio_per_code: float, unit: int, cap: int,
-                 context_first: int, context_later: int, margin: float = 0.25):
+                 context_first: int, context_later: int, margin: float = 0.3):
         if unit <= 0 or cap < unit or audio_per_code <= 0 or margin < 0:
             raise ValueError(f"bad chunk plan: unit={unit} cap={cap} audio_per_code={audio_per_code} "
                              f"margin={margin}")
