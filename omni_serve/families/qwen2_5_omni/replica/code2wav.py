@@ -89,6 +89,7 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
         self._pending_end = 0
         self._limit_codes: int | None = None  # the next chunk's most codes (``limit``), for one ``work()``
         self.planner: ChunkPlanner | None = None
+        self._first_codes: int | None = None  # the planned first chunk (None: not planned yet)
 
     def plan_with(self, cost: CostModel) -> None:
         """Size chunks by what the engine's calls cost (``cost``: seconds per mel frame solved) and the pace."""
@@ -107,9 +108,9 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
     def _chunk_size(self) -> int:
         r, planned = self.req, self.planner is not None and self.pace is not None
         if not self.start:
-            if planned:
-                return self.planner.first(self.pace.playback.buffer_s, r.first_chunk_codes)
-            return r.first_chunk_codes
+            if planned and self._first_codes is None:  # planned once: ready() asks on every engine tick
+                self._first_codes = self.planner.first(self.pace.playback.buffer_s, r.first_chunk_codes)
+            return self._first_codes or r.first_chunk_codes
         size = r.chunk_codes
         if r.chunk_growth:
             unit = self.model.block_codes
