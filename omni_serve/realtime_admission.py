@@ -1,15 +1,18 @@
 """Admission by real-time capacity: a new audio stream starts only while every stream already admitted keeps up.
 
-Contract: ``RealtimeAdmission(settings, buffer_s)`` (``settings``: a graph's ``playback.admission``, an
-``AdmissionSpec``) is kept by the frontend of a graph that speaks. ``await enter(request_id)`` admits a request that
+Contract: ``RealtimeAdmission(settings, buffer_s, target_ttfp_s)`` (``settings``: a graph's ``playback.admission``,
+an ``AdmissionSpec``; the other two: its ``playback`` client buffer and first-audio target) is kept by the frontend of a graph that speaks. ``await enter(request_id)`` admits a request that
 asked for audio, before any stage is called, and returns its ``StreamTicket``; ``ticket.audio(seconds)`` as each
 chunk reaches the client, ``ticket.release()`` when the stream ends (idempotent; the ingress calls it however the
 request ends). ``state()`` is what ``/health`` and the metrics show.
 
 Policies (``settings.policy``):
 - ``none``: every request is admitted (the ingress' ``max_inflight_requests`` still bounds them).
-- ``queue``: a request that cannot be admitted waits, in arrival order, up to ``max_wait_s`` (its time to first
-  audio counting), then gets a 429 with ``Retry-After``; beyond ``max_queued`` waiting, a 429 at once.
+- ``queue``: a request that cannot be admitted waits, in arrival order, up to ``max_wait_s``, then gets a 429 with
+  ``Retry-After``; beyond ``max_queued`` waiting, a 429 at once. Unset, the wait is as long as an admitted stream's
+  first audio takes (the median of the last 16, from admission to first chunk; ``target_ttfp_s`` before one was
+  measured): the wait counts in the request's time to first audio, so a stream that waited hears its first audio
+  within about twice what a stream that did not wait does.
 - ``reject``: a request that cannot be admitted now gets a 429 with ``Retry-After`` at once.
 
 When a stream can be admitted: when none is admitted; otherwise when the capacity is known, the admitted streams
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import statistics
 import time
 from typing import Callable, Literal
 
@@ -49,9 +53,11 @@ class AdmissionSpec(BaseModel):
     margin: float = Field(0.2, ge=0, description=(
         "Admit while every stream, with the new one, is still produced at least 1 + margin times as fast as it "
         "plays. More margin: fewer streams, more room for bursts."))
-    max_wait_s: float = Field(2.0, ge=0, description=(
-        "queue: the longest a request waits for admission before its 429 (the wait counts in its time to first "
-        "audio)."))
+    max_wait_s: float | None = Field(None, ge=0, description=(
+        "queue: the longest a request waits for admission before its 429. The wait counts in its time to first "
+        "audio; unset, it is the measured time from admission to first audio (the median of the last 16 streams; "
+        "playback.target_ttfp_s before any), so a stream that waited hears its first audio within about twice "
+        "the time of one that did not. Longer: fewer 429s, later first audio."))
     max_queued: int = Field(64, ge=0, description="queue: requests waiting at most; beyond, a 429 at once.")
     window_s: float = Field(4.0, gt=0, description="Seconds of delivered audio the capacity is measured over.")
     guard_s: float = Field(0.1, ge=0, description=(
@@ -76,11 +82,13 @@ class StreamTicket:
 
 
 class RealtimeAdmission:
-    def __init__(self, settings: AdmissionSpec, buffer_s: float, clock: Callable[[], float] = time.monotonic):
-        self.settings, self.buffer_s, self.clock = settings, buffer_s, clock
+    def __init__(self, settings: AdmissionSpec, buffer_s: float, target_ttfp_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.settings, self.buffer_s, self.target_ttfp_s, self.clock = settings, buffer_s, target_ttfp_s, clock
         self.admitted: set[StreamTicket] = set()
         self.capacity: float | None = None  # audio seconds per second, last measured
         self.rejected = 0
+        self._first_audio_s: collections.deque[float] = collections.deque(maxlen=16)  # admission to first chunk
         self._waiters: collections.deque[tuple[str, asyncio.Future]] = collections.deque()
         self._chunks: collections.deque[tuple[float, float]] = collections.deque()  # (arrival, seconds)
         self._first_audio: float | None = None  # first audio of the busy period
@@ -96,10 +104,10 @@ class RealtimeAdmission:
         self._waiters.append(entry)
         ticket = None
         try:
-            ticket = await asyncio.wait_for(asyncio.shield(entry[1]), s.max_wait_s)
+            ticket = await asyncio.wait_for(asyncio.shield(entry[1]), self.max_wait_s)
             return ticket
         except asyncio.TimeoutError:
-            raise self._refusal(f"it waited {s.max_wait_s:g} s") from None
+            raise self._refusal(f"it waited {self.max_wait_s:g} s") from None
         finally:
             if entry in self._waiters:
                 self._waiters.remove(entry)
@@ -108,6 +116,14 @@ class RealtimeAdmission:
                 waiter.result().release()  # admitted just as it timed out or its client left
             elif not waiter.done():
                 waiter.cancel()
+
+    @property
+    def max_wait_s(self) -> float:
+        """How long a request may wait for admission (``queue``)."""
+        given = self.settings.max_wait_s
+        if given is not None:
+            return given
+        return statistics.median(self._first_audio_s) if self._first_audio_s else self.target_ttfp_s
 
     def can_admit(self) -> bool:
         if not self.admitted:
@@ -120,6 +136,7 @@ class RealtimeAdmission:
 
     def state(self) -> dict:
         return {"policy": self.settings.policy, "admitted": len(self.admitted), "queued": len(self._waiters),
+                "max_wait_s": round(self.max_wait_s, 3),
                 "capacity_audio_s_per_s": None if self.capacity is None else round(self.capacity, 3),
                 "rejected": self.rejected}
 
@@ -141,6 +158,8 @@ class RealtimeAdmission:
 
     def _delivered(self, ticket: StreamTicket, seconds: float) -> None:
         now = self.clock()
+        if ticket.playback.first is None:
+            self._first_audio_s.append(now - ticket.playback.start)
         ticket.playback.add(now, seconds)
         if self._first_audio is None:
             self._first_audio = now

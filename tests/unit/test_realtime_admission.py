@@ -54,7 +54,7 @@ def test_reject_admits_while_every_stream_keeps_real_time_with_the_new_one():
         second = await admission.enter("b")
         with pytest.raises(OpenAIError):  # a third would get 1.0x: under 1 + margin
             await admission.enter("c")
-        assert admission.state() == {"policy": "reject", "admitted": 2, "queued": 0,
+        assert admission.state() == {"policy": "reject", "admitted": 2, "queued": 0, "max_wait_s": 0.0,
                                      "capacity_audio_s_per_s": 3.0, "rejected": 2}
         first.release()
         second.release()
@@ -98,6 +98,30 @@ def test_queue_holds_a_request_until_a_stream_ends_or_its_wait_runs_out():
         assert "waited" in late.value.message and admission.state()["queued"] == 0
         b.release()
         assert admission.state()["admitted"] == 0
+    asyncio.run(main())
+
+
+def test_by_default_a_request_waits_as_long_as_an_admitted_streams_first_audio_takes():
+    clock = FakeClock()
+    admission = RealtimeAdmission(AdmissionSpec(policy="queue"), buffer_s=0.5, target_ttfp_s=1.0, clock=clock)
+    assert admission.max_wait_s == 1.0  # nothing measured: the graph's target_ttfp_s
+    assert RealtimeAdmission(AdmissionSpec(policy="queue", max_wait_s=3), 0.5, 1.0).max_wait_s == 3
+
+    async def main():
+        for first_audio_s in (0.05, 0.04, 0.9):
+            a = await admission.enter("a")
+            clock.t += first_audio_s
+            a.audio(0.24)
+            clock.t += 1.0
+            a.audio(0.24)  # a later chunk: not a first audio
+            a.release()
+        assert admission.max_wait_s == pytest.approx(0.05)  # the median
+        assert admission.state()["max_wait_s"] == 0.05
+        a = await admission.enter("a")
+        with pytest.raises(OpenAIError) as late:  # real time passes here: the wait runs out after 0.05 s
+            await admission.enter("b")
+        assert late.value.status_code == 429 and "waited 0.05 s" in late.value.message
+        a.release()
     asyncio.run(main())
 
 

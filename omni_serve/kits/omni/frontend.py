@@ -93,7 +93,8 @@ class OmniFrontend(AudioEndpoints, Frontend):
         self.kv_capacity = None if self.raw_media else min(
             spec.stage_spec(s).engine.ar.num_kv_blocks * spec.stage_spec(s).engine.ar.block_size
             for s in spec.thinker_stages())
-        self.realtime = RealtimeAdmission(spec.playback.admission, spec.playback.client_buffer_s)
+        self.realtime = RealtimeAdmission(spec.playback.admission, spec.playback.client_buffer_s,
+                                          spec.playback.target_ttfp_s)
         eos = self.inputs.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.stop_token_ids = [eos]
 
