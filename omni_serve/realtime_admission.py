@@ -1,10 +1,11 @@
 """Admission by real-time capacity: a new audio stream starts only while every stream already admitted keeps up.
 
 Contract: ``RealtimeAdmission(settings, buffer_s, target_ttfp_s)`` (``settings``: a graph's ``playback.admission``,
-an ``AdmissionSpec``; the other two: its ``playback`` client buffer and first-audio target) is kept by the frontend of a graph that speaks. ``await enter(request_id)`` admits a request that
-asked for audio, before any stage is called, and returns its ``StreamTicket``; ``ticket.audio(seconds)`` as each
-chunk reaches the client, ``ticket.release()`` when the stream ends (idempotent; the ingress calls it however the
-request ends). ``state()`` is what ``/health`` and the metrics show.
+an ``AdmissionSpec``; the other two: its ``playback`` client buffer and first-audio target) is kept by the frontend
+of a graph that speaks. ``await enter(request_id)`` admits a request that asked for audio, before any stage is
+called, and returns its ``StreamTicket``; ``ticket.audio(seconds)`` as each chunk reaches the client,
+``ticket.release()`` when the stream ends (idempotent; the ingress calls it however the request ends). ``state()``
+is what ``/health`` shows.
 
 Policies (``settings.policy``):
 - ``none``: every request is admitted (the ingress' ``max_inflight_requests`` still bounds them).
