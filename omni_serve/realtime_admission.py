@@ -89,7 +89,7 @@ class RealtimeAdmission:
         self.admitted: set[StreamTicket] = set()
         self.capacity: float | None = None  # audio seconds per second, last measured
         self.rejected = 0
-        self._first_audio_s: collections.deque[float] = collections.deque(maxlen=16)  # admission to first chunk
+        self._time_to_first_chunk: collections.deque[float] = collections.deque(maxlen=16)  # admission to first chunk
         self._waiters: collections.deque[tuple[str, asyncio.Future]] = collections.deque()
         self._chunks: collections.deque[tuple[float, float]] = collections.deque()  # (arrival, seconds)
         self._first_audio: float | None = None  # first audio of the busy period
@@ -124,7 +124,7 @@ class RealtimeAdmission:
         given = self.settings.max_wait_s
         if given is not None:
             return given
-        return statistics.median(self._first_audio_s) if self._first_audio_s else self.target_ttfp_s
+        return statistics.median(self._time_to_first_chunk) if self._time_to_first_chunk else self.target_ttfp_s
 
     def can_admit(self) -> bool:
         if not self.admitted:
@@ -160,7 +160,7 @@ class RealtimeAdmission:
     def _delivered(self, ticket: StreamTicket, seconds: float) -> None:
         now = self.clock()
         if ticket.playback.first is None:
-            self._first_audio_s.append(now - ticket.playback.start)
+            self._time_to_first_chunk.append(now - ticket.playback.start)
         ticket.playback.add(now, seconds)
         if self._first_audio is None:
             self._first_audio = now

@@ -142,8 +142,8 @@ def _fuzz(schema, base_url: str, model: str, route: str, examples: int) -> tuple
     and the rest on any operation; (status counts per operation, problems with a curl command each).
 
     The positive and the negative run go at once, from two threads (Hypothesis is thread-safe from 6.136 on): the
-    graph meets two hostile clients in flight together, and its engines batch the two runs' generations, which
-    halves the wall time of the generations that succeed (each costs the same alone or beside another)."""
+    graph meets two hostile clients in flight together, and its engines batch the two runs' generations (GLM's
+    fuzz: 195 s one after the other, 153 s at once)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from schemathesis import GenerationMode

@@ -8,6 +8,7 @@ the replica is idle fails the replica's health check, and Serve replaces it with
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -111,7 +112,7 @@ def _dit(base: str) -> dict:
 
 
 # The one-rank graph's results, by (url, model, cases): a one-rank graph compared with two kinds of ranks is asked
-# once (its latents are a function of the requests alone; that is what the comparison proves of the others).
+# once (its latents depend on the requests alone).
 _ONE_RANK: dict[tuple[str, str, str], list] = {}
 
 
@@ -119,8 +120,6 @@ def check_two_ranks_equal_one(one_rank: str, two_ranks: str, cases: list[dict], 
                               model: str) -> None:
     """``cases`` all in flight on each graph, then the ``alone`` ones one at a time on the two-rank graph: every
     request's latents equal the one-rank graph's; another seed's do not; both ranks computed rows."""
-    import json
-
     before = _dit(two_ranks)["parallel"]
     assert before["ranks"] == 2 and before["alive"]
     print(f"{model}: {before['kinds']}")
