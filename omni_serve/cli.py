@@ -121,26 +121,39 @@ def cmd_serve(args) -> int:
     # Ray's own default applies: token authentication for a new local cluster (the token is written to
     # ~/.ray/auth_token); RAY_AUTH_MODE=disabled opts out.
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, namespace=settings.RAY_NAMESPACE)
-    serve.start(http_options={"host": args.host, "port": args.port})
-    print(f"starting the {args.graph} graph (first start loads every stage; this takes a little while)...",
-          flush=True)
-    from omni_serve.deployments.builder import build_app
 
-    serve.run(build_app(family, overrides), name=args.graph, route_prefix="/", blocking=False)
-    url = f"http://{args.host}:{args.port}"
-    print(f"\nomni_serve is up: {url}  (OpenAI API under {url}/v1, health at {url}/health)", flush=True)
-    print("Press Ctrl-C to stop.", flush=True)
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    # ray.init sets a SIGTERM handler that exits at once (status 15) without stopping Serve. Ours turns SIGTERM,
+    # whenever it comes (while the graph starts or once it serves), into the same orderly stop as Ctrl-C.
+    def stop_on_sigterm(*_):
+        raise _Stop
+
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
-        while not stop:
+        serve.start(http_options={"host": args.host, "port": args.port})
+        print(f"starting the {args.graph} graph (first start loads every stage; this takes a little while)...",
+              flush=True)
+        from omni_serve.deployments.builder import build_app
+
+        serve.run(build_app(family, overrides), name=args.graph, route_prefix="/", blocking=False)
+        url = f"http://{args.host}:{args.port}"
+        print(f"\nomni_serve is up: {url}  (OpenAI API under {url}/v1, health at {url}/health)", flush=True)
+        print("Press Ctrl-C to stop.", flush=True)
+        while True:
             time.sleep(1)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Stop):
         pass
+    # A supervisor's second SIGTERM would cut the shutdown short and leave Ray's processes behind (a second
+    # Ctrl-C still does, on purpose).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     print("shutting down ...", flush=True)
     serve.shutdown()
     ray.shutdown()
     return 0
+
+
+class _Stop(BaseException):
+    """Raised by ``serve``'s SIGTERM handler: stop as Ctrl-C does (a BaseException, so no ``except Exception`` on
+    the way swallows it)."""
 
 
 def cmd_build(args) -> int:

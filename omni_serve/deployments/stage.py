@@ -4,11 +4,13 @@ Contract: ``StageDeployment(family, stage, graph_spec)`` loads the family (``mod
 and builds the stage's declared runner (loading only that stage's weights) and engine. It serves:
 - ``generate(call)``: a streaming call; ``call`` is the stage's declared call message, and it yields the stage's
   declared outputs for one request (``StageRunner.handle`` checks both). Cancelling the call (client gone,
-  ingress error) aborts the request in the engine and frees its state.
+  ingress error) aborts the request in the engine and frees its state; so does the ingress marking the request
+  abandoned, for a call whose cancel got lost (``omni_serve.graph.abandoned``).
 - ``ready()``: cheap liveness/identity probe used by the ingress' ``/health``: the node (id and IP) it runs on,
   the last streams the ``nearest`` connector routed here (edge, backend, producer and reader nodes), the engine's stats
   (active requests; for AR stages running/waiting requests and KV block counts) and, under
-  ``data_plane``, the counters of the connectors this replica uses (payloads held, buffer use), and under
+  ``data_plane``, the counters of the connectors this replica uses (payloads held, buffer use),
+  ``abandoned_calls_cancelled`` (calls it cancelled because their request was abandoned), and under
   ``kernels`` what this replica's CPU runs (``omni_kernels.cpu_capability``: ISA, bfloat16/prepacked support) and
   which implementation each of its bfloat16/prepacked paths took, with the reason for a fallback
   (``omni_kernels.kernel_paths``).
@@ -37,6 +39,7 @@ from typing import Any, AsyncIterator
 
 from ray import serve
 
+from omni_serve.graph.abandoned import AbandonedCalls
 from omni_serve.graph.calls import free_within
 from omni_serve.graph.messages import Message
 
@@ -63,14 +66,16 @@ class StageDeployment:
         # deployment with its error instead of failing every request.
         await self.engine.start()
         self.metrics = StageMetrics(stage, self.engine)
+        self.abandoned = AbandonedCalls(stage)
         observe_transfers()
         keep_node_tidy(self.runner.spec.data_plane)  # this node's shm janitor while a replica runs here
         log.info("stage %s ready in pid %d (%s)", stage, os.getpid(), self.runner.stage.runner)
 
     async def generate(self, call: Message) -> AsyncIterator[Message]:
         try:
-            async for out in self.runner.handle(self.engine, call):
-                yield out
+            with self.abandoned.track(getattr(call, "request_id", "")):
+                async for out in self.runner.handle(self.engine, call):
+                    yield out
         except BaseException as exc:
             # Failed or cancelled (the ingress ends the request): drop what it left on this node's data plane
             # now, whichever node the ingress runs on (the ingress frees what it can reach too).
@@ -96,6 +101,7 @@ class StageDeployment:
         nearest = built_connector("nearest")
         return {"stage": self.stage, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
                 "node_ip": ray.util.get_node_ip_address(), **self.engine.stats(), "load": self.engine.load(),
+                "abandoned_calls_cancelled": self.abandoned.cancelled,
                 "data_plane": connector_stats(), "routes": list(nearest.recent) if nearest is not None else [],
                 "kernels": {"cpu": cpu_capability().as_dict(), "paths": kernel_paths()},
                 **({"parallel": self.runner.ranked.stats()} if self.runner.ranked is not None else {})}
@@ -125,6 +131,8 @@ class StageDeployment:
 
     async def __del__(self):
         engine = getattr(self, "engine", None)  # None: the constructor failed before the engine existed
+        if getattr(self, "abandoned", None) is not None:
+            self.abandoned.close()
         try:
             if engine is not None:
                 # Up to the request deadline: Serve's own graceful_shutdown_timeout_s (a deployment option it may

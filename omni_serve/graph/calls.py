@@ -14,8 +14,9 @@ Edges use the connectors the spec names (``edges.<edge>.connector``), or ``conne
   request lost its last replica while the request waits), 500 when the stage failed on the request; an input
   the data plane could not take is a 503 too; passing the deadline raises a 504. Whatever ends the iteration (success,
   error, the client going away, a failure while putting the inputs or opening the calls), every open call is
-  cancelled (which aborts the request in the stage's engine) and the request's data-plane payloads are freed on
-  every connector the deployed graph uses.
+  cancelled (which aborts the request in the stage's engine), the request is marked abandoned when a call of it
+  was still open (``on_abandoned``; over Serve ``omni_serve.graph.abandoned``, for the calls whose cancel gets
+  lost) and the request's data-plane payloads are freed on every connector the deployed graph uses.
 - ``health()``: each deployed stage's ``ready()`` answer, or ``{"error": ...}`` for one that does not answer.
 """
 
@@ -124,6 +125,9 @@ class StageCalls:
         # Every connector the deployed graph uses: a request's payloads are freed on each when it ends.
         self.connectors: list[Connector] = list({id(c): c for c in self._edge_connector.values()}.values())
         self._ingress_edges = {link.edge for link in links if link.writer == INGRESS}
+        # (request_id) -> None: called when a request ends with calls of it still open, so that a call whose cancel
+        # got lost stops too (omni_serve.graph.abandoned; over_serve sets it).
+        self.on_abandoned: Callable[[str], None] | None = None
 
     @classmethod
     def over_serve(cls, graph: GraphDef, spec: Any, handles: Mapping[str, Any]) -> "StageCalls":
@@ -131,7 +135,11 @@ class StageCalls:
         async def probe(stage: str) -> dict[str, Any]:
             return await handles[stage].ready.remote()
 
-        return cls(graph, spec, lambda stage, call: handles[stage].options(stream=True).generate.remote(call), probe)
+        from omni_serve.graph.abandoned import mark_abandoned
+
+        calls = cls(graph, spec, lambda stage, call: handles[stage].options(stream=True).generate.remote(call), probe)
+        calls.on_abandoned = mark_abandoned
+        return calls
 
     async def put(self, request_id: str, edge: str, payload: Message) -> None:
         if edge not in self._ingress_edges:
@@ -168,7 +176,7 @@ class StageCalls:
             if inputs:  # under the deadline too: a put may wait on the data plane (a route, the directory)
                 await asyncio.wait_for(self._put_all(request_id, inputs), max(deadline - time.monotonic(), 0.001))
         except BaseException as exc:
-            _cancel_all(opened.values())
+            self._abandon(request_id, opened.values())
             await free_within(self.free(request_id), request_id)
             if opening is not None and isinstance(exc, Exception):  # the stage's handle refused the call
                 log.error("request %s: opening a call of stage %s failed: %r", request_id, opening, exc)
@@ -221,7 +229,7 @@ class StageCalls:
                 else:
                     yield stage, item
         finally:
-            _cancel_all(opened.values())
+            self._abandon(request_id, [opened[s] for s in open_calls])
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -230,6 +238,14 @@ class StageCalls:
             # client's answer never waits on cleanup for long (the data directory may be restarting after its
             # node died); what is left finishes in the background.
             await free_within(self.free(request_id), request_id)
+
+    def _abandon(self, request_id: str, calls) -> None:
+        """Cancel the request's calls still open, and mark it abandoned for those whose cancel gets lost."""
+        calls = list(calls)
+        if calls:
+            _cancel_all(calls)
+            if self.on_abandoned is not None:
+                self.on_abandoned(request_id)
 
     async def free(self, request_id: str) -> None:
         """Drop everything the request left on the data plane (every connector of the graph)."""

@@ -101,6 +101,10 @@ class DataDirectory:
         """How many ``wait`` calls are waiting now (tests, operators)."""
         return sum(self.waiting.values())
 
+    async def held(self, keys: list[str]) -> list[str]:
+        """Which of ``keys`` are held now (never waits)."""
+        return [k for k in keys if k in self.entries]
+
     async def lookup(self, key: str):
         """The value under ``key`` now, or None (never waits)."""
         entry = self.entries.get(key)

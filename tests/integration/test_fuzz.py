@@ -137,20 +137,20 @@ def _aim(body: dict, model: str) -> None:
         body["voice"] = "Chelsie"
 
 
-def _fuzz(schema, base_url: str, model: str, route: str, examples: int) -> tuple[Counter, list[str]]:
+def _fuzz(base_url: str, model: str, route: str, examples: int) -> tuple[Counter, list[str]]:
     """Run ``examples`` positive and as many negative cases, about half of them on the graph's own ``route``
     and the rest on any operation; (status counts per operation, problems with a curl command each).
 
-    The positive and the negative run go at once, from two threads (Hypothesis is thread-safe from 6.136 on): the
-    graph meets two hostile clients in flight together, and its engines batch the two runs' generations (GLM's
-    fuzz: 195 s one after the other, 153 s at once)."""
-    from concurrent.futures import ThreadPoolExecutor
+    The positive and the negative run go at once: the graph meets two hostile clients in flight together, and its
+    engines batch the two runs' generations (GLM's fuzz: 195 s one after the other, 153 s at once). The negative
+    run is a process of its own, not a thread: on CPython 3.11, ``compile`` in two threads at once (Hypothesis
+    and schemathesis parse source as they go) can fail with "AST constructor recursion depth mismatch"."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
-    from schemathesis import GenerationMode
-
-    with ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(lambda mode: _fuzz_mode(schema, mode, base_url, model, route, examples),
-                             (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)))
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        negative = pool.submit(_fuzz_mode, "negative", base_url, model, route, examples)
+        runs = [_fuzz_mode("positive", base_url, model, route, examples), negative.result()]
     statuses, codes, problems = Counter(), Counter(), []
     for run_statuses, run_codes, run_problems in runs:
         statuses.update(run_statuses)
@@ -160,10 +160,16 @@ def _fuzz(schema, base_url: str, model: str, route: str, examples: int) -> tuple
     return statuses, problems
 
 
-def _fuzz_mode(schema, mode, base_url: str, model: str, route: str, examples: int):
-    """One generation mode's run: (status counts per operation, 4xx codes, problems)."""
+def _fuzz_mode(mode: str, base_url: str, model: str, route: str, examples: int):
+    """One generation mode's run (``positive`` or ``negative``), on the schema the graph serves: (status counts
+    per operation, 4xx codes, problems)."""
     import requests
-    from hypothesis import HealthCheck, given, seed, settings, strategies as st
+    import schemathesis
+    from hypothesis import HealthCheck, given, seed, settings
+    from hypothesis import strategies as st
+
+    schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
+    mode = schemathesis.GenerationMode(mode)
 
     statuses: Counter = Counter()
     codes: Counter = Counter()
@@ -196,14 +202,11 @@ def _fuzz_mode(schema, mode, base_url: str, model: str, route: str, examples: in
 
 @pytest.mark.parametrize("app", ["fuzz_omni", "fuzz_qwen3", "fuzz_image", "fuzz_glm"])
 def test_fuzzed_requests_get_no_5xx_and_crash_no_replica(fuzz_apps, app):
-    import schemathesis
-
     base_url, model, route, stages = fuzz_apps[app]
     before = _replicas(app)
     assert len(before) == len(stages) + 1, before
-    schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
     start = time.monotonic()
-    statuses, problems = _fuzz(schema, base_url, model, route, EXAMPLES)
+    statuses, problems = _fuzz(base_url, model, route, EXAMPLES)
     took = time.monotonic() - start
     print(f"\n{app}: {sum(statuses.values())} requests in {took:.0f} s: {dict(sorted(statuses.items()))}")
     assert not problems, f"{len(problems)} bad answers, e.g.:\n" + "\n".join(problems[:10])

@@ -1,0 +1,53 @@
+"""A stage call whose cancel got lost stops once the ingress marks its request abandoned
+(``omni_serve.graph.abandoned``): on the served image graph, a VAE call for a request whose latents never come
+(what a call left behind by a lost cancel waits for) ends soon after the mark, not at its data timeout, with
+its engine request and payloads gone; an unmarked one keeps waiting (the control)."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_call_of_an_abandoned_request_stops_and_an_unmarked_one_waits_on(image_app):
+    import httpx
+    from ray import serve
+
+    from omni_serve.graph.abandoned import CHECK_PERIOD_S, mark_abandoned
+    from omni_serve.kits.diffusion.messages import DecodeCall
+
+    def vae() -> dict:
+        return httpx.get(f"{image_app}/health?fresh=1", timeout=30).json()["stages"]["vae"]
+
+    handle = serve.get_deployment_handle("vae", app_name="qwen_image")
+    before = vae()["abandoned_calls_cancelled"]
+
+    def call(request_id: str):
+        gen = handle.options(stream=True).generate.remote(DecodeCall(request_id=request_id, height=64, width=64))
+        try:
+            return list(gen)
+        except BaseException as exc:  # noqa: BLE001 - what ended it is the result
+            return exc
+
+    with ThreadPoolExecutor(2) as pool:
+        marked, unmarked = pool.submit(call, "abandoned-1"), pool.submit(call, "waiting-1")
+        time.sleep(CHECK_PERIOD_S)  # both calls are in the replica, waiting for latents
+        mark_abandoned("abandoned-1")
+        start = time.monotonic()
+        ended = marked.result(timeout=120)  # its data timeout is the request deadline: 300 s
+        took = time.monotonic() - start
+        assert isinstance(ended, BaseException), ended
+        assert not unmarked.done(), unmarked.result()  # 3+ periods on, the control still waits
+        state = vae()
+        assert state["abandoned_calls_cancelled"] == before + 1, state
+        mark_abandoned("waiting-1")  # and it ends the same way
+        assert isinstance(unmarked.result(timeout=120), BaseException)
+    deadline = time.monotonic() + 30
+    while (state := vae())["active"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert state["active"] == 0 and state["abandoned_calls_cancelled"] == before + 2, state
+    print(f"the abandoned call ended {took:.1f} s after the mark (check period {CHECK_PERIOD_S:g} s)")
