@@ -10,7 +10,7 @@ shutting down (the suite met it: a code2wav call left waiting after its request 
 
 Contract:
 - The ingress marks a request it gave up on while calls of it were still open: ``mark_abandoned(request_id)``
-  writes ``@ended/<request_id>`` to the data directory (without waiting; swept after the data TTL like any entry).
+  tells the data directory (``DataDirectory.abandon``, without waiting; kept there for the data TTL).
 - A stage replica runs each call under ``AbandonedCalls.track(request_id)``; every ``CHECK_PERIOD_S`` it asks the
   directory, in one call, which of its calls older than ``CHECK_PERIOD_S`` belong to marked requests, and cancels
   their tasks (a warning names each): the call ends as a cancelled one does, its engine request aborted and its
@@ -29,11 +29,6 @@ from collections.abc import Iterator
 log = logging.getLogger(__name__)
 
 CHECK_PERIOD_S = 2.0
-_PREFIX = "@ended/"
-
-
-def ended_key(request_id: str) -> str:
-    return f"{_PREFIX}{request_id}"
 
 
 def mark_abandoned(request_id: str) -> None:
@@ -41,7 +36,7 @@ def mark_abandoned(request_id: str) -> None:
     from omni_serve.transport.directory import directory
 
     try:
-        directory().send("put", ended_key(request_id), True)
+        directory().send("abandon", request_id)
     except Exception:  # noqa: BLE001 - the stages' own data timeouts are the backstop
         log.warning("request %s: could not mark it abandoned in the data directory", request_id, exc_info=True)
 
@@ -50,7 +45,7 @@ class AbandonedCalls:
     """The running calls of one replica, and the watcher that cancels those whose request was abandoned."""
 
     def __init__(self, stage: str, lookup=None, period_s: float = CHECK_PERIOD_S):
-        """``lookup(keys) -> awaitable of the keys the directory holds``; None: the data directory's ``held``."""
+        """``lookup(request_ids) -> awaitable of those abandoned``; None: the data directory's ``abandoned_among``."""
         self.stage, self.period_s = stage, period_s
         self._lookup = lookup
         self._calls: dict[asyncio.Task, tuple[str, float]] = {}
@@ -69,12 +64,12 @@ class AbandonedCalls:
         finally:
             self._calls.pop(task, None)
 
-    async def _held(self, keys: list[str]) -> list[str]:
+    async def _abandoned_among(self, request_ids: list[str]) -> list[str]:
         if self._lookup is not None:
-            return await self._lookup(keys)
+            return await self._lookup(request_ids)
         from omni_serve.transport.directory import directory
 
-        return await directory().call("held", keys)
+        return await directory().call("abandoned_among", request_ids)
 
     async def check(self) -> int:
         """Cancel the calls older than a period whose request was marked; returns how many."""
@@ -83,13 +78,13 @@ class AbandonedCalls:
         if not old:
             return 0
         try:
-            held = set(await self._held(sorted({ended_key(rid) for rid in old.values()})))
+            abandoned = set(await self._abandoned_among(sorted(set(old.values()))))
         except Exception as exc:  # noqa: BLE001 - unreachable directory: the calls' own data timeouts bound them
             log.debug("stage %s: could not ask the directory for abandoned requests: %r", self.stage, exc)
             return 0
         found = 0
         for task, rid in old.items():
-            if ended_key(rid) in held and not task.done():
+            if rid in abandoned and not task.done():
                 log.warning("stage %s: request %s was abandoned at the ingress but its call here was still running "
                             "(the cancel did not reach it); cancelling it", self.stage, rid)
                 task.cancel()

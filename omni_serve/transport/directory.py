@@ -18,6 +18,8 @@ Contract:
   ``DataPlaneError``.
 - Entries nobody took are swept after ``OMNI_SERVE_DATA_TTL_S``; ``owned`` ones (their producer frees them and
   the bytes behind them) after ``OWNED_TTL_FACTOR`` TTLs, so a dead producer's entries do not stay forever.
+- It also keeps, for a TTL and apart from the entries, the requests the ingress gave up on with calls still open
+  (``abandon``, ``abandoned_among``: ``omni_serve.graph.abandoned``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class DataDirectory:
         self.waiters: dict[str, asyncio.Event] = {}
         self.waiting: dict[str, int] = {}  # key -> how many ``wait`` calls wait on its event
         self.owned: set[str] = set()  # keys whose producer frees them itself after the TTL (it owns the bytes)
+        # request id -> when the ingress gave up on it (omni_serve.graph.abandoned); not entries: no payload
+        self.abandoned: dict[str, float] = {}
         self._sweeper = None
 
     def _ensure_sweeper(self):
@@ -64,6 +68,8 @@ class DataDirectory:
         for key in due:
             self.entries.pop(key, None)
             self.owned.discard(key)
+        for request_id in [r for r, t in self.abandoned.items() if now - t > self.ttl_s]:
+            del self.abandoned[request_id]
         return len(due)
 
     async def put(self, key: str, value, owned: bool = False) -> None:
@@ -97,13 +103,18 @@ class DataDirectory:
             self.owned.discard(key)
         return None if entry is None else entry[0]
 
+    async def abandon(self, request_id: str) -> None:
+        """The ingress gave up on ``request_id`` with calls of it still open (kept a TTL)."""
+        self._ensure_sweeper()
+        self.abandoned[request_id] = time.monotonic()
+
+    async def abandoned_among(self, request_ids: list[str]) -> list[str]:
+        """Which of ``request_ids`` the ingress gave up on (never waits)."""
+        return [r for r in request_ids if r in self.abandoned]
+
     async def waits(self) -> int:
         """How many ``wait`` calls are waiting now (tests, operators)."""
         return sum(self.waiting.values())
-
-    async def held(self, keys: list[str]) -> list[str]:
-        """Which of ``keys`` are held now (never waits)."""
-        return [k for k in keys if k in self.entries]
 
     async def lookup(self, key: str):
         """The value under ``key`` now, or None (never waits)."""

@@ -1,7 +1,7 @@
 """A stage call whose cancel got lost stops once the ingress marks its request abandoned
 (``omni_serve.graph.abandoned``): on the served image graph, a VAE call for a request whose latents never come
 (what a call left behind by a lost cancel waits for) ends soon after the mark, not at its data timeout, with
-its engine request and payloads gone; an unmarked one keeps waiting (the control)."""
+its engine request gone; an unmarked one keeps waiting (the control); the marks add no directory entry."""
 
 from __future__ import annotations
 
@@ -23,8 +23,10 @@ def test_a_call_of_an_abandoned_request_stops_and_an_unmarked_one_waits_on(image
     def vae() -> dict:
         return httpx.get(f"{image_app}/health?fresh=1", timeout=30).json()["stages"]["vae"]
 
+    from tests.integration.http_waits import ray_directory_size
+
     handle = serve.get_deployment_handle("vae", app_name="qwen_image")
-    before = vae()["abandoned_calls_cancelled"]
+    before, entries = vae()["abandoned_calls_cancelled"], ray_directory_size()
 
     def call(request_id: str):
         gen = handle.options(stream=True).generate.remote(DecodeCall(request_id=request_id, height=64, width=64))
@@ -50,4 +52,5 @@ def test_a_call_of_an_abandoned_request_stops_and_an_unmarked_one_waits_on(image
     while (state := vae())["active"] and time.monotonic() < deadline:
         time.sleep(0.5)
     assert state["active"] == 0 and state["abandoned_calls_cancelled"] == before + 2, state
+    assert ray_directory_size() <= entries  # the marks are not payload entries (leak checks count those)
     print(f"the abandoned call ended {took:.1f} s after the mark (check period {CHECK_PERIOD_S:g} s)")

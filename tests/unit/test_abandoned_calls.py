@@ -1,6 +1,6 @@
 """Abandoned requests without Ray (``omni_serve.graph.abandoned``): the ingress marks a request that ends with calls
 still open (and only then), and a stage replica cancels the calls it still runs for a marked request (and only
-those, once they are a period old). The directory is a set; tests/integration/test_abandoned_calls.py does it on
+those, once they are a period old). The directory is a set here; tests/integration/test_abandoned_calls.py does it on
 a served graph."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from omni_serve.api.errors import OpenAIError
-from omni_serve.graph.abandoned import AbandonedCalls, ended_key
+from omni_serve.graph.abandoned import AbandonedCalls
 from omni_serve.graph.calls import StageCalls
 from omni_serve.transport.memory import MemoryConnector
 
@@ -93,12 +93,12 @@ def test_a_request_ending_with_a_call_still_open_is_marked_and_the_call_cancelle
 
 
 def test_a_replica_cancels_only_the_old_calls_of_marked_requests():
-    held = {ended_key("gone")}
+    abandoned_ids = {"gone"}
     asked: list[list[str]] = []
 
-    async def lookup(keys):
-        asked.append(keys)
-        return [k for k in keys if k in held]
+    async def lookup(request_ids):
+        asked.append(request_ids)
+        return [r for r in request_ids if r in abandoned_ids]
 
     abandoned = AbandonedCalls("s", lookup=lookup, period_s=0.2)
 
@@ -123,7 +123,7 @@ def test_a_replica_cancels_only_the_old_calls_of_marked_requests():
 
 
 def test_an_unreachable_directory_cancels_nothing():
-    async def lookup(keys):
+    async def lookup(request_ids):
         raise ConnectionError("directory down")
 
     abandoned = AbandonedCalls("s", lookup=lookup, period_s=0.05)
