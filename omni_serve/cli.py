@@ -125,6 +125,7 @@ def cmd_serve(args) -> int:
     # ray.init sets a SIGTERM handler that exits at once (status 15) without stopping Serve. Ours turns SIGTERM,
     # whenever it comes (while the graph starts or once it serves), into the same orderly stop as Ctrl-C.
     def stop_on_sigterm(*_):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the shutdown short
         raise _Stop
 
     signal.signal(signal.SIGTERM, stop_on_sigterm)
@@ -140,7 +141,7 @@ def cmd_serve(args) -> int:
         print("Press Ctrl-C to stop.", flush=True)
         while True:
             time.sleep(1)
-    except (KeyboardInterrupt, _Stop):
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (_Stop)
         pass
     # A supervisor's second SIGTERM would cut the shutdown short and leave Ray's processes behind (a second
     # Ctrl-C still does, on purpose).
@@ -151,9 +152,10 @@ def cmd_serve(args) -> int:
     return 0
 
 
-class _Stop(BaseException):
-    """Raised by ``serve``'s SIGTERM handler: stop as Ctrl-C does (a BaseException, so no ``except Exception`` on
-    the way swallows it)."""
+class _Stop(KeyboardInterrupt):
+    """Raised by ``serve``'s SIGTERM handler: stop as Ctrl-C does. A KeyboardInterrupt: no ``except Exception``
+    on the way swallows it, and Ray's blocking calls pass it on (they print and drop other exceptions raised by
+    a signal handler)."""
 
 
 def cmd_build(args) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections.abc import Iterator
@@ -49,6 +50,7 @@ class AbandonedCalls:
         self.stage, self.period_s = stage, period_s
         self._lookup = lookup
         self._calls: dict[asyncio.Task, tuple[str, float]] = {}
+        self._cancelled: set[asyncio.Task] = set()  # tracked calls cancelled here (once each)
         self._watcher: asyncio.Task | None = None
         self.cancelled = 0  # calls this replica cancelled (tests, /health)
 
@@ -58,11 +60,13 @@ class AbandonedCalls:
         task = asyncio.current_task()
         self._calls[task] = (request_id, time.monotonic())
         if self._watcher is None or self._watcher.done():
-            self._watcher = asyncio.get_running_loop().create_task(self._watch())
+            # a context of its own: not the first call's (Serve's request context tags the log lines)
+            self._watcher = asyncio.get_running_loop().create_task(self._watch(), context=contextvars.Context())
         try:
             yield
         finally:
             self._calls.pop(task, None)
+            self._cancelled.discard(task)
 
     async def _abandoned_among(self, request_ids: list[str]) -> list[str]:
         if self._lookup is not None:
@@ -74,19 +78,24 @@ class AbandonedCalls:
     async def check(self) -> int:
         """Cancel the calls older than a period whose request was marked; returns how many."""
         now = time.monotonic()
-        old = {task: rid for task, (rid, since) in self._calls.items() if now - since >= self.period_s}
+        old = {task: rid for task, (rid, since) in self._calls.items()
+               if now - since >= self.period_s and task not in self._cancelled}
         if not old:
             return 0
-        try:
-            abandoned = set(await self._abandoned_among(sorted(set(old.values()))))
+        try:  # bounded: a directory behind a partition must not stop the checks for good
+            abandoned = set(await asyncio.wait_for(self._abandoned_among(sorted(set(old.values()))),
+                                                   5 * self.period_s))
         except Exception as exc:  # noqa: BLE001 - unreachable directory: the calls' own data timeouts bound them
             log.debug("stage %s: could not ask the directory for abandoned requests: %r", self.stage, exc)
             return 0
         found = 0
         for task, rid in old.items():
-            if rid in abandoned and not task.done():
+            # still running the call it ran before the lookup: one that ended meanwhile (Serve's own cancel
+            # arrived, and it is cleaning up) is left alone
+            if rid in abandoned and self._calls.get(task, ("",))[0] == rid and task not in self._cancelled:
                 log.warning("stage %s: request %s was abandoned at the ingress but its call here was still running "
                             "(the cancel did not reach it); cancelling it", self.stage, rid)
+                self._cancelled.add(task)
                 task.cancel()
                 found += 1
         self.cancelled += found

@@ -139,3 +139,28 @@ def test_an_unreachable_directory_cancels_nothing():
         return result
 
     assert asyncio.run(main()) == "finished" and abandoned.cancelled == 0
+
+
+def test_the_watcher_starts_again_and_a_call_younger_than_a_period_runs_on():
+    async def lookup(request_ids):
+        return [r for r in request_ids if r == "gone"]
+
+    abandoned = AbandonedCalls("s", lookup=lookup, period_s=0.2)
+
+    async def call(request_id, seconds):
+        with abandoned.track(request_id):
+            await asyncio.sleep(seconds)
+        return "finished"
+
+    async def main():
+        assert await call("first", 0.05) == "finished"
+        await asyncio.sleep(0.5)
+        assert abandoned._watcher.done()  # no call left: it stopped
+        assert await call("gone", 0.1) == "finished"  # never a period old: never asked about
+        old = asyncio.create_task(call("gone", 5.0))  # the watcher runs again and cancels it
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(old, 2.0)
+        abandoned.close()
+
+    asyncio.run(main())
+    assert abandoned.cancelled == 1
