@@ -6,6 +6,7 @@ a served graph."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -44,52 +45,58 @@ class Call:
         self.cancelled = True
 
 
-def _run(toy_family, make_call, timeout_s=600.0):
+def _run(toy_family, outputs: dict, timeout_s: float = 600.0) -> tuple[list[str], dict[str, Call], Exception | None]:
+    """Stream request ``r1`` over ``Call(outputs[stage])`` per stage; (the requests marked abandoned, the calls
+    opened, what the stream raised)."""
     from tests.toy_family.messages import EchoCall
 
     family, spec = toy_family
     marked: list[str] = []
-    calls = StageCalls(family.graph, spec, lambda stage, call: make_call(stage), probe=None,
-                       connector=MemoryConnector())
-    calls.on_abandoned = marked.append
-
-    async def main():
-        async for _ in calls.stream("r1", {"encode": EchoCall(request_id="r1", text="x"),
-                                           "decode": EchoCall(request_id="r1", text="x")}, timeout_s=timeout_s):
-            pass
-
-    return asyncio.run(main()), marked
-
-
-def test_a_request_whose_calls_all_ended_is_not_marked(toy_family):
-    from tests.toy_family.messages import Echoed
-
-    _, marked = _run(toy_family, lambda stage: Call([Echoed(text="x")] if stage == "decode" else []))
-    assert marked == []
-
-
-def test_a_request_ending_with_a_call_still_open_is_marked_and_the_call_cancelled(toy_family):
-    from tests.toy_family.messages import EchoCall
-
-    family, spec = toy_family
-    marked: list[str] = []
-    opened: list[Call] = []
+    opened: dict[str, Call] = {}
 
     def open_call(stage, call):
-        opened.append(Call(None if stage == "decode" else []))
-        return opened[-1]
+        opened[stage] = Call(outputs[stage])
+        return opened[stage]
 
     calls = StageCalls(family.graph, spec, open_call, probe=None, connector=MemoryConnector())
     calls.on_abandoned = marked.append
 
     async def main():
-        async for _ in calls.stream("r2", {s: EchoCall(request_id="r2", text="x") for s in ("encode", "decode")},
-                                    timeout_s=0.3):
+        async for _ in calls.stream("r1", {s: EchoCall(request_id="r1", text="x") for s in outputs},
+                                    timeout_s=timeout_s):
             pass
 
-    with pytest.raises(OpenAIError) as err:  # its deadline passes while decode never answers
+    try:
         asyncio.run(main())
-    assert err.value.status_code == 504 and marked == ["r2"] and opened[1].cancelled
+    except OpenAIError as exc:
+        return marked, opened, exc
+    return marked, opened, None
+
+
+def test_a_request_whose_calls_all_ended_is_not_marked(toy_family):
+    from tests.toy_family.messages import Echoed
+
+    marked, _, error = _run(toy_family, {"encode": [], "decode": [Echoed(text="x")]})
+    assert error is None and marked == []
+
+
+def test_a_request_ending_with_a_call_still_open_is_marked_and_the_call_cancelled(toy_family):
+    # its deadline passes while decode never answers
+    marked, opened, error = _run(toy_family, {"encode": [], "decode": None}, timeout_s=0.3)
+    assert error is not None and error.status_code == 504
+    assert marked == ["r1"] and opened["decode"].cancelled
+
+
+def _replica(period_s: float, lookup) -> tuple[AbandonedCalls, Any]:
+    """A replica's ``AbandonedCalls`` over ``lookup``, and a call it tracks (``call(request_id, seconds)``)."""
+    abandoned = AbandonedCalls("s", lookup=lookup, period_s=period_s)
+
+    async def call(request_id: str, seconds: float) -> str:
+        with abandoned.track(request_id):
+            await asyncio.sleep(seconds)
+        return "finished"
+
+    return abandoned, call
 
 
 def test_a_replica_cancels_only_the_old_calls_of_marked_requests():
@@ -100,12 +107,7 @@ def test_a_replica_cancels_only_the_old_calls_of_marked_requests():
         asked.append(request_ids)
         return [r for r in request_ids if r in abandoned_ids]
 
-    abandoned = AbandonedCalls("s", lookup=lookup, period_s=0.2)
-
-    async def call(request_id, seconds):
-        with abandoned.track(request_id):
-            await asyncio.sleep(seconds)
-        return "finished"
+    abandoned, call = _replica(0.2, lookup)
 
     async def main():
         tasks = {rid: asyncio.create_task(call(rid, 5.0)) for rid in ("gone", "alive")}
@@ -126,15 +128,10 @@ def test_an_unreachable_directory_cancels_nothing():
     async def lookup(request_ids):
         raise ConnectionError("directory down")
 
-    abandoned = AbandonedCalls("s", lookup=lookup, period_s=0.05)
+    abandoned, call = _replica(0.05, lookup)
 
     async def main():
-        async def call():
-            with abandoned.track("r"):
-                await asyncio.sleep(0.3)
-            return "finished"
-
-        result = await call()
+        result = await call("r", 0.3)
         abandoned.close()
         return result
 
@@ -145,12 +142,7 @@ def test_the_watcher_starts_again_and_a_call_younger_than_a_period_runs_on():
     async def lookup(request_ids):
         return [r for r in request_ids if r == "gone"]
 
-    abandoned = AbandonedCalls("s", lookup=lookup, period_s=0.2)
-
-    async def call(request_id, seconds):
-        with abandoned.track(request_id):
-            await asyncio.sleep(seconds)
-        return "finished"
+    abandoned, call = _replica(0.2, lookup)
 
     async def main():
         assert await call("first", 0.05) == "finished"
