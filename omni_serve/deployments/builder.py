@@ -1,7 +1,8 @@
 """Turn a family and user values into a Ray Serve application: one deployment per stage, plus the ingress.
 
 Contract: ``build_app(family, args)`` validates ``args`` against the family's spec (``Family.validate``: dotted
-keys allowed, checkpoint checked and made absolute), then binds one ``StageDeployment`` per stage the spec's
+keys allowed, checkpoint checked and made absolute) over the family's defaults sized to the cluster
+(``omni_serve.graph.sizing``), then binds one ``StageDeployment`` per stage the spec's
 layout deploys (``GraphDef.deployed``), each with the options of its ``StageSpec`` (replicas or autoscaling,
 CPUs/GPUs, resources, environment), and the ``OpenAIIngress`` with every stage's handle. Edges on the ``auto``
 connector are resolved here, once, to a concrete backend that every replica then uses. An edge on an
@@ -23,8 +24,10 @@ from omni_serve.graph.family import Family
 def build_app(family: Family, args: dict[str, Any] | None = None) -> serve.Application:
     from omni_serve.deployments.ingress import OpenAIIngress
     from omni_serve.deployments.stage import StageDeployment
+    from omni_serve.graph.sizing import sized_spec
 
-    spec = family.resolve_connectors(family.validate(args))  # one backend per edge for every replica
+    spec, _ = sized_spec(family, args)  # defaults the user left unset sized to the cluster (and logged)
+    spec = family.resolve_connectors(spec)  # one backend per edge for every replica
     spec_dict = spec.model_dump(mode="json")
     logging_config = spec.logging.model_dump()
     handles = {}

@@ -31,6 +31,7 @@ class Family:
     frontend: str  # module:Class of the ingress-side Frontend
     checkpoint_marker: str  # a file every checkpoint directory of the family has
     checkpoint_writer: str | None = None  # module:function(out_dir, size, seed) for tiny/small random checkpoints
+    sizing: str | None = None  # module:function(spec, ClusterShape) -> defaults sized to the cluster (graph.sizing)
     name: str = ""  # CLI name and Serve application name, e.g. "qwen2_5_omni": the graph's name (the default)
 
     def __post_init__(self) -> None:

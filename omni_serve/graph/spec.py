@@ -338,6 +338,16 @@ class GraphSpecBase(SpecModel):
         "connector's Settings model (the keys: docs/data_plane.md)."))
     limits: RequestLimits = Field(default_factory=RequestLimits, description=(
         "What one request may carry (text, media parts, audio format, image pixels and formats)."))
+    sizing: Literal["auto", "off"] = Field("auto", description=(
+        "auto: the defaults that depend on the machine (replica counts, where the family declares a rule) are "
+        "sized to the cluster's CPUs when the graph is built, under every value you set; the builder logs what it "
+        "chose. off: the static defaults. See docs/speech_under_load.md#defaults-sized-to-the-cluster."))
+
+    @field_validator("sizing", mode="before")
+    @classmethod
+    def _sizing_from_yaml(cls, value: Any) -> Any:
+        """YAML (a config file, ``sizing=off`` on the command line) reads off/on as booleans."""
+        return {False: "off", True: "auto"}.get(value, value) if isinstance(value, bool) else value
 
     def layout(self) -> str:
         """The graph layout this spec deploys (``GraphDef.layouts``); families with several override it."""

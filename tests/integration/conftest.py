@@ -13,6 +13,9 @@ ORACLE = {"thinker_tokens": 12, "talker_tokens": 20, "steps": 3, "seed": 7}
 ORACLE_CODE2WAV = {"stages.code2wav.params.num_steps": ORACLE["steps"], "stages.code2wav.params.dit_dtype": "float32"}
 TRANSCRIPT_TOKENS = 16  # the served graphs' transcription.max_tokens
 TRANSCRIPTION = {"transcription.max_tokens": TRANSCRIPT_TOKENS, "transcription.max_file_bytes": 500_000}
+# The tests' Qwen2.5-Omni graphs keep one replica per stage (``sizing: off``): what they check assumes the topology
+# they deploy. test_speech_under_load serves the sized defaults, tests/unit/test_sizing.py checks the rule.
+FIXED_TOPOLOGY = {"sizing": "off"}
 METRICS_PORT = 8099  # the session's Ray metrics endpoint (Prometheus text at /metrics)
 
 
@@ -38,7 +41,7 @@ def omni_app(ray_serve, omni_tiny_dir):
     from omni_serve.families.qwen2_5_omni import build_app
 
     serve.run(build_app({
-        "checkpoint": omni_tiny_dir,
+        "checkpoint": omni_tiny_dir, **FIXED_TOPOLOGY,
         # every edge on the default connector (auto: shm on this one-node cluster) but one, so that the Ray object
         # store backend stays covered by the tests of the default graph (leaks, metrics, faults)
         "edges.thinker_talker.connector": "ray",
@@ -60,7 +63,7 @@ def omni_disagg_app(ray_serve, omni_tiny_dir):
     from omni_serve.families.qwen2_5_omni import build_app
 
     serve.run(build_app({
-        "checkpoint": omni_tiny_dir, "thinker_layout": "disaggregated", "ingress.num_cpus": 0,
+        "checkpoint": omni_tiny_dir, **FIXED_TOPOLOGY, "thinker_layout": "disaggregated", "ingress.num_cpus": 0,
         **{f"stages.{s}.num_cpus": 0 for s in DISAGG_STAGES},
         "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"],
         **ORACLE_CODE2WAV,

@@ -23,7 +23,7 @@ import pytest
 import soundfile as sf
 
 from tests.image_oracle import response_result
-from tests.integration.conftest import IMAGE_APP_ARGS, ORACLE
+from tests.integration.conftest import FIXED_TOPOLOGY, IMAGE_APP_ARGS, ORACLE
 
 pytestmark = pytest.mark.integration
 CAPPED_ENV = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
@@ -50,7 +50,7 @@ def omni_bf16_app(ray_serve, omni_tiny_dir):
     from omni_serve.families.qwen2_5_omni import build_app
 
     serve.run(build_app({
-        "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in OMNI_STAGES},
+        "checkpoint": omni_tiny_dir, **FIXED_TOPOLOGY, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in OMNI_STAGES},
         "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"],
         "stages.code2wav.params.num_steps": ORACLE["steps"], "stages.code2wav.params.dit_dtype": "bfloat16",
         **capped("code2wav"),

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import torch
 
-from tests.integration.conftest import ORACLE, ORACLE_CODE2WAV
+from tests.integration.conftest import FIXED_TOPOLOGY, ORACLE, ORACLE_CODE2WAV
 from tests.integration.http_waits import ray_directory_size, shm_leftovers, wait_until
 from tests.integration import test_omni_graph as aggregated
 from tests.integration.test_omni_graph import check_against_reference, oracle_request
@@ -40,7 +40,7 @@ def dp_app(ray_serve, omni_tiny_dir):
     from omni_serve.families.qwen2_5_omni import build_app
 
     serve.run(build_app({
-        "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, **MOONCAKE,
+        "checkpoint": omni_tiny_dir, **FIXED_TOPOLOGY, "ingress.num_cpus": 0, **MOONCAKE,
         **{f"stages.{s}.num_cpus": 0 for s in DP_STAGES},
         **{f"stages.{s}.env_vars.OMNI_SERVE_DATA_TTL_S": str(DP_TTL_S) for s in DP_STAGES},
         **{f"edges.{e}.connector": c for e, c in DP_EDGES.items()},

@@ -20,6 +20,7 @@ import pytest
 
 from tests.integration.http_waits import busy_stages, wait_for_200, wait_until
 from tests.integration.test_omni_graph import oracle_request
+from tests.integration.conftest import FIXED_TOPOLOGY
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -50,7 +51,8 @@ def faults_app(request, ray_serve) -> Target:
 
     app, model, talker = GRAPHS[request.param]
     serve.run(build_app(family(request.param), {
-        "checkpoint": tiny_checkpoint(request.param), "ingress.num_cpus": 0, "ingress.request_timeout_s": DEADLINE_S,
+        "checkpoint": tiny_checkpoint(request.param), **FIXED_TOPOLOGY, "ingress.num_cpus": 0,
+        "ingress.request_timeout_s": DEADLINE_S,
         **{f"stages.{s}.num_cpus": 0 for s in STAGES}, **talker,
         # the hung-engine test's hook, and a step bound its hang passes quickly
         "stages.code2wav.env_vars.OMNI_SERVE_TEST_HOOKS": "1", "stages.code2wav.max_step_s": 5,

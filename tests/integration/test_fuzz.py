@@ -25,6 +25,7 @@ from collections import Counter
 import pytest
 
 from tests.integration.http_waits import busy_stages
+from tests.integration.conftest import FIXED_TOPOLOGY
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -47,7 +48,7 @@ def fuzz_apps(ray_serve, omni_tiny_dir, qwen_image_tiny_dir, qwen3_omni_tiny_dir
         "stages.talker.params.max_codec_tokens": 16, "max_audio_seconds": 5, "max_image_pixels": 128 * 128,
         "ingress.request_timeout_s": 60, "ingress.enable_docs": True,  # the fuzzer reads /openapi.json
     }
-    serve.run(qwen2_5_omni.build_app({"checkpoint": omni_tiny_dir, **omni_args,
+    serve.run(qwen2_5_omni.build_app({"checkpoint": omni_tiny_dir, **FIXED_TOPOLOGY, **omni_args,
                                       "stages.code2wav.params.num_steps": 1}), name="fuzz_omni", route_prefix="/fuzz_omni")
     serve.run(qwen3_omni.build_app({"checkpoint": qwen3_omni_tiny_dir, **omni_args}), name="fuzz_qwen3",
               route_prefix="/fuzz_qwen3")

@@ -25,6 +25,8 @@ import pytest
 import soundfile as sf
 from PIL import Image
 
+from tests.integration.conftest import FIXED_TOPOLOGY
+
 pytestmark = pytest.mark.integration
 
 APP = "omni_hostile"
@@ -48,7 +50,7 @@ def hostile(ray_serve, omni_tiny_dir):
     from omni_serve.families.qwen2_5_omni import build_app
 
     serve.run(build_app({
-        "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, "ingress.api_keys": [KEY],
+        "checkpoint": omni_tiny_dir, **FIXED_TOPOLOGY, "ingress.num_cpus": 0, "ingress.api_keys": [KEY],
         "ingress.body_timeout_s": BODY_TIMEOUT_S, **{f"stages.{s}.num_cpus": 0 for s in STAGES},
         "stages.talker.params.max_codec_tokens": 8, "stages.code2wav.params.num_steps": 2,
         "stages.thinker.engine.ar.num_kv_blocks": 64,  # 1024 tokens per request, below the 4096 context

@@ -18,7 +18,7 @@ import pytest
 
 from omni_serve.engines.vllm_engine.config import VLLM_PYTHON_ENV
 from tests.openai_stream import sse_has_text
-from tests.integration.conftest import ORACLE, ORACLE_CODE2WAV
+from tests.integration.conftest import FIXED_TOPOLOGY, ORACLE, ORACLE_CODE2WAV
 from tests.integration.test_omni_graph import (  # noqa: F401 - `reference` is a fixture
     CASES, check_against_reference, check_batch_against_reference, decode_wav, oracle_request, reference,
 )
@@ -40,7 +40,7 @@ def vllm_app(ray_serve, omni_tiny_dir):
     from omni_serve.families.qwen2_5_omni import build_app
 
     serve.run(build_app({
-        "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in STAGES},
+        "checkpoint": omni_tiny_dir, **FIXED_TOPOLOGY, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in STAGES},
         "stages.thinker.engine.backend": "vllm", "stages.thinker.engine.vllm.python": PYTHON,
         "stages.thinker.engine.vllm.max_model_len": 2048,
         "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"],

@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.integration.conftest import ORACLE, ORACLE_CODE2WAV
+from tests.integration.conftest import FIXED_TOPOLOGY, ORACLE, ORACLE_CODE2WAV
 from tests.integration.test_omni_graph import CASES, decode_wav, oracle_request
 from tests.integration.test_omni_vllm_graph import PYTHON, pytestmark  # noqa: F401 - same skip and marks
 
@@ -26,7 +26,7 @@ def pressure_app(ray_serve, omni_tiny_dir):
     from omni_serve.families.qwen2_5_omni import build_app
 
     serve.run(build_app({
-        "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in STAGES},
+        "checkpoint": omni_tiny_dir, **FIXED_TOPOLOGY, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in STAGES},
         "stages.thinker.engine.backend": "vllm", "stages.thinker.engine.vllm.python": PYTHON,
         "stages.thinker.params.max_model_len": (BLOCKS - 1) * BLOCK_SIZE,  # vLLM keeps one block back
         "stages.thinker.engine.vllm.extra_engine_args": {"num_gpu_blocks_override": BLOCKS,

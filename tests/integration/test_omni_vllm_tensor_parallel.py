@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tests.integration.conftest import ORACLE, ORACLE_CODE2WAV
+from tests.integration.conftest import FIXED_TOPOLOGY, ORACLE, ORACLE_CODE2WAV
 from tests.integration.test_omni_graph import (  # noqa: F401 - `reference` is a fixture
     check_against_reference, check_batch_against_reference, oracle_request, reference,
 )
@@ -28,7 +28,7 @@ def tp_app(ray_serve, omni_tiny_dir):
     from omni_serve.families.qwen2_5_omni import build_app
 
     serve.run(build_app({
-        "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in STAGES},
+        "checkpoint": omni_tiny_dir, **FIXED_TOPOLOGY, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in STAGES},
         "stages.thinker.engine.backend": "vllm", "stages.thinker.engine.vllm.python": PYTHON,
         "stages.thinker.engine.vllm.max_model_len": 2048, "stages.thinker.engine.vllm.tensor_parallel_size": 2,
         "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"],

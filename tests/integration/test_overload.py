@@ -12,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from tests.integration.conftest import FIXED_TOPOLOGY
+
 pytestmark = pytest.mark.integration
 
 SPEECH = {"model": "qwen2.5-omni", "modalities": ["text", "audio"], "audio": {"voice": "Chelsie", "format": "pcm16"},
@@ -36,7 +38,7 @@ def small_app(request, ray_serve):
     extra = GRAPHS[request.param]
     app = f"{request.param}_overload"
     serve.run(build_app(family(request.param), {
-        "checkpoint": tiny_checkpoint(request.param), "ingress.num_cpus": 0, "ingress.max_inflight_requests": MAX_INFLIGHT,
+        "checkpoint": tiny_checkpoint(request.param), **FIXED_TOPOLOGY, "ingress.num_cpus": 0, "ingress.max_inflight_requests": MAX_INFLIGHT,
         "ingress.retry_after_s": 2, **{f"stages.{s}.num_cpus": 0 for s in ("encoder", "thinker", "talker", "code2wav")},
         "stages.talker.params.max_codec_tokens": 40, **extra,
     }), name=app, route_prefix=f"/{app}")
@@ -118,7 +120,7 @@ def queued_app(ray_serve):
 
     app = "omni_stage_queue"
     serve.run(build_app({
-        "checkpoint": tiny_checkpoint("qwen2_5_omni"), "ingress.num_cpus": 0, "ingress.retry_after_s": 3,
+        "checkpoint": tiny_checkpoint("qwen2_5_omni"), **FIXED_TOPOLOGY, "ingress.num_cpus": 0, "ingress.retry_after_s": 3,
         **{f"stages.{s}.num_cpus": 0 for s in ("encoder", "thinker", "talker", "code2wav")},
         "stages.talker.params.max_codec_tokens": 40, "stages.code2wav.params.num_steps": 4,
         "stages.code2wav.max_ongoing_requests": 1, "stages.code2wav.max_queued_requests": 1,

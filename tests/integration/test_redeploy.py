@@ -16,6 +16,7 @@ import yaml
 
 from tests.integration.local_cluster import BIN, DASHBOARD, HTTP_PORT, URL, applications, cli, local_cluster, \
     wait_running
+from tests.integration.conftest import FIXED_TOPOLOGY
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -32,7 +33,7 @@ def _config(omni_dir: str, image_dir: str, path, cpus: float) -> str:
     from omni_serve.graph.serve_config import build_serve_config
 
     omni, _ = build_serve_config("qwen2_5_omni", {
-        "checkpoint": omni_dir, "stages.code2wav.params.num_steps": 4, "stages.talker.params.max_codec_tokens": 40,
+        "checkpoint": omni_dir, **FIXED_TOPOLOGY, "stages.code2wav.params.num_steps": 4, "stages.talker.params.max_codec_tokens": 40,
         "stages.talker.num_cpus": cpus}, app_name=OMNI, route_prefix=f"/{OMNI}", host="127.0.0.1", port=HTTP_PORT)
     image, _ = build_serve_config("qwen_image", {
         "checkpoint": image_dir, "default_size": "64x64", "stages.dit.num_cpus": cpus},

@@ -26,6 +26,7 @@ def admitting_app(ray_serve, omni_tiny_dir):
 
     from omni_serve.families.qwen2_5_omni import build_app
 
+    # the shipped sizing (no FIXED_TOPOLOGY): one code2wav replica per CPU of the session's 2-CPU Ray
     serve.run(build_app({
         "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in OMNI_STAGES},
         "stages.talker.params.max_codec_tokens": 200, **ORACLE_CODE2WAV,
@@ -73,3 +74,11 @@ def test_streams_beyond_the_capacity_get_a_429_and_the_admitted_ones_never_stall
     assert alone["status"] == 200
     state = httpx.get(f"{admitting_app}/health?fresh=1", timeout=60).json()["ingress"]["realtime"]
     assert state["policy"] == "reject" and state["admitted"] == 0 and state["rejected"] == len(refused), state
+
+
+def test_the_default_graph_is_sized_to_the_cluster(admitting_app):
+    from ray import serve
+
+    deployments = serve.status().applications["omni_admission"].deployments
+    assert deployments["code2wav"].replica_states.get("RUNNING") == 2, deployments["code2wav"]
+    assert deployments["talker"].replica_states.get("RUNNING") == 1

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.integration.conftest import ORACLE, ORACLE_CODE2WAV
+from tests.integration.conftest import FIXED_TOPOLOGY, ORACLE, ORACLE_CODE2WAV
 from tests.integration.test_omni_graph import check_against_reference, oracle_request, reference  # noqa: F401
 
 pytestmark = pytest.mark.integration
@@ -33,7 +33,7 @@ def tp_app(ray_serve, omni_tiny_dir):
     from omni_serve.families.qwen2_5_omni import build_app
 
     serve.run(build_app({
-        "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in STAGES},
+        "checkpoint": omni_tiny_dir, **FIXED_TOPOLOGY, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in STAGES},
         **{f"stages.{s}.{k}": v for s in ("thinker", "talker") for k, v in (
             ("num_cpus", 0.01), ("parallel.tensor", 2), ("parallel.rank_cpus", 0.01),
             ("parallel.call_timeout_s", 60))},

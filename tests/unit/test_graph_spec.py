@@ -122,6 +122,9 @@ def test_shipped_serve_config_validates(omni_tiny_dir, config_file, layout):
     spec = build_spec({**app["args"], "checkpoint": omni_tiny_dir})
     assert spec.thinker_layout == layout
     assert spec.ingress.num_cpus + sum(getattr(spec.stages, s).num_cpus for s in spec.deployed_stages()) <= 2
+    if config_file == CONFIG:  # "the explicit values ARE the defaults", code2wav's replicas left to sizing
+        assert spec == build_spec({"checkpoint": omni_tiny_dir})
+        assert "num_replicas" not in app["args"]["stages"]["code2wav"]
 
 
 IMAGE_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "omni_serve", "configs", "qwen_image.yaml")

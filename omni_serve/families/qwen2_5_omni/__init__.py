@@ -18,6 +18,7 @@ from omni_serve.families.qwen2_5_omni.spec import OmniGraphSpec
 FAMILY = Family(
     module=__name__, graph=GRAPH, spec=OmniGraphSpec, frontend=f"{__name__}.frontend:Qwen25OmniFrontend",
     checkpoint_marker="config.json", checkpoint_writer="omni_serve.checkpoints.qwen2_5_omni:make_checkpoint",
+    sizing=f"{__name__}.sizing:size_to_cluster",
     description="Qwen2.5-Omni thinker-talker: text, audio and image in; text and speech out.")
 
 build_app = serve_builder(FAMILY)
