@@ -17,7 +17,7 @@ source benchmarks/tools/serve_lib.sh
 
 [ -f "$CKPT/spk_dict.pt" ] || "$BIN/omni-serve" make-checkpoint qwen2_5_omni --size tiny "$CKPT"
 mkdir -p "$OUT"
-ARGS=(checkpoint=$CKPT stages.talker.params.max_codec_tokens=256)
+ARGS=(checkpoint=$CKPT stages.talker.params.max_codec_tokens=256 sizing=off)  # one replica per stage
 
 start_server "$OUT/serve_steady.log" "${ARGS[@]}"
 "$BIN/python" benchmarks/tools/soak.py --url "http://127.0.0.1:$PORT" --minutes "${SOAK_MINUTES:-10}" \

@@ -5,7 +5,8 @@ of the family named ``graph`` (``omni_serve.graph.registry``) and returns a Serv
 Ray's ``ServeDeploySchema``: one application whose ``args`` are the validated graph-level spec (every default
 written out, so a deployed config does not change when omni_serve's defaults do) and each stage's engine backend
 (the graph's shape), whose ``deployments`` carry each stage's settings (``omni_serve.graph.stage_settings``: a
-redeploy that changes one stage rolls only that stage), the graph's application-level ``autoscaling_policy`` (which only a config file can carry) and the HTTP
+redeploy that changes one stage rolls only that stage; a replica count the family's sizing rule decides and the
+user left unset is left out, so the builder sizes it on the cluster), the graph's application-level ``autoscaling_policy`` (which only a config file can carry) and the HTTP
 options. Edit the graph spec and build again rather than editing the ``deployments`` entries by hand: each
 carries its stage's whole spec, as JSON, in its replicas' environment.
 
@@ -43,6 +44,7 @@ def build_serve_config(graph: str, values: dict[str, Any], *, app_name: str | No
     family = find_family(graph)
     spec = family.parse(values)
     checkpoint, note = resolve_checkpoint(spec.checkpoint, family.checkpoint_marker)
+    from omni_serve.graph.sizing import left_to_cluster
     from omni_serve.graph.stage_settings import deployment_entries, in_args
 
     spec = spec.model_copy(update={"checkpoint": checkpoint})
@@ -55,9 +57,13 @@ def build_serve_config(graph: str, values: dict[str, Any], *, app_name: str | No
         args["stages"][name] = (stage_spec.model_dump(mode="json") if in_args(stage_spec)
                                 else {"engine": {"backend": stage_spec.engine.backend}})
     deployed = [stage.name for stage in family.graph.deployed(spec.layout())]
+    entries = deployment_entries(spec, deployed)
+    sized = left_to_cluster(family, spec, values)  # the builder sizes them on the cluster: no entry may fix them
+    for entry in entries:
+        if f"stages.{entry['name']}.num_replicas" in sized:
+            entry.pop("num_replicas", None)
     app: dict[str, Any] = {"name": app_name or graph, "route_prefix": route_prefix,
-                           "import_path": family.app, "args": args,
-                           "deployments": deployment_entries(spec, deployed)}
+                           "import_path": family.app, "args": args, "deployments": entries}
     if spec.autoscaling_policy:
         app["autoscaling_policy"] = spec.autoscaling_policy
     config = {"proxy_location": "EveryNode", "http_options": {"host": host, "port": port},

@@ -91,7 +91,9 @@ MAX_SURGE_DESCRIPTION = (
 class StageSpec(SpecModel):
     """One stage = one Ray Serve deployment."""
 
-    num_replicas: int | None = Field(1, ge=1, description="Fixed replica count (ignored when autoscaling_config is set).")
+    num_replicas: int | None = Field(1, ge=1, description=(
+        "Fixed replica count (ignored when autoscaling_config is set). A family's sizing rule may size it to the "
+        "cluster when you leave it unset (the graph's `sizing`)."))
     autoscaling_config: dict[str, Any] | None = Field(None, description=(
         "Ray Serve autoscaling_config (min_replicas, max_replicas, upscale_delay_s, downscale_delay_s, "
         "look_back_period_s, policy, ...). Without a `policy`, the stage scales on its engine's load "
@@ -418,7 +420,7 @@ def apply_overrides(values: dict[str, Any]) -> dict[str, Any]:
         for part in parts[:-1]:
             node = node.setdefault(part, {})
         if isinstance(value, dict) and isinstance(node.get(parts[-1]), dict):
-            node[parts[-1]].update(value)
+            node[parts[-1]] = merge(node[parts[-1]], value)
         else:
             node[parts[-1]] = value
     return out

@@ -42,6 +42,8 @@ def test_sizing_off_autoscaling_accelerators_and_placed_stages_keep_the_static_d
     assert decided == {} and scaled.stages.code2wav.autoscaling_config["max_replicas"] == 3
     gpu, decided = sized_spec(qwen, {"checkpoint": omni_tiny_dir, "stages.code2wav.engine.device": "cuda"}, _shape(4))
     assert decided == {} and gpu.stages.code2wav.num_replicas == 1
+    gpus, decided = sized_spec(qwen, {"checkpoint": omni_tiny_dir, "stages.code2wav.num_gpus": 1}, _shape(4))
+    assert decided == {} and gpus.stages.code2wav.num_replicas == 1
     placed, decided = sized_spec(qwen, {"checkpoint": omni_tiny_dir, "stages.code2wav.resources": {"speech": 1}},
                                  _shape(4))
     assert decided == {} and placed.stages.code2wav.num_replicas == 1
@@ -78,3 +80,61 @@ def test_detect_reads_this_machine_without_ray():
         pytest.skip("a Ray connection in this process: detect() reads the cluster")
     shape = ClusterShape.detect()
     assert shape.cpus >= 1 and "this machine" in shape.source
+
+
+@pytest.mark.parametrize(("args", "cpus", "replicas"), [
+    ({"stages.code2wav.num_cpus": 1}, 4, 2),  # 4 CPUs less the other stages' 1.5 hold two at 1 CPU each
+    ({"stages.code2wav.num_cpus": 0}, 4, 4),  # reserving nothing: the threads alone decide
+    ({"thinker_layout": "disaggregated"}, 2, 1),  # the disaggregated thinker reserves 0.25 more: one fits
+    ({"stages.thinker.autoscaling_config": {"min_replicas": 2, "max_replicas": 4}}, 2.25, 1),  # its minimum counts
+])
+def test_the_replicas_fit_the_cpus_the_other_stages_leave(omni_tiny_dir, args, cpus, replicas):
+    spec, _ = sized_spec(families()["qwen2_5_omni"], {"checkpoint": omni_tiny_dir, **args}, _shape(cpus))
+    assert spec.stages.code2wav.num_replicas == replicas
+
+
+@pytest.mark.parametrize("config", ["qwen2_5_omni.yaml", "qwen2_5_omni_disagg.yaml"])
+def test_the_shipped_configs_sized_to_two_cpus_reserve_at_most_two(omni_tiny_dir, config):
+    import os
+
+    import yaml
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "omni_serve", "configs", config)
+    with open(path) as f:
+        args = {**yaml.safe_load(f)["applications"][0]["args"], "checkpoint": omni_tiny_dir}
+    spec, _ = sized_spec(families()["qwen2_5_omni"], args, _shape(2))
+    stages = [spec.stage_spec(name) for name in spec.deployed_stages()]
+    assert spec.ingress.num_cpus + sum(s.num_cpus * s.num_replicas for s in stages) <= 2
+
+
+def test_an_unjoined_cluster_is_not_sized(omni_tiny_dir, monkeypatch):
+    import ray
+
+    if ray.is_initialized():
+        pytest.skip("a Ray connection in this process")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert ClusterShape.detect() is None
+    spec, decided = sized_spec(families()["qwen2_5_omni"], {"checkpoint": omni_tiny_dir})
+    assert decided == {} and spec.stages.code2wav.num_replicas == 1
+
+
+def test_a_serve_config_leaves_the_sized_replicas_to_the_cluster(omni_tiny_dir):
+    from omni_serve.graph.serve_config import build_serve_config
+
+    def entry(values):
+        config, _ = build_serve_config("qwen2_5_omni", {"checkpoint": omni_tiny_dir, **values})
+        return {d["name"]: d for d in config["applications"][0]["deployments"]}
+
+    assert "num_replicas" not in entry({})["code2wav"]  # the builder sizes it where it runs: on the cluster
+    assert entry({})["talker"]["num_replicas"] == 1
+    assert entry({"stages.code2wav.num_replicas": 3})["code2wav"]["num_replicas"] == 3
+    assert entry({"sizing": "off"})["code2wav"]["num_replicas"] == 1
+
+
+def test_dotted_and_nested_values_merge_at_every_depth():
+    from omni_serve.graph.spec import apply_overrides
+
+    merged = apply_overrides({"stages.code2wav.num_replicas": 3, "stages": {"code2wav": {"num_cpus": 1}},
+                              "stages.code2wav.resources": {"node:10.0.0.1": 0.01}})
+    assert merged == {"stages": {"code2wav": {"num_replicas": 3, "num_cpus": 1,
+                                              "resources": {"node:10.0.0.1": 0.01}}}}

@@ -8,10 +8,14 @@ replicas are what turns cores into audio. Measured on two cores (docs/benchmarks
 two one-thread replicas against one, at 16 streams. Above eight the rule stops: that is not measured, and each
 replica holds its own copy of the weights.
 
-Left as set: a code2wav stage with an ``autoscaling_config`` (its replicas are the policy's), on an accelerator
-(one replica per device is the user's choice) or placed by custom ``resources`` (the replicas that fit are those
-of the nodes that declare them, not of the whole cluster). Qwen3-Omni has no rule: its code2wav is a light ConvNet, and two
-one-thread replicas measured slower than one there.
+The replicas must also fit the CPUs the graph reserves (``num_cpus``, Ray's logical CPUs): at most as many as the
+cluster's CPUs left by the other stages and the ingress (each at its replica count, or its autoscaling minimum)
+hold at code2wav's ``num_cpus`` each, and at least one.
+
+Left as set: a code2wav stage with an ``autoscaling_config`` (its replicas are the policy's), on an accelerator or
+reserving GPUs (one replica per device is the user's choice), or placed by custom ``resources`` (the replicas that
+fit are those of the nodes that declare them, not of the whole cluster). Qwen3-Omni has no rule: its code2wav is a
+light ConvNet, and two one-thread replicas measured slower than one there.
 """
 
 from __future__ import annotations
@@ -23,9 +27,22 @@ from omni_serve.graph.sizing import ClusterShape
 MAX_CODE2WAV_REPLICAS = 8
 
 
+def _reserved_cpus(stage) -> float:
+    """CPUs a stage reserves at its fixed replica count, or at its autoscaling minimum."""
+    auto = stage.autoscaling_config
+    replicas = auto.get("min_replicas", 1) if auto else stage.num_replicas
+    rank_cpus, _ = stage.parallel.rank_resources(stage.num_cpus, stage.num_gpus)
+    return replicas * (stage.num_cpus + (stage.parallel.ranks - 1) * rank_cpus)
+
+
 def size_to_cluster(spec, shape: ClusterShape) -> dict[str, Any]:
     code2wav = spec.stages.code2wav
-    if code2wav.autoscaling_config or code2wav.engine.device != "cpu" or code2wav.resources:
+    if code2wav.autoscaling_config or code2wav.engine.device != "cpu" or code2wav.resources or code2wav.num_gpus:
         return {}
-    replicas = max(1, min(MAX_CODE2WAV_REPLICAS, int(shape.cpus // code2wav.engine.torch_threads)))
-    return {"stages": {"code2wav": {"num_replicas": replicas}}}
+    replicas = int(shape.cpus // code2wav.engine.torch_threads)
+    if code2wav.num_cpus > 0:
+        ingress = spec.ingress
+        others = (ingress.num_cpus * (ingress.autoscaling_config or {}).get("min_replicas", ingress.num_replicas)
+                  + sum(_reserved_cpus(spec.stage_spec(name)) for name in spec.deployed_stages() if name != "code2wav"))
+        replicas = min(replicas, int((shape.cpus - others) / code2wav.num_cpus + 1e-9))
+    return {"stages": {"code2wav": {"num_replicas": max(1, min(MAX_CODE2WAV_REPLICAS, replicas))}}}
