@@ -26,7 +26,7 @@ run() {  # NAME SERVE_ARGS...
   kill $SERVER; wait $SERVER 2>/dev/null || true
   "$BIN/ray" stop --force > /dev/null 2>&1 || true
 }
-DEFAULTS=("checkpoint=$CKPT" stages.talker.params.max_codec_tokens=384)
+DEFAULTS=(--config benchmarks/qwen2_5_omni/defaults.yaml)
 run static "${DEFAULTS[@]}" sizing=off
 run sized "${DEFAULTS[@]}"
 run tuned --config benchmarks/qwen2_5_omni/small_speech.yaml

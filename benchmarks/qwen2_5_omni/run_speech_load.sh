@@ -6,6 +6,9 @@
 # buffer, chunk gaps, headroom, RTF after the first chunk and audio seconds per second. Once per admission policy:
 #   POLICIES="none queue" (default): playback.admission.policy=<policy>         -> OUT/speech_load_<policy>
 # A 429 is sent again after its Retry-After, as a client would (the report counts them and the waits).
+# Knobs: MODE=omni speaks through streamed chat instead (32 text tokens, then the reply's speech; OUT/chat_load_<policy>),
+# CONCURRENCY (default 1,4,8,16), CONFIG (default benchmarks/qwen2_5_omni/small_speech.yaml; defaults.yaml is the
+# shipped defaults), N, RATE.
 # Usage: benchmarks/qwen2_5_omni/run_speech_load.sh [OUT_DIR [OVERRIDE...]] (default bench_out/; graph overrides
 # such as stages.code2wav.params.dit_dtype=float32 go to the server).
 set -euo pipefail
@@ -18,17 +21,23 @@ PORT=${PORT:-8123}
 N=${N:-16}
 RATE=${RATE:-1}
 POLICIES=${POLICIES:-none queue}
-CONFIG=benchmarks/qwen2_5_omni/small_speech.yaml
-SPEECH=(--mode speech --url "http://127.0.0.1:$PORT" --checkpoint "$CKPT" --num-requests "$N" --concurrency 1,4,8,16
-        --request-rate "$RATE" --min-words 12 --max-words 24 --max-codec-tokens 384 --num-steps 10 --voice Chelsie
-        --client-buffer 0.5 --baseline none --no-calibration)
+CONFIG=${CONFIG:-benchmarks/qwen2_5_omni/small_speech.yaml}
+MODE=${MODE:-speech}
+SPEECH=(--mode "$MODE" --url "http://127.0.0.1:$PORT" --checkpoint "$CKPT" --num-requests "$N"
+        --concurrency "${CONCURRENCY:-1,4,8,16}" --request-rate "$RATE" --min-words 12 --max-words 24
+        --max-codec-tokens 384 --num-steps 10 --voice Chelsie --client-buffer 0.5 --baseline none --no-calibration)
+NAME=speech_load
+if [ "$MODE" = omni ]; then
+  SPEECH+=(--max-tokens 32 --min-tokens 32 --thinker-backend native)
+  NAME=chat_load
+fi
 source benchmarks/tools/serve_lib.sh
 
 [ -f "$CKPT/omni_serve_checkpoint.json" ] || "$BIN/omni-serve" make-checkpoint qwen2_5_omni --size small "$CKPT"
 for policy in $POLICIES; do
-  mkdir -p "$OUT/speech_load_$policy"
-  start_server "$OUT/speech_load_$policy/serve.log" --config "$CONFIG" "playback.admission.policy=$policy" "$@"
-  "$BIN/omni-serve" bench "${SPEECH[@]}" --out "$OUT/speech_load_$policy"
+  mkdir -p "$OUT/${NAME}_$policy"
+  start_server "$OUT/${NAME}_$policy/serve.log" --config "$CONFIG" "playback.admission.policy=$policy" "$@"
+  "$BIN/omni-serve" bench "${SPEECH[@]}" --out "$OUT/${NAME}_$policy"
   kill $SERVER; wait $SERVER 2>/dev/null || true
   "$BIN/ray" stop --force > /dev/null 2>&1 || true
 done
