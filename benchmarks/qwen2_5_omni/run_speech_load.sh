@@ -19,12 +19,12 @@ BIN=${VENV:-.venv}/bin
 CKPT=checkpoints/qwen2_5_omni-small
 PORT=${PORT:-8123}
 N=${N:-16}
-RATE=${RATE:-1}
+RATE=${RATE-1}  # RATE= (empty): no Poisson point
 POLICIES=${POLICIES:-none queue}
 CONFIG=${CONFIG:-benchmarks/qwen2_5_omni/small_speech.yaml}
 MODE=${MODE:-speech}
 SPEECH=(--mode "$MODE" --url "http://127.0.0.1:$PORT" --checkpoint "$CKPT" --num-requests "$N"
-        --concurrency "${CONCURRENCY:-1,4,8,16}" --request-rate "$RATE" --min-words 12 --max-words 24
+        --concurrency "${CONCURRENCY:-1,4,8,16}" ${RATE:+--request-rate "$RATE"} --min-words 12 --max-words 24
         --max-codec-tokens 384 --num-steps 10 --voice Chelsie --client-buffer 0.5 --baseline none --no-calibration)
 NAME=speech_load
 if [ "$MODE" = omni ]; then
