@@ -22,21 +22,18 @@ entries, so that the builder, on the cluster, sizes them.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
+from omni_serve.graph.registry import import_path
 from omni_serve.graph.spec import GraphSpecBase, apply_overrides, merge
 
 if TYPE_CHECKING:
     from omni_serve.graph.family import Family
 
 log = logging.getLogger(__name__)
-
-SizingRule = Callable[[GraphSpecBase, "ClusterShape"], dict[str, Any]]
-
 
 @dataclass(frozen=True)
 class ClusterShape:
@@ -61,11 +58,6 @@ class ClusterShape:
         return cls(cpus, "this machine (no Ray connection yet)")
 
 
-def rule_for(path: str) -> SizingRule:
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
     out: dict[str, Any] = {}
@@ -82,7 +74,7 @@ def _decided(family: "Family", spec: GraphSpecBase, args: dict[str, Any] | None,
     """What the family's rule sets for ``shape`` that the user did not give (dotted key -> value)."""
     if family.sizing is None or spec.sizing == "off":
         return {}
-    defaults = rule_for(family.sizing)(spec, shape)
+    defaults = import_path(family.sizing)(spec, shape)
     given = flatten(apply_overrides(dict(args or {})))
     return {key: value for key, value in flatten(defaults).items()
             if not any(key == g or key.startswith(g + ".") for g in given)}

@@ -27,12 +27,16 @@ from omni_serve.graph.sizing import ClusterShape
 MAX_CODE2WAV_REPLICAS = 8
 
 
+def _replicas(num_replicas: int | None, autoscaling_config: dict | None) -> int:
+    """A deployment's replicas for the reservation: its fixed count, or its autoscaling minimum."""
+    return autoscaling_config.get("min_replicas", 1) if autoscaling_config else num_replicas
+
+
 def _reserved_cpus(stage) -> float:
-    """CPUs a stage reserves at its fixed replica count, or at its autoscaling minimum."""
-    auto = stage.autoscaling_config
-    replicas = auto.get("min_replicas", 1) if auto else stage.num_replicas
+    """CPUs a stage reserves, its parallel ranks' bundles included."""
     rank_cpus, _ = stage.parallel.rank_resources(stage.num_cpus, stage.num_gpus)
-    return replicas * (stage.num_cpus + (stage.parallel.ranks - 1) * rank_cpus)
+    per_replica = stage.num_cpus + (stage.parallel.ranks - 1) * rank_cpus
+    return _replicas(stage.num_replicas, stage.autoscaling_config) * per_replica
 
 
 def size_to_cluster(spec, shape: ClusterShape) -> dict[str, Any]:
@@ -42,7 +46,7 @@ def size_to_cluster(spec, shape: ClusterShape) -> dict[str, Any]:
     replicas = int(shape.cpus // code2wav.engine.torch_threads)
     if code2wav.num_cpus > 0:
         ingress = spec.ingress
-        others = (ingress.num_cpus * (ingress.autoscaling_config or {}).get("min_replicas", ingress.num_replicas)
+        others = (ingress.num_cpus * _replicas(ingress.num_replicas, ingress.autoscaling_config)
                   + sum(_reserved_cpus(spec.stage_spec(name)) for name in spec.deployed_stages() if name != "code2wav"))
         replicas = min(replicas, int((shape.cpus - others) / code2wav.num_cpus + 1e-9))
     return {"stages": {"code2wav": {"num_replicas": max(1, min(MAX_CODE2WAV_REPLICAS, replicas))}}}
