@@ -68,7 +68,7 @@ def add_arguments(om) -> None:
                     help="interpreter of the vLLM environment for text-mode vllm runs (default: "
                          "$OMNI_SERVE_VLLM_PYTHON, else .venv-vllm/bin/python; `make vllm-env` builds it)")
     om.add_argument("--no-retry", action="store_true",
-                    help="speech mode: count a 429 as rejected instead of sending the text again after its "
+                    help="count a 429 as rejected instead of sending the request again after its "
                          "Retry-After (the default, as a client would)")
     om.add_argument("--cb-page-size", type=int, default=32, help="CB paged-cache page size in tokens (default 32)")
     om.add_argument("--cb-attn-implementation", default="sdpa", choices=["sdpa", "paged|eager"],
@@ -136,7 +136,7 @@ def run_chat(args, systems) -> int:
             max_codec_tokens=args.max_codec_tokens, num_steps=args.num_steps, system_prompt=args.system_prompt,
             threads=args.threads, cb_page_size=args.cb_page_size, cb_attn_implementation=args.cb_attn_implementation,
             stop_server_pid=args.stop_server_pid, thinker_backends=backends, vllm_python=vllm_python,
-            calibrate=not args.no_calibration, client_buffer_s=args.client_buffer)
+            calibrate=not args.no_calibration, client_buffer_s=args.client_buffer, retry_rejected=not args.no_retry)
     except ValidationError as exc:
         return bench_cli.fail(bench_cli.validation_message(exc))
     return bench_cli.finish(runner.run_bench(cfg, systems))

@@ -1,7 +1,8 @@
 """Drive a served graph into a one-stage bottleneck and record how Ray Serve scales each stage.
 
 Contract: ``run_wave(WaveConfig)`` keeps ``concurrency`` chat requests in flight against ``url`` for
-``load_s`` seconds (closed loop), then stops sending and keeps watching until every watched stage is back
+``load_s`` seconds (closed loop; with ``stop_at``, until every stage it names runs that many replicas, then
+``hold_s`` more, ``load_s`` at most), then stops sending and keeps watching until every watched stage is back
 at ``settle_replicas`` (or ``max_idle_s`` passes). Every ``poll_s`` it records, per stage, the replicas
 Serve runs and its target (the Serve REST API of the cluster's dashboard, what ``serve status`` shows)
 and the engine load the stage reports (``/health``). Returns a ``Wave``: the timeline, every request's
@@ -40,6 +41,8 @@ class WaveConfig:
     app: str
     load_s: float = 60.0
     concurrency: int = 8
+    stop_at: dict[str, int] = field(default_factory=dict)  # stage -> RUNNING replicas that end the load early
+    hold_s: float = 5.0  # load kept on this long after stop_at was reached
     max_idle_s: float = 180.0
     poll_s: float = 1.0
     settle_replicas: int = 1
@@ -103,7 +106,7 @@ def run_wave(cfg: WaveConfig) -> Wave:
     errors: list[str] = []
     lock = threading.Lock()
     t0 = time.monotonic()
-    load_end = t0 + cfg.load_s
+    load_end = t0 + cfg.load_s  # moved earlier (once) when stop_at is reached
 
     def client_loop() -> None:
         with httpx.Client(timeout=cfg.request_timeout_s) as client:
@@ -131,6 +134,10 @@ def run_wave(cfg: WaveConfig) -> Wave:
                 running, targets = {}, {}
             samples.append(Sample(round(now - t0, 2), running, targets, _stage_load(cfg.url, watcher)))
             log.info("t=%5.1f replicas %s", now - t0, running)
+            if (cfg.stop_at and now < load_end and load_end == t0 + cfg.load_s
+                    and all(running.get(stage, 0) >= n for stage, n in cfg.stop_at.items())):
+                load_end = min(load_end, now + cfg.hold_s)
+                log.info("t=%5.1f %s reached: the load stops in %.0f s", now - t0, cfg.stop_at, cfg.hold_s)
             loading = now < load_end or not all(c.done() for c in clients)
             settled = running and all(n <= cfg.settle_replicas for n in running.values())
             if not loading and (settled or now - load_end > cfg.max_idle_s):
@@ -149,10 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load-s", type=float, default=60.0)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--max-idle-s", type=float, default=180.0)
+    p.add_argument("--stop-at", default="", metavar="STAGE=N[,STAGE=N]",
+                   help="end the load early, --hold-s after every named stage runs N replicas")
+    p.add_argument("--hold-s", type=float, default=5.0)
     p.add_argument("--out", default=None, help="write the wave as JSON here")
     a = p.parse_args(argv)
     wave = run_wave(WaveConfig(url=a.url, dashboard=a.dashboard, app=a.app, load_s=a.load_s,
-                               concurrency=a.concurrency, max_idle_s=a.max_idle_s))
+                               concurrency=a.concurrency, max_idle_s=a.max_idle_s, hold_s=a.hold_s,
+                               stop_at={k: int(v) for k, v in (x.split("=") for x in a.stop_at.split(",") if x)}))
     stages = sorted({k for s in wave.samples for k in s.replicas})
     print(wave.table(stages))
     ok = sum(s == 200 for s in wave.outcomes)

@@ -23,8 +23,9 @@ in-process baselines of the served family measured in the same run, with engine/
 report (JSON, PNG) to --out and prints a table. Each model family brings its own bench (benchmarks/<family>/ in
 the checkout): its modes, its baselines and its flags, listed by `omni-serve bench --graph FAMILY --help`.
 
-Load: closed loop at each --concurrency value (C requests kept in flight), or open loop with --request-rate
-(Poisson arrivals, seeded by --seed; one run per rate; an explicit --concurrency then caps requests in flight).
+Load: closed loop at each --concurrency value (C requests kept in flight), and open loop with --request-rate
+(Poisson arrivals, seeded by --seed; one run per rate, after the closed-loop runs when --concurrency is given, which
+then caps requests in flight; alone otherwise). A 429 is sent again after its Retry-After, as a client would.
 Baselines read --checkpoint from the local directory only (no network). Without --graph the bench is the family
 the checkpoint names (a checkpoint of `omni-serve make-checkpoint`), else the one whose bench has --mode.
 
@@ -123,7 +124,7 @@ def add_parser(sub, argv: list[str] | None) -> argparse.ArgumentParser:
     bn.add_argument("--num-requests", type=int, default=16, metavar="N", help="requests per run (default 16)")
     bn.add_argument("--concurrency", type=int_list, default=None, metavar="C[,C...]",
                     help="closed-loop sweep, requests kept in flight (default: the mode's); "
-                         "with --request-rate: in-flight cap")
+                         "with --request-rate: also the open-loop in-flight cap")
     bn.add_argument("--request-rate", type=float_list, default=None, metavar="R[,R...]",
                     help="open loop: Poisson arrivals per second, one run per rate")
     bn.add_argument("--seed", type=int, default=0, help="workload, per-request and arrival seed (default 0)")

@@ -12,7 +12,9 @@ Contract:
   ``completion_tokens`` (``usage``), else the number of non-empty text deltas (``deltas``: approximate).
 * Failures are records with ``ok=False``: a non-200 status (``status`` + the OpenAI error message), an
   ``{"error": ...}`` event inside the stream, a stream that ends without ``data: [DONE]``, a transport
-  error or a timeout.
+  error or a timeout. A 429 is a *rejected* record (``RequestRecord.rejected``); ``send_until_admitted`` sends
+  it again after its ``Retry-After`` as a client would, and ``run_load(retry_rejected=True)`` does so for every
+  request.
 * ``run_load(...)`` runs one load point: closed loop (``request_rate=None``: keep ``concurrency`` requests
   in flight) or open loop (Poisson arrivals at ``request_rate``/s from ``arrival_seed``; ``concurrency``,
   if given, caps requests in flight). ``run_sweep`` runs several points one after another.
@@ -185,6 +187,8 @@ async def send_one(client: httpx.AsyncClient, url: str, req: BenchRequest, model
             if resp.status_code != 200:
                 rec.error = _error_message(resp.status_code, await resp.aread())
                 rec.e2e_s = time.perf_counter() - t0
+                if resp.status_code == 429:
+                    rec.retry_after_s = retry_after(resp.headers.get("retry-after"))
                 return rec
             data_lines: list[str] = []
             async for line in resp.aiter_lines():
@@ -201,6 +205,30 @@ async def send_one(client: httpx.AsyncClient, url: str, req: BenchRequest, model
     except httpx.HTTPError as exc:
         rec.error = f"transport error: {type(exc).__name__}: {exc}"[:300]
     return acc.finish(time.perf_counter())
+
+
+def retry_after(header: str | None) -> float:
+    """A 429's ``Retry-After`` in seconds (1 s when absent or unreadable; at most 60)."""
+    try:
+        return min(max(float(header), 0.0), 60.0) if header else 1.0
+    except ValueError:
+        return 1.0
+
+
+async def send_until_admitted(client: httpx.AsyncClient, url: str, req: BenchRequest, model: str, *,
+                              timeout_s: float, **kwargs: Any) -> RequestRecord:
+    """``send_one``, sent again after each 429's ``Retry-After`` (as a client would) until admitted or
+    ``timeout_s`` has passed since the first try; the record counts the 429s (``rejections``) and the time before
+    its last try (``waited_s``)."""
+    t0, rejections = time.perf_counter(), 0
+    while True:
+        rec = await send_one(client, url, req, model, **kwargs)
+        waited = time.perf_counter() - t0 - (rec.e2e_s or 0.0)
+        if not rec.rejected or waited + rec.retry_after_s > timeout_s:
+            rec.rejections, rec.waited_s = rejections + rec.rejected, max(waited, 0.0)
+            return rec
+        rejections += 1
+        await asyncio.sleep(rec.retry_after_s)
 
 
 async def discover_model(url: str, transport: httpx.AsyncBaseTransport | None = None) -> str | None:
@@ -228,23 +256,25 @@ class LoadPoint:
 
 def progress_logger(label: str, total: int, every: int) -> Callable[[RequestRecord], None]:
     """A callback that logs every ``every`` finished requests (and at the end)."""
-    state = {"done": 0, "errors": 0, "t0": time.perf_counter()}
+    state = {"done": 0, "errors": 0, "rejected": 0, "t0": time.perf_counter()}
 
     def on_done(rec: RequestRecord) -> None:
         state["done"] += 1
-        state["errors"] += not rec.ok
+        state["errors"] += not rec.ok and not rec.rejected
+        state["rejected"] += rec.rejections
         n = state["done"]
         if every > 0 and (n % every == 0 or n == total):
-            log.info("%s: %d/%d requests done, %d errors, %.1fs elapsed", label, n, total, state["errors"],
-                     time.perf_counter() - state["t0"])
+            log.info("%s: %d/%d requests done, %d errors, %d 429s, %.1fs elapsed", label, n, total,
+                     state["errors"], state["rejected"], time.perf_counter() - state["t0"])
     return on_done
 
 
 async def run_load(url: str, requests: list[BenchRequest], model: str, point: LoadPoint, *,
                    arrival_seed: int = 0, timeout_s: float = 600.0, include_usage: bool = True,
                    return_token_ids: bool = False, transport: httpx.AsyncBaseTransport | None = None,
-                   progress_every: int = 10, label: str | None = None) -> RunResult:
-    """Run ``requests`` against ``url`` at one load point; every request yields exactly one record."""
+                   progress_every: int = 10, label: str | None = None, retry_rejected: bool = False) -> RunResult:
+    """Run ``requests`` against ``url`` at one load point; every request yields exactly one record. With
+    ``retry_rejected`` a 429 is sent again after its ``Retry-After`` (``send_until_admitted``)."""
     endpoint = chat_url(url)
     label = label or point.label()
     on_done = progress_logger(label, len(requests), progress_every)
@@ -257,8 +287,12 @@ async def run_load(url: str, requests: list[BenchRequest], model: str, point: Lo
         t_run = time.perf_counter()
 
         async def one(req: BenchRequest, slot: int) -> None:
-            rec = await send_one(client, endpoint, req, model, t_run=t_run, include_usage=include_usage,
-                                 return_token_ids=return_token_ids)
+            if retry_rejected:
+                rec = await send_until_admitted(client, endpoint, req, model, timeout_s=timeout_s, t_run=t_run,
+                                                include_usage=include_usage, return_token_ids=return_token_ids)
+            else:
+                rec = await send_one(client, endpoint, req, model, t_run=t_run, include_usage=include_usage,
+                                     return_token_ids=return_token_ids)
             records[slot] = rec
             on_done(rec)
 

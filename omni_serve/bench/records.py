@@ -5,7 +5,10 @@ Contract:
 * ``RequestRecord``: one request's outcome. Durations are seconds measured from the request's own start
   (``start_s`` is its start relative to the run's start). A failed request has ``ok=False`` and ``error``
   set (plus ``status`` when an HTTP status was received); it is always kept in ``RunResult.records`` and
-  counted, never dropped, and it is left out of latency percentiles.
+  counted, never dropped, and it is left out of latency percentiles. A 429 (the server at capacity) is a
+  *rejected* request (``rejected``), counted apart from failures (``num_errors``, ``num_rejected``); a client
+  that sends it again after ``Retry-After`` records the 429s it got (``rejections``) and the time before its
+  admitted try (``waited_s``), from which its latencies count.
   ``audio_chunks`` are the audio's arrivals (seconds from the request's start, seconds of audio), which the
   report plays back (``omni_serve.playback``) with the run's ``client_buffer_s`` for stalls and gaps.
 * ``RunResult``: one load point of one system (``system``: ``engine`` / ``engine_vllm``, the served graph with a
@@ -46,6 +49,14 @@ class RequestRecord:
     finish_reason: str | None = None
     status: int | None = None  # HTTP status, when one was received
     error: str | None = None
+    retry_after_s: float = 0.0  # a 429's Retry-After
+    rejections: int = 0  # 429s this request got (sent again after each, with retry_rejected)
+    waited_s: float = 0.0  # from the first try to the start of the last (ttft/ttfp/e2e count from there)
+
+    @property
+    def rejected(self) -> bool:
+        """The server said it is at capacity (429): not served, and not a failure."""
+        return not self.ok and self.status == 429
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,7 +81,12 @@ class RunResult:
 
     @property
     def num_errors(self) -> int:
-        return sum(not r.ok for r in self.records)
+        """Failed requests; a 429 the server answered at capacity is *rejected*, not failed."""
+        return sum(not r.ok and not r.rejected for r in self.records)
+
+    @property
+    def num_rejected(self) -> int:
+        return sum(r.rejected for r in self.records)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -10,7 +10,9 @@ Contract:
   headroom, RTF after the first chunk; None for a run without streamed audio);
   throughput over the run's wall time (``requests_per_s``, ``output_tokens_per_s``, ``audio_s_per_s``;
   successful requests only; ``audio_s_per_s`` is None when no audio came back); the error count (failed
-  requests are counted and listed by message); how output tokens were counted.
+  requests are counted and listed by message); the 429s apart from them (``num_rejected``: requests that ended
+  rejected; ``rejections``: every 429, retried ones too; ``waited_s``: stats of the time served requests waited
+  before their admitted try, None when none waited); how output tokens were counted.
 * ``compare(engine, baseline)``: ``throughput_ratio`` = engine / baseline (> 1: the engine serves more)
   and ``latency_ratio`` = engine / baseline per metric and statistic (< 1: the engine is faster).
   With the runs it also counts requests whose output text is identical (``identical_text``; expected
@@ -61,7 +63,8 @@ def metric_values(run: RunResult) -> dict[str, list[float]]:
 
 def summarize(run: RunResult) -> dict[str, Any]:
     ok = [r for r in run.records if r.ok]
-    failed = [r for r in run.records if not r.ok]
+    rejected = [r for r in run.records if r.rejected]
+    failed = [r for r in run.records if not r.ok and not r.rejected]
     wall = run.wall_s
     tokens = sum(r.output_tokens or 0 for r in ok)
     audio = sum(r.audio_seconds for r in ok)
@@ -76,6 +79,8 @@ def summarize(run: RunResult) -> dict[str, Any]:
         "request_rate": run.request_rate, "streaming": run.streaming, "wall_s": wall,
         "client_buffer_s": run.client_buffer_s,
         "num_requests": len(run.records), "num_ok": len(ok), "num_errors": len(failed),
+        "num_rejected": len(rejected), "rejections": sum(r.rejections for r in run.records),
+        "waited_s": stats([r.waited_s for r in ok]) if any(r.rejections for r in ok) else None,
         "errors_by_message": by_message,
         "errors": [{"index": r.index, "status": r.status, "error": r.error} for r in failed[:20]],
         "output_tokens": tokens, "audio_seconds": audio,
@@ -210,12 +215,18 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(header), line(["-" * w for w in widths]), *[line(r) for r in rows]])
 
 
+def _rejections(summary: dict[str, Any]) -> str:
+    """The run's 429s, with those that ended rejected (not admitted before the timeout) in brackets."""
+    n, left = summary.get("rejections", 0), summary.get("num_rejected", 0)
+    return f"{n} ({left} rejected)" if left else str(n)
+
+
 def format_table(report: dict[str, Any]) -> str:
     runs = report["runs"]
     out = ["Throughput (successful requests over each run's wall time)"]
     out.append(_table(
-        ["run", "requests", "errors", "wall s", "req/s", "out tok/s", "audio s/s", "token count"],
-        [[s["label"], str(s["num_requests"]), str(s["num_errors"]), _num(s["wall_s"]),
+        ["run", "requests", "errors", "429s", "wall s", "req/s", "out tok/s", "audio s/s", "token count"],
+        [[s["label"], str(s["num_requests"]), str(s["num_errors"]), _rejections(s), _num(s["wall_s"]),
           _num(s["throughput"]["requests_per_s"], "{:.3f}"), _num(s["throughput"]["output_tokens_per_s"], "{:.1f}"),
           _num(s["throughput"]["audio_s_per_s"], "{:.3f}"),
           ",".join(s["token_sources"]) + ("" if s["tokens_exact"] else " (approx)")] for s in runs]))

@@ -5,9 +5,10 @@ Contract: ``run_bench(cfg, systems) -> BenchOutcome`` (report dict, JSON path, P
 (``InProcessSystems``) is the served family's bench plug-in's (``benchmarks/<family>/``): this module runs no model
 itself and imports no family.
 
-* ``mode="omni"``: every load point (``concurrency`` list, or ``request_rate`` list for open loop) is
-  replayed against ``url`` with the streaming HTTP client; then each baseline in ``baselines`` runs in-process,
-  ``hf`` before ``cb`` (``systems.baseline_runs``).
+* ``mode="omni"``: every load point (the ``concurrency`` list, closed loop, and the ``request_rate`` list, open
+  loop: with a rate and no chosen concurrency, the open-loop points alone) is replayed against ``url`` with the
+  streaming HTTP client, a 429 sent again after its ``Retry-After`` (``retry_rejected``); then each baseline in
+  ``baselines`` runs in-process, ``hf`` before ``cb`` (``systems.baseline_runs``).
 * ``mode="text"``: thinker-only comparison on the same token-id prompts (``systems.text_prompts``): the family's
   engine runs first (``systems.text_engine_runs``: each thinker backend of ``thinker_backends`` at every load
   point), then each baseline (default ``cb``) at every load point. Every system runs with the same CPU threads:
@@ -47,9 +48,17 @@ class BenchConfig(BaseModel):
     checkpoint: str | None = Field(None, description="Local checkpoint directory for the in-process baselines.")
     model: str | None = Field(None, description="Model name in requests; default: the first of /v1/models.")
     num_requests: int = Field(16, ge=1)
-    concurrency: list[int] = Field(default_factory=lambda: [1], description="Closed-loop sweep (or open-loop cap).")
-    concurrency_given: bool = Field(False, description="Open loop: cap requests in flight at max(concurrency).")
+    concurrency: list[int] = Field(default_factory=lambda: [1], description=(
+        "Closed-loop sweep; with request_rate and concurrency_given, also the open-loop cap."))
+    concurrency_given: bool = Field(False, description=(
+        "The concurrency was chosen (not the default): with request_rate, its closed-loop points run first and "
+        "the open-loop points cap requests in flight at max(concurrency); otherwise only the open-loop points run, "
+        "uncapped."))
     request_rate: list[float] | None = Field(None, description="Open-loop Poisson rates (requests/s); one run each.")
+    retry_rejected: bool = Field(True, description=(
+        "omni mode: send a request again after its 429's Retry-After (as a client would) until admitted or "
+        "timeout_s has passed; the report counts the 429s and the waits, and latencies count from the admitted "
+        "try. Off: a 429 is a rejected request (counted apart from failures)."))
     max_tokens: int = Field(64, ge=1)
     min_tokens: int = Field(0, ge=0, description="omni_serve's min_tokens extension; = max_tokens fixes lengths.")
     audio: bool = True
@@ -128,10 +137,12 @@ class BenchConfig(BaseModel):
     def points(self):
         from omni_serve.bench.client import LoadPoint
 
-        if self.request_rate:
-            cap = max(self.concurrency) if self.concurrency_given else None
-            return [LoadPoint(concurrency=cap, request_rate=r) for r in self.request_rate]
-        return [LoadPoint(concurrency=c) for c in self.concurrency]
+        closed = [LoadPoint(concurrency=c) for c in self.concurrency]
+        if not self.request_rate:
+            return closed
+        cap = max(self.concurrency) if self.concurrency_given else None
+        return (closed if self.concurrency_given else []) + [LoadPoint(concurrency=cap, request_rate=r)
+                                                              for r in self.request_rate]
 
 
 class InProcessSystems(Protocol):
@@ -177,7 +188,8 @@ def _engine_omni_runs(cfg: BenchConfig, requests) -> tuple[list[RunResult], list
     for point in cfg.points():
         log.info("engine run %s: %d requests ...", point.label(system), len(requests))
         run = asyncio.run(run_load(cfg.url, requests, model, point, arrival_seed=cfg.seed, timeout_s=cfg.timeout_s,
-                                   progress_every=cfg.progress_every, label=point.label(system)))
+                                   progress_every=cfg.progress_every, label=point.label(system),
+                                   retry_rejected=cfg.retry_rejected))
         run.system, run.client_buffer_s = system, cfg.client_buffer_s
         runs.append(run)
     return runs, notes

@@ -169,13 +169,6 @@ def plot_speech(points: list[SpeechPoint], path: str) -> str:
     return path
 
 
-def _retry_after(header: str | None) -> float:
-    try:
-        return min(max(float(header), 0.0), 60.0) if header else 1.0
-    except ValueError:
-        return 1.0
-
-
 def _pct(values: list[float], q: int) -> float | None:
     if not values:
         return None
@@ -185,6 +178,8 @@ def _pct(values: list[float], q: int) -> float | None:
 
 # -- the engine: HTTP --------------------------------------------------------------------------------------
 async def _speak(client, url: str, body: dict, timeout_s: float) -> SpeechRecord:
+    from omni_serve.bench.client import retry_after
+
     t0 = time.perf_counter()
     ttfp, n, chunks = None, 0, []
     try:
@@ -192,7 +187,7 @@ async def _speak(client, url: str, body: dict, timeout_s: float) -> SpeechRecord
             if r.status_code != 200:
                 return SpeechRecord(ok=False, e2e_s=time.perf_counter() - t0, status=r.status_code,
                                     error=f"{r.status_code}: {(await r.aread())[:200]!r}",
-                                    retry_after_s=_retry_after(r.headers.get("retry-after")))
+                                    retry_after_s=retry_after(r.headers.get("retry-after")))
             async for chunk in r.aiter_raw():
                 t = time.perf_counter() - t0
                 if chunk and ttfp is None:

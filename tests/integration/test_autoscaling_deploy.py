@@ -71,8 +71,9 @@ def test_build_writes_a_valid_serve_config_that_serve_deploy_serves(deployed):
 def test_the_bottleneck_stage_scales_up_under_load_and_back_down_after(deployed):
     from omni_serve.bench.autoscale import WaveConfig, run_wave
 
+    # the load stops 5 s after code2wav runs its second replica (75 s at most)
     wave = run_wave(WaveConfig(url=URL, dashboard=DASHBOARD, app=APP, load_s=75, concurrency=6,
-                               max_idle_s=150, poll_s=1.0))
+                               max_idle_s=150, poll_s=1.0, stop_at={"code2wav": 2}, hold_s=5))
     print("\n" + wave.table(["thinker", "talker", "code2wav"]))
     print(f"requests: {len(wave.outcomes)}, HTTP 200: {wave.outcomes.count(200)}")
     assert wave.outcomes and not wave.errors and all(s == 200 for s in wave.outcomes), wave.errors[:3]

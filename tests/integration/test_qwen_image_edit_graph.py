@@ -1,7 +1,8 @@
 """The served Qwen-Image-Edit graph over real HTTP (multipart ``POST /v1/images/edits``): the official ``openai``
 client's ``images.edit``, the image equal to diffusers' pipeline, inpainting with a mask, bad input as 400s in
-OpenAI's shape, and the routes this graph does not serve as 404s. Deployed next to the session's other graphs,
-reserving no CPUs, and deleted when the module ends.
+OpenAI's shape, and the routes this graph does not serve as 404s; and, with this graph as the one-rank reference,
+the DiT on two ranks (rows, then sequence) gives every request's latents of one rank (``test_parallel_stages.py``
+says how). Deployed next to the session's other graphs, reserving no CPUs, and deleted when the module ends.
 """
 
 from __future__ import annotations
@@ -15,11 +16,24 @@ from PIL import Image
 
 from tests.conftest import tiny_checkpoint
 from tests.image_oracle import assert_matches, assert_swaps_fail, response_result
+from tests.integration.test_parallel_stages import CACHE, SEQUENCE, TWO_RANKS, _deploy, check_two_ranks_equal_one
 from tests.unit.test_qwen_image_edit import openai_mask, png, reference, reference_pipeline, solid_png
 
 pytestmark = pytest.mark.integration
 MODEL = "qwen-image-edit"
 STAGES = ("text_encoder", "vae_encoder", "dit", "vae")
+EDIT_CASES = [
+    {"prompt": "make the sky red", "image": (80, 48), "size": "64x64", "num_inference_steps": 2, "seed": 1},
+    {"prompt": "add a cat", "image": (48, 80), "size": "64x96", "num_inference_steps": 3, "seed": 2,
+     "negative_prompt": "blurry", "true_cfg_scale": 3.0, "cache": CACHE},
+    {"prompt": "winter, snow on the roofs and the trees", "image": (64, 64), "size": "64x64",
+     "num_inference_steps": 4, "seed": 3, "n": 2},
+    {"prompt": "night", "image": (96, 64), "size": "96x64", "num_inference_steps": 3, "seed": 4,
+     "negative_prompt": " ", "cache": CACHE},
+    {"prompt": "a boat on the lake", "image": (64, 96), "size": "64x96", "num_inference_steps": 2, "seed": 5,
+     "negative_prompt": "people", "n": 2},
+    {"prompt": "sepia", "image": (64, 64), "size": "64x64", "num_inference_steps": 5, "seed": 6, "cache": CACHE},
+]
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +148,20 @@ def test_a_json_body_is_a_400_and_other_routes_are_404(client):
     assert client.get("/v1/models").json()["data"][0]["id"] == MODEL
     health = client.get("/health?fresh=1").json()
     assert set(health["stages"]) == set(STAGES) and all(s["active"] == 0 for s in health["stages"].values())
+
+
+@pytest.mark.slow
+def test_two_ranks_equal_one(ray_serve, edit_app, edit_dir):
+    """Rows split over two ranks, then the sequence: six edits in flight and one alone, against this module's
+    one-rank graph (its results asked once); another seed fails. One two-rank graph at a time beside it: more edit
+    graphs (several GB each) beside the session's graphs overran the CI machine's 24 GiB, and Ray's memory monitor
+    killed the Serve controller."""
+    from ray import serve
+
+    cpus = {f"stages.{s}.num_cpus": 0 for s in STAGES}
+    for two, kind in (("edit_ranks", TWO_RANKS), ("edit_sequence", SEQUENCE)):
+        _deploy("qwen_image_edit", edit_dir, two, {**cpus, **kind})
+        try:
+            check_two_ranks_equal_one(edit_app, ray_serve + f"/{two}", EDIT_CASES, (1,), MODEL)
+        finally:
+            serve.delete(two)

@@ -44,8 +44,9 @@ def test_load_points():
     assert [(p.concurrency, p.request_rate) for p in closed] == [(1, None), (4, None), (16, None)]
     open_loop = BenchConfig(url="http://x", request_rate=[0.5, 2]).points()
     assert [(p.concurrency, p.request_rate) for p in open_loop] == [(None, 0.5), (None, 2)]
-    capped = BenchConfig(url="http://x", request_rate=[2], concurrency=[8], concurrency_given=True).points()
-    assert [(p.concurrency, p.request_rate) for p in capped] == [(8, 2)]
+    # a chosen concurrency: its closed-loop points, then the open-loop ones capped by the largest
+    both = BenchConfig(url="http://x", request_rate=[2], concurrency=[1, 8], concurrency_given=True).points()
+    assert [(p.concurrency, p.request_rate) for p in both] == [(1, None), (8, None), (8, 2)]
 
 
 def test_text_mode_compares_engine_with_cb(omni_tiny_dir, tmp_path, capsys):

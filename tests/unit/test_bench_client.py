@@ -16,6 +16,7 @@ from omni_serve.bench.client import (
     LoadPoint, StreamAccumulator, chat_url, discover_model, models_url, run_load, warmup,
 )
 from omni_serve.bench.records import RequestRecord
+from omni_serve.bench.report import summarize
 from omni_serve.bench.workload import WorkloadConfig, build_workload
 
 PCM = b"\x01\x00" * 2400  # 0.1 s of pcm16 at 24 kHz
@@ -174,6 +175,38 @@ def test_errors_are_counted_never_dropped():
     assert by_index[4].error == "stream ended without data: [DONE]"
     assert by_index[5].status is None and by_index[5].error.startswith("transport error: ConnectError")
     assert all(not r.ok for i, r in by_index.items() if i)
+
+
+def test_a_429_is_sent_again_after_its_retry_after_and_counted_apart_from_failures():
+    tries: dict[str, int] = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        prompt = json.loads(request.content)["messages"][-1]["content"]
+        tries[prompt] = tries.get(prompt, 0) + 1
+        if tries[prompt] <= 2:  # at capacity twice, then admitted
+            return httpx.Response(429, headers={"retry-after": "0"}, json={"error": {
+                "message": "at capacity", "type": "rate_limit_error", "code": "rate_limit_exceeded"}})
+        return _sse_response(server_events())
+
+    reqs = build_workload(WorkloadConfig(num_requests=3, audio=True))
+    run = _run(handler, reqs, retry_rejected=True)
+    assert all(r.ok and r.rejections == 2 and r.waited_s >= 0 and r.ttfp_s is not None for r in run.records)
+    assert run.num_errors == 0 and run.num_rejected == 0
+    summary = summarize(run)
+    assert summary["rejections"] == 6 and summary["num_rejected"] == 0 and summary["waited_s"]["n"] == 3
+
+    tries.clear()  # without retries: a rejected request, not a failure
+    run = _run(handler, reqs)
+    assert all(r.rejected and r.rejections == 0 and r.retry_after_s == 0 for r in run.records)
+    assert run.num_errors == 0 and run.num_rejected == 3
+    summary = summarize(run)
+    assert summary["num_errors"] == 0 and summary["num_rejected"] == 3 and summary["errors_by_message"] == {}
+
+    tries.clear()  # a request still refused when its time is up ends rejected
+    run = _run(lambda request: httpx.Response(429, headers={"retry-after": "0.05"}), reqs[:1], retry_rejected=True,
+               timeout_s=0.12)
+    [rec] = run.records
+    assert rec.rejected and rec.rejections >= 2 and run.num_errors == 0
 
 
 def test_approximate_token_counts_are_flagged():

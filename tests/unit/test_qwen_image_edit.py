@@ -8,6 +8,7 @@ images in flight. A swapped prompt, seed or input image must fail the same compa
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 
 import numpy as np
@@ -188,13 +189,19 @@ def openai_mask(width: int, height: int, edit: tuple[slice, slice]) -> bytes:
     return buf.getvalue()
 
 
-def inpaint_reference(checkpoint: str, case: dict, pixels: bool = True) -> Result:
-    """diffusers' QwenImageEditInpaintPipeline on the case, its mask in diffusers' convention (white: repaint)."""
+@functools.lru_cache(maxsize=1)
+def _inpaint_pipeline(checkpoint: str):
     from diffusers import QwenImageEditInpaintPipeline
 
     pipe = QwenImageEditInpaintPipeline.from_pretrained(checkpoint, processor=None)
     pipe.register_modules(processor=EditPromptProcessor.from_pretrained(checkpoint))
     pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def inpaint_reference(checkpoint: str, case: dict, pixels: bool = True) -> Result:
+    """diffusers' QwenImageEditInpaintPipeline on the case, its mask in diffusers' convention (white: repaint)."""
+    pipe = _inpaint_pipeline(checkpoint)  # loaded once: a call keeps no state (each seeds its own generator)
     alpha = np.asarray(Image.open(io.BytesIO(case["mask"])))[..., 3]
     kwargs = dict(image=Image.open(io.BytesIO(case["image"])).convert("RGB"), prompt=case["prompt"],
                   mask_image=Image.fromarray(np.where(alpha == 0, 255, 0).astype(np.uint8), "L"),
@@ -217,12 +224,16 @@ def test_edits_with_a_mask_equal_the_inpainting_pipeline(edit_dir):
     pixels of diffusers' inpainting pipeline (the VAE decodes untiled, as the pipeline). A swapped mask fails."""
     served = asyncio.run(serve(edit_dir, INPAINT, **{"stages.vae.params.tile_min_pixels": None}))
     assert all(got.pixels.shape == (1, 800, 1312, 3) for got, _, _ in served)  # the conditioning size of 80x48
-    positives = [assert_matches(got, inpaint_reference(edit_dir, case), case["prompt"])
-                 for case, (got, _, _) in zip(INPAINT, served)]
-    assert served[1][1].metrics.num_inference_steps == 2  # the last 3 - int(3 - 3 * 0.6) of the 3 steps run
-    swapped = {"mask": inpaint_reference(edit_dir, {**INPAINT[0], "mask": openai_mask(80, 48, TOP)}, pixels=False),
-               "seed": inpaint_reference(edit_dir, {**INPAINT[0], "seed": INPAINT[1]["seed"]}, pixels=False)}
-    assert_swaps_fail(served[0][0], swapped, positives[0], "inpainting " + INPAINT[0]["prompt"])
+    try:
+        positives = [assert_matches(got, inpaint_reference(edit_dir, case), case["prompt"])
+                     for case, (got, _, _) in zip(INPAINT, served)]
+        assert served[1][1].metrics.num_inference_steps == 2  # the last 3 - int(3 - 3 * 0.6) of the 3 steps run
+        swapped = {"mask": inpaint_reference(edit_dir, {**INPAINT[0], "mask": openai_mask(80, 48, TOP)},
+                                             pixels=False),
+                   "seed": inpaint_reference(edit_dir, {**INPAINT[0], "seed": INPAINT[1]["seed"]}, pixels=False)}
+        assert_swaps_fail(served[0][0], swapped, positives[0], "inpainting " + INPAINT[0]["prompt"])
+    finally:
+        _inpaint_pipeline.cache_clear()  # its memory goes with the test
 
 
 def _bad(edit_dir, **fields):
