@@ -107,6 +107,7 @@ def run_wave(cfg: WaveConfig) -> Wave:
     lock = threading.Lock()
     t0 = time.monotonic()
     load_end = t0 + cfg.load_s  # moved earlier (once) when stop_at is reached
+    reached = False
 
     def client_loop() -> None:
         with httpx.Client(timeout=cfg.request_timeout_s) as client:
@@ -134,9 +135,9 @@ def run_wave(cfg: WaveConfig) -> Wave:
                 running, targets = {}, {}
             samples.append(Sample(round(now - t0, 2), running, targets, _stage_load(cfg.url, watcher)))
             log.info("t=%5.1f replicas %s", now - t0, running)
-            if (cfg.stop_at and now < load_end and load_end == t0 + cfg.load_s
+            if (cfg.stop_at and not reached and now < load_end
                     and all(running.get(stage, 0) >= n for stage, n in cfg.stop_at.items())):
-                load_end = min(load_end, now + cfg.hold_s)
+                reached, load_end = True, min(load_end, now + cfg.hold_s)
                 log.info("t=%5.1f %s reached: the load stops in %.0f s", now - t0, cfg.stop_at, cfg.hold_s)
             loading = now < load_end or not all(c.done() for c in clients)
             settled = running and all(n <= cfg.settle_replicas for n in running.values())
@@ -145,6 +146,17 @@ def run_wave(cfg: WaveConfig) -> Wave:
             time.sleep(cfg.poll_s)
     pool.shutdown(wait=True)
     return Wave(samples, outcomes, errors, round(load_end - t0, 2), round(time.monotonic() - t0, 2))
+
+
+def _stop_at(text: str) -> dict[str, int]:
+    """``--stop-at``: ``code2wav=2,talker=2`` -> {"code2wav": 2, "talker": 2}."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        stage, _, n = item.partition("=")
+        if not stage or not n.isdigit() or int(n) < 1:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected STAGE=N with N >= 1")
+        out[stage] = int(n)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,14 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load-s", type=float, default=60.0)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--max-idle-s", type=float, default=180.0)
-    p.add_argument("--stop-at", default="", metavar="STAGE=N[,STAGE=N]",
+    p.add_argument("--stop-at", type=_stop_at, default={}, metavar="STAGE=N[,STAGE=N]",
                    help="end the load early, --hold-s after every named stage runs N replicas")
     p.add_argument("--hold-s", type=float, default=5.0)
     p.add_argument("--out", default=None, help="write the wave as JSON here")
     a = p.parse_args(argv)
     wave = run_wave(WaveConfig(url=a.url, dashboard=a.dashboard, app=a.app, load_s=a.load_s,
                                concurrency=a.concurrency, max_idle_s=a.max_idle_s, hold_s=a.hold_s,
-                               stop_at={k: int(v) for k, v in (x.split("=") for x in a.stop_at.split(",") if x)}))
+                               stop_at=a.stop_at))
     stages = sorted({k for s in wave.samples for k in s.replicas})
     print(wave.table(stages))
     ok = sum(s == 200 for s in wave.outcomes)

@@ -25,7 +25,8 @@ the checkout): its modes, its baselines and its flags, listed by `omni-serve ben
 
 Load: closed loop at each --concurrency value (C requests kept in flight), and open loop with --request-rate
 (Poisson arrivals, seeded by --seed; one run per rate, after the closed-loop runs when --concurrency is given, which
-then caps requests in flight; alone otherwise). A 429 is sent again after its Retry-After, as a client would.
+then caps requests in flight; alone otherwise). The chat and speech benches send a 429 again after its Retry-After,
+as a client would (--no-retry: it counts as rejected).
 Baselines read --checkpoint from the local directory only (no network). Without --graph the bench is the family
 the checkpoint names (a checkpoint of `omni-serve make-checkpoint`), else the one whose bench has --mode.
 

@@ -189,6 +189,7 @@ async def send_one(client: httpx.AsyncClient, url: str, req: BenchRequest, model
                 rec.e2e_s = time.perf_counter() - t0
                 if resp.status_code == 429:
                     rec.retry_after_s = retry_after(resp.headers.get("retry-after"))
+                    rec.rejections = 1
                 return rec
             data_lines: list[str] = []
             async for line in resp.aiter_lines():
@@ -223,9 +224,9 @@ async def send_until_admitted(client: httpx.AsyncClient, url: str, req: BenchReq
     t0, rejections = time.perf_counter(), 0
     while True:
         rec = await send_one(client, url, req, model, **kwargs)
-        waited = time.perf_counter() - t0 - (rec.e2e_s or 0.0)
-        if not rec.rejected or waited + rec.retry_after_s > timeout_s:
-            rec.rejections, rec.waited_s = rejections + rec.rejected, max(waited, 0.0)
+        spent = time.perf_counter() - t0
+        if not rec.rejected or spent + rec.retry_after_s > timeout_s:
+            rec.rejections, rec.waited_s = rejections + rec.rejected, max(spent - (rec.e2e_s or 0.0), 0.0)
             return rec
         rejections += 1
         await asyncio.sleep(rec.retry_after_s)
@@ -318,6 +319,10 @@ async def run_load(url: str, requests: list[BenchRequest], model: str, point: Lo
              for r, req in zip(records, requests)]
     run = RunResult(label=label, system="engine", mode="omni", concurrency=point.concurrency,
                     request_rate=point.request_rate, wall_s=wall, streaming=True, records=final)
+    retried = sum(r.rejections for r in final if not r.rejected)
+    if retried:
+        run.notes.append(f"{retried} 429s were sent again after their Retry-After: latencies count from each "
+                         "request's admitted try (waited_s: the wait before it)")
     sources = sorted({r.token_source for r in final if r.ok and r.token_source})
     if "deltas" in sources:
         run.notes.append("output tokens counted from text deltas (approximate): the server sent no usage "

@@ -15,7 +15,8 @@ path, printable table, runs); the report is ``omni_serve.bench.image_report``'s.
   runs send ``cache: {"mode": "off"}`` so they are comparable with diffusers; each ``cache_modes`` entry
   adds one run at ``cache_concurrency`` with ``cache: {mode, residual_diff_threshold}``. Per request
   (``ImageRecord``): ok or the error (HTTP status + OpenAI error message, transport error, timeout, a
-  response without exactly ``n`` decodable images; failures are counted, never dropped), start time, E2E
+  response without exactly ``n`` decodable images; failures are counted, never dropped; a 429 is *rejected*,
+  counted apart from them and not sent again), start time, E2E
   (request sent -> response body read; PNG decoding is not timed), the decoded images (uint8 HxWx3 numpy,
   in memory only) and the server's per-image computed / cached step counts. ``warmup`` unmeasured requests
   run first, for the uncached engine and for each cache mode.
@@ -269,6 +270,7 @@ async def send_image(client: httpx.AsyncClient, url: str, req: ImageRequest, mod
         rec.status = resp.status_code
         if resp.status_code != 200:
             rec.error = _error_message(resp.status_code, resp.content)
+            rec.rejections = int(resp.status_code == 429)  # at capacity: rejected, counted apart from failures
         else:
             _read_response(rec, resp.json(), req.n)
     except httpx.TimeoutException as exc:
@@ -322,7 +324,7 @@ def _engine_runs(cfg: ImageBenchConfig, requests: list[ImageRequest], model: str
     def warm(cache: dict[str, Any]) -> None:
         if cfg.warmup:
             w = load(requests[: cfg.warmup], 1, cache, label=f"warmup {cache['mode']}", progress_every=0)
-            if w.num_errors:
+            if w.num_errors or w.num_rejected:
                 log.warning("warm-up request failed: %s", next(r.error for r in w.records if not r.ok))
 
     off = {"mode": "off"}

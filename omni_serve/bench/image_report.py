@@ -32,8 +32,8 @@ from omni_serve.bench.machine import machine_section
 from omni_serve.bench.report import _ms, _num, _ratio, _table, stats, summarize
 
 PARITY_TOLERANCE = 2  # uint8 levels
-SUMMARY_KEYS = ("label", "system", "concurrency", "wall_s", "num_requests", "num_ok", "num_errors",
-                "errors_by_message", "errors", "notes")
+SUMMARY_KEYS = ("label", "system", "concurrency", "wall_s", "num_requests", "num_ok", "num_errors", "num_rejected",
+                "rejections", "errors_by_message", "errors", "notes")
 
 
 def psnr(a, b) -> float:
@@ -153,12 +153,13 @@ def format_image_table(report: dict[str, Any]) -> str:
     for s in report["runs"]:
         e2e = s["latency_s"]["e2e"] or {}
         cached = s["cached_steps_per_image"]
-        rows.append([s["label"], str(s["num_requests"]), str(s["num_errors"]), _num(s["wall_s"]),
+        rows.append([s["label"], str(s["num_requests"]), str(s["num_errors"]), str(s.get("num_rejected", 0)),
+                     _num(s["wall_s"]),
                      _num(s["throughput"]["images_per_s"], "{:.3f}"), _num(s["throughput"]["requests_per_s"], "{:.3f}"),
                      *(_ms(e2e.get(k)) for k in ("p50", "p95", "p99", "mean")),
                      _num(cached["mean"] if cached else None, "{:.1f}")])
     out = ["Runs (successful requests over each run's wall time; E2E in ms)",
-           _table(["run", "requests", "errors", "wall s", "images/s", "req/s", "E2E p50", "p95", "p99", "mean",
+           _table(["run", "requests", "errors", "429s", "wall s", "images/s", "req/s", "E2E p50", "p95", "p99", "mean",
                    "cached steps/img"], rows)]
     if report["comparisons"]:
         out += ["", "Engine / baseline ratios (images/s x: >1 engine better; E2E x: <1 engine better)",

@@ -267,8 +267,14 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def _x_kind(runs: list[RunResult]) -> str:
+    """The load axis: offered rate when every engine run is open-loop, else concurrency (open-loop runs then stay
+    off the vs-load panels, and show in the per-run ones)."""
     engine = [r for r in runs if r.system in ENGINE_SYSTEMS] or runs
-    return "rate" if any(r.request_rate is not None for r in engine) else "concurrency"
+    return "rate" if all(r.request_rate is not None for r in engine) else "concurrency"
+
+
+def _on_load_axis(run: RunResult, kind: str) -> bool:
+    return kind == "rate" or run.request_rate is None
 
 
 def plot_report(runs: list[RunResult], path: str) -> str:
@@ -309,7 +315,8 @@ def plot_report(runs: list[RunResult], path: str) -> str:
                             "audio seconds per second" if any_audio else "requests/s")):
         systems: dict[str, list[RunResult]] = {}
         for r in runs:
-            systems.setdefault(r.system, []).append(r)
+            if _on_load_axis(r, kind):
+                systems.setdefault(r.system, []).append(r)
         xs_all = []
         for system, group in systems.items():
             pts = []
@@ -375,7 +382,7 @@ def _plot_heard(axes, runs: list[RunResult], kind: str, xlabel: str) -> None:
     for system in dict.fromkeys(r.system for r in runs if r.system in ENGINE_SYSTEMS):
         pts = []
         for r in runs:
-            ttfp = summarize(r)["latency_s"]["ttfp"] if r.system == system else None
+            ttfp = summarize(r)["latency_s"]["ttfp"] if r.system == system and _on_load_axis(r, kind) else None
             x = r.request_rate if kind == "rate" else r.concurrency
             if ttfp and x is not None:
                 pts.append((x, ttfp["p50"], ttfp["p95"]))

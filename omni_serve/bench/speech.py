@@ -207,8 +207,9 @@ async def _speak_until_admitted(client, cfg: "SpeechBenchConfig", body: dict) ->
     t0, rejections = time.perf_counter(), 0
     while True:
         rec = await _speak(client, cfg.url.rstrip("/"), body, cfg.timeout_s)
-        waited = time.perf_counter() - t0 - rec.e2e_s
-        if not (rec.rejected and cfg.retry_rejected) or waited + rec.retry_after_s > cfg.timeout_s:
+        spent = time.perf_counter() - t0
+        waited = spent - rec.e2e_s
+        if not (rec.rejected and cfg.retry_rejected) or spent + rec.retry_after_s > cfg.timeout_s:
             rec.rejections, rec.waited_s = rejections + rec.rejected, waited
             return rec
         rejections += 1

@@ -205,3 +205,36 @@ def test_stage_program_default_has_no_work_estimate():
             return []
 
     assert P().work_left() is None
+
+
+def test_the_wave_stops_its_load_once_the_stage_has_scaled(monkeypatch):
+    """``run_wave(stop_at=...)`` against a fake server and a fake Serve status: the load ends ``hold_s`` after
+    code2wav first runs two replicas, not at ``load_s``; ``--stop-at`` refuses a malformed value."""
+    import argparse
+
+    import httpx
+
+    from omni_serve.bench import autoscale
+
+    polls = {"n": 0}
+
+    def replicas(dashboard, app, client):
+        polls["n"] += 1
+        return {"code2wav": 2 if polls["n"] >= 3 else 1}, {"code2wav": 2}
+
+    class FakeClient(httpx.Client):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "transport": httpx.MockTransport(lambda r: httpx.Response(200))})
+
+    monkeypatch.setattr(autoscale, "serve_replicas", replicas)
+    monkeypatch.setattr(autoscale, "_stage_load", lambda url, client: {})
+    monkeypatch.setattr(autoscale.httpx, "Client", FakeClient)
+    wave = autoscale.run_wave(autoscale.WaveConfig(url="http://g", dashboard="http://d", app="a", load_s=60,
+                                                   concurrency=1, poll_s=0.05, stop_at={"code2wav": 2}, hold_s=0.2,
+                                                   max_idle_s=1))
+    up = wave.first_t("code2wav", 2)
+    assert up is not None and up <= wave.load_end_t < 30, (up, wave.load_end_t)  # not load_s (60)
+    assert wave.outcomes and set(wave.outcomes) == {200}
+    assert autoscale._stop_at("code2wav=2,talker=3") == {"code2wav": 2, "talker": 3}
+    with pytest.raises(argparse.ArgumentTypeError):
+        autoscale._stop_at("code2wav=x")

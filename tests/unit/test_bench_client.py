@@ -184,7 +184,7 @@ def test_a_429_is_sent_again_after_its_retry_after_and_counted_apart_from_failur
         prompt = json.loads(request.content)["messages"][-1]["content"]
         tries[prompt] = tries.get(prompt, 0) + 1
         if tries[prompt] <= 2:  # at capacity twice, then admitted
-            return httpx.Response(429, headers={"retry-after": "0"}, json={"error": {
+            return httpx.Response(429, headers={"retry-after": "0.01"}, json={"error": {
                 "message": "at capacity", "type": "rate_limit_error", "code": "rate_limit_exceeded"}})
         return _sse_response(server_events())
 
@@ -194,13 +194,15 @@ def test_a_429_is_sent_again_after_its_retry_after_and_counted_apart_from_failur
     assert run.num_errors == 0 and run.num_rejected == 0
     summary = summarize(run)
     assert summary["rejections"] == 6 and summary["num_rejected"] == 0 and summary["waited_s"]["n"] == 3
+    assert any("6 429s were sent again" in note for note in run.notes), run.notes
 
     tries.clear()  # without retries: a rejected request, not a failure
     run = _run(handler, reqs)
-    assert all(r.rejected and r.rejections == 0 and r.retry_after_s == 0 for r in run.records)
+    assert all(r.rejected and r.rejections == 1 and r.retry_after_s == 0.01 for r in run.records)
     assert run.num_errors == 0 and run.num_rejected == 3
     summary = summarize(run)
-    assert summary["num_errors"] == 0 and summary["num_rejected"] == 3 and summary["errors_by_message"] == {}
+    assert summary["num_errors"] == 0 and summary["num_rejected"] == 3 and summary["rejections"] == 3
+    assert summary["errors_by_message"] == {}
 
     tries.clear()  # a request still refused when its time is up ends rejected
     run = _run(lambda request: httpx.Response(429, headers={"retry-after": "0.05"}), reqs[:1], retry_rejected=True,

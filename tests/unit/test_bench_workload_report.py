@@ -197,6 +197,33 @@ def _as_run(data, summary) -> RunResult:
                      records=[RequestRecord.from_dict(r) for r in data["records"][summary["label"]]])
 
 
+def test_closed_and_open_loop_runs_of_one_system_plot_on_the_concurrency_axis(tmp_path, monkeypatch):
+    from omni_serve.bench import report
+
+    closed = [RunResult(label=f"engine c={c}", system="engine", concurrency=c, wall_s=2.0,
+                        records=[_rec(i, 1.0, 0.5, 10, audio=1.0, ttfp=0.5) for i in range(2)]) for c in (1, 4)]
+    poisson = RunResult(label="engine rate=1/s cap=4", system="engine", concurrency=4, request_rate=1.0, wall_s=2.0,
+                        records=[_rec(i, 1.0, 0.5, 10, audio=1.0, ttfp=0.5) for i in range(2)])
+    runs = closed + [poisson]
+    assert report._x_kind(runs) == "concurrency" and report._x_kind([poisson]) == "rate"
+    import matplotlib.axes
+
+    plotted, flat = [], []
+    plot, axhline = matplotlib.axes.Axes.plot, matplotlib.axes.Axes.axhline
+    def recorded(ax, xs, ys, *a, **k):
+        plotted.append((list(xs), k.get("label")))
+        return plot(ax, xs, ys, *a, **k)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", recorded)
+    monkeypatch.setattr(matplotlib.axes.Axes, "axhline",
+                        lambda ax, *a, **k: flat.append(k.get("label")) or axhline(ax, *a, **k))
+    write_report(build_report(runs), runs, str(tmp_path))
+    # the vs-load panels draw the closed-loop points at their concurrency, not as a flat "sequential" line; the
+    # Poisson run is left off them
+    assert ([1, 4], "engine") in plotted and ([1, 4], "engine p50") in plotted, plotted
+    assert not any(label and label.startswith("engine") for label in flat), flat
+
+
 def test_write_report_handles_runs_without_successes(tmp_path):
     runs = [RunResult(label="engine c=1", system="engine", concurrency=1, wall_s=0.5,
                       records=[_rec(0, 0.1, None, None, ok=False, error="transport error: ConnectError")])]
