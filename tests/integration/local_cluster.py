@@ -67,7 +67,14 @@ def applications() -> dict:
 def wait_running(app: str, timeout: float = 300) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        apps = applications()
+        try:
+            apps = applications()
+        except httpx.HTTPError as exc:
+            # the dashboard answers slowly while two cores start a graph's replicas (a 10 s read timeout was
+            # seen in CI): ask again until the deadline instead of failing the wait on one slow answer
+            assert time.monotonic() < deadline, f"the dashboard did not answer: {exc!r}"
+            time.sleep(2)
+            continue
         status = apps.get(app, {}).get("status")
         if status == "RUNNING":
             return apps[app]
