@@ -12,8 +12,8 @@ Contract:
   ``completion_tokens`` (``usage``), else the number of non-empty text deltas (``deltas``: approximate).
 * Failures are records with ``ok=False``: a non-200 status (``status`` + the OpenAI error message), an
   ``{"error": ...}`` event inside the stream, a stream that ends without ``data: [DONE]``, a transport
-  error or a timeout. A 429 is a *rejected* record (``RequestRecord.rejected``); ``send_until_admitted`` sends
-  it again after its ``Retry-After`` as a client would, and ``run_load(retry_rejected=True)`` does so for every
+  error or a timeout. A 429 is a *rejected* record (``RequestRecord.rejected``); ``until_admitted`` sends it
+  again after its ``Retry-After`` as a client would, which ``run_load(retry_rejected=True)`` does for every
   request.
 * ``run_load(...)`` runs one load point: closed loop (``request_rate=None``: keep ``concurrency`` requests
   in flight) or open loop (Poisson arrivals at ``request_rate``/s from ``arrival_seed``; ``concurrency``,
@@ -31,7 +31,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable, TypeVar
 
 import httpx
 
@@ -39,6 +39,8 @@ from omni_serve.bench.records import RequestRecord, RunResult
 from omni_serve.bench.workload import BenchRequest
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R")  # a request's record: RequestRecord, or the speech bench's SpeechRecord
 
 PCM16_RATE = 24000  # streamed audio: little-endian int16, 24 kHz, mono
 
@@ -189,7 +191,6 @@ async def send_one(client: httpx.AsyncClient, url: str, req: BenchRequest, model
                 rec.e2e_s = time.perf_counter() - t0
                 if resp.status_code == 429:
                     rec.retry_after_s = retry_after(resp.headers.get("retry-after"))
-                    rec.rejections = 1
                 return rec
             data_lines: list[str] = []
             async for line in resp.aiter_lines():
@@ -216,16 +217,16 @@ def retry_after(header: str | None) -> float:
         return 1.0
 
 
-async def send_until_admitted(client: httpx.AsyncClient, url: str, req: BenchRequest, model: str, *,
-                              timeout_s: float, **kwargs: Any) -> RequestRecord:
-    """``send_one``, sent again after each 429's ``Retry-After`` (as a client would) until admitted or
-    ``timeout_s`` has passed since the first try; the record counts the 429s (``rejections``) and the time before
-    its last try (``waited_s``)."""
+async def until_admitted(send: Callable[[], Awaitable[R]], timeout_s: float, retry: bool = True) -> R:
+    """``send()`` (a record with ``rejected``, ``retry_after_s``, ``e2e_s``, ``rejections``, ``waited_s``), and
+    with ``retry`` again after each 429's ``Retry-After`` (as a client would) until admitted or ``timeout_s`` has
+    passed since the first try. The record returned counts the 429s (``rejections``) and the time before its
+    last try (``waited_s``). The chat bench's and the speech bench's one retry loop."""
     t0, rejections = time.perf_counter(), 0
     while True:
-        rec = await send_one(client, url, req, model, **kwargs)
+        rec = await send()
         spent = time.perf_counter() - t0
-        if not rec.rejected or spent + rec.retry_after_s > timeout_s:
+        if not (retry and rec.rejected) or spent + rec.retry_after_s > timeout_s:
             rec.rejections, rec.waited_s = rejections + rec.rejected, max(spent - (rec.e2e_s or 0.0), 0.0)
             return rec
         rejections += 1
@@ -275,7 +276,7 @@ async def run_load(url: str, requests: list[BenchRequest], model: str, point: Lo
                    return_token_ids: bool = False, transport: httpx.AsyncBaseTransport | None = None,
                    progress_every: int = 10, label: str | None = None, retry_rejected: bool = False) -> RunResult:
     """Run ``requests`` against ``url`` at one load point; every request yields exactly one record. With
-    ``retry_rejected`` a 429 is sent again after its ``Retry-After`` (``send_until_admitted``)."""
+    ``retry_rejected`` a 429 is sent again after its ``Retry-After`` (``until_admitted``)."""
     endpoint = chat_url(url)
     label = label or point.label()
     on_done = progress_logger(label, len(requests), progress_every)
@@ -288,12 +289,9 @@ async def run_load(url: str, requests: list[BenchRequest], model: str, point: Lo
         t_run = time.perf_counter()
 
         async def one(req: BenchRequest, slot: int) -> None:
-            if retry_rejected:
-                rec = await send_until_admitted(client, endpoint, req, model, timeout_s=timeout_s, t_run=t_run,
-                                                include_usage=include_usage, return_token_ids=return_token_ids)
-            else:
-                rec = await send_one(client, endpoint, req, model, t_run=t_run, include_usage=include_usage,
-                                     return_token_ids=return_token_ids)
+            rec = await until_admitted(
+                lambda: send_one(client, endpoint, req, model, t_run=t_run, include_usage=include_usage,
+                                 return_token_ids=return_token_ids), timeout_s, retry_rejected)
             records[slot] = rec
             on_done(rec)
 

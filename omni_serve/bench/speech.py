@@ -202,18 +202,11 @@ async def _speak(client, url: str, body: dict, timeout_s: float) -> SpeechRecord
 
 
 async def _speak_until_admitted(client, cfg: "SpeechBenchConfig", body: dict) -> SpeechRecord:
-    """``_speak``, and with ``retry_rejected`` again after each 429's ``Retry-After`` (as a client would), until
-    admitted or ``timeout_s`` has passed; the record counts the 429s and the time spent before the admitted try."""
-    t0, rejections = time.perf_counter(), 0
-    while True:
-        rec = await _speak(client, cfg.url.rstrip("/"), body, cfg.timeout_s)
-        spent = time.perf_counter() - t0
-        waited = spent - rec.e2e_s
-        if not (rec.rejected and cfg.retry_rejected) or spent + rec.retry_after_s > cfg.timeout_s:
-            rec.rejections, rec.waited_s = rejections + rec.rejected, waited
-            return rec
-        rejections += 1
-        await asyncio.sleep(rec.retry_after_s)
+    """``_speak``, and with ``retry_rejected`` again after each 429's ``Retry-After`` (``client.until_admitted``)."""
+    from omni_serve.bench.client import until_admitted
+
+    return await until_admitted(lambda: _speak(client, cfg.url.rstrip("/"), body, cfg.timeout_s), cfg.timeout_s,
+                                cfg.retry_rejected)
 
 
 async def _load_point(cfg: SpeechBenchConfig, model: str, texts: list[str], concurrency: int,

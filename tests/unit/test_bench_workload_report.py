@@ -198,6 +198,8 @@ def _as_run(data, summary) -> RunResult:
 
 
 def test_closed_and_open_loop_runs_of_one_system_plot_on_the_concurrency_axis(tmp_path, monkeypatch):
+    import matplotlib.axes
+
     from omni_serve.bench import report
 
     closed = [RunResult(label=f"engine c={c}", system="engine", concurrency=c, wall_s=2.0,
@@ -206,10 +208,9 @@ def test_closed_and_open_loop_runs_of_one_system_plot_on_the_concurrency_axis(tm
                         records=[_rec(i, 1.0, 0.5, 10, audio=1.0, ttfp=0.5) for i in range(2)])
     runs = closed + [poisson]
     assert report._x_kind(runs) == "concurrency" and report._x_kind([poisson]) == "rate"
-    import matplotlib.axes
-
     plotted, flat = [], []
     plot, axhline = matplotlib.axes.Axes.plot, matplotlib.axes.Axes.axhline
+
     def recorded(ax, xs, ys, *a, **k):
         plotted.append((list(xs), k.get("label")))
         return plot(ax, xs, ys, *a, **k)
