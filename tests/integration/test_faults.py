@@ -2,7 +2,11 @@
 that request fails because of it; an engine hangs in a step; the data plane's directory stops answering. Every in-flight request ends within its deadline with a clear answer (an
 error event in a stream, 503 otherwise, or a normal completion when it was already past that stage, or Serve
 retried it); Serve replaces the replica, later requests succeed, and no request state is left in any stage (no
-active request, every KV block free)."""
+active request, every KV block free).
+
+Every stage of both Omni families is killed (their runners differ). The faults that live in the shared kit run on
+one family each: the shared-memory readers and writers (the data plane's pools and janitor) on Qwen2.5-Omni, the
+hung engine (the loop engine's step bound and health check) and the unreachable directory on Qwen3-Omni."""
 
 from __future__ import annotations
 
@@ -189,6 +193,7 @@ def _pid(target: Target, stage: str) -> int | None:
     return info.get("pid")
 
 
+@pytest.mark.parametrize("faults_app", ["qwen3_omni"], indirect=True)
 def test_a_hung_engine_makes_its_replica_unhealthy_and_replaced(faults_app):
     """code2wav's next step blocks for ten minutes (a test hook): past its max_step_s the replica's health check
     fails, Serve replaces it, the request it held ends with a 503, and the next request is served."""
@@ -208,6 +213,7 @@ def test_a_hung_engine_makes_its_replica_unhealthy_and_replaced(faults_app):
     assert _run(faults_app, False)[0] == "ok"
 
 
+@pytest.mark.parametrize("faults_app", ["qwen3_omni"], indirect=True)
 def test_an_unreachable_directory_makes_health_not_ok_until_it_answers_again(faults_app):
     """The data directory's event loop blocks (a test hook; what a directory behind a partition looks like):
     requests fail (their deadline passes), /health says unavailable and names the data plane; once the
@@ -269,6 +275,7 @@ def _kill_mid_stream(target: Target, stage: str) -> None:
                interval=1)
 
 
+@pytest.mark.parametrize("faults_app", ["qwen2_5_omni"], indirect=True)
 def test_killed_readers_and_writers_leave_nothing_in_shared_memory(faults_app):
     """SIGKILL of a talker (it reads the thinker's hidden states and writes codes) mid-stream, then of a code2wav
     (it reads the codes, holding its views): within the TTL plus 30 s the node's shared-memory tree holds only
