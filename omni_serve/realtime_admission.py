@@ -10,10 +10,11 @@ is what ``/health`` shows.
 Policies (``settings.policy``):
 - ``none``: every request is admitted (the ingress' ``max_inflight_requests`` still bounds them).
 - ``queue``: a request that cannot be admitted waits, in arrival order, up to ``max_wait_s``, then gets a 429 with
-  ``Retry-After``; beyond ``max_queued`` waiting, a 429 at once. Unset, the wait is as long as an admitted stream's
-  first audio takes (the median of the last 16, from admission to first chunk; ``target_ttfp_s`` before one was
-  measured): the wait counts in the request's time to first audio, so a stream that waited hears its first audio
-  within about twice what a stream that did not wait does.
+  ``Retry-After``; beyond ``max_queued`` waiting, a 429 at once. Unset, a request waits only while it can still hear
+  its first audio within ``target_ttfp_s``: the target less what an admitted stream takes from admission to its
+  first chunk (the median of the last 16; nothing before one was measured), at least ``min_wait_s``. The wait counts
+  in the request's time to first audio, so the streams that waited hear it about as early as the target, under any
+  load; the others get their 429 while a retry elsewhere can still start in time.
 - ``reject``: a request that cannot be admitted now gets a 429 with ``Retry-After`` at once.
 
 When a stream can be admitted: when none is admitted; otherwise when the capacity is known, the admitted streams
@@ -56,9 +57,12 @@ class AdmissionSpec(BaseModel):
         "plays. More margin: fewer streams, more room for bursts."))
     max_wait_s: float | None = Field(None, ge=0, description=(
         "queue: the longest a request waits for admission before its 429. The wait counts in its time to first "
-        "audio; unset, it is the measured time from admission to first audio (the median of the last 16 streams; "
-        "playback.target_ttfp_s before any), so a stream that waited hears its first audio within about twice "
-        "the time of one that did not. Longer: fewer 429s, later first audio."))
+        "audio; unset, it is what playback.target_ttfp_s leaves after the measured time from admission to first "
+        "audio (the median of the last 16 streams), at least min_wait_s: a stream that waited still hears its "
+        "first audio about within the target. Longer: fewer 429s, later first audio."))
+    min_wait_s: float = Field(0.1, ge=0, description=(
+        "queue with max_wait_s unset: the shortest wait, so that a place given back just after a request arrived "
+        "still goes to it when admitted streams take about the whole target to their first audio."))
     max_queued: int = Field(64, ge=0, description="queue: requests waiting at most; beyond, a 429 at once.")
     window_s: float = Field(4.0, gt=0, description="Seconds of delivered audio the capacity is measured over.")
     guard_s: float = Field(0.1, ge=0, description=(
@@ -124,7 +128,8 @@ class RealtimeAdmission:
         given = self.settings.max_wait_s
         if given is not None:
             return given
-        return statistics.median(self._time_to_first_chunk) if self._time_to_first_chunk else self.target_ttfp_s
+        first_chunk = statistics.median(self._time_to_first_chunk) if self._time_to_first_chunk else 0.0
+        return max(self.settings.min_wait_s, self.target_ttfp_s - first_chunk)
 
     def can_admit(self) -> bool:
         if not self.admitted:
@@ -137,7 +142,7 @@ class RealtimeAdmission:
 
     def state(self) -> dict:
         return {"policy": self.settings.policy, "admitted": len(self.admitted), "queued": len(self._waiters),
-                "max_wait_s": round(self.max_wait_s, 3),
+                "max_wait_s": round(self.max_wait_s, 3) if self.settings.policy == "queue" else 0.0,
                 "capacity_audio_s_per_s": None if self.capacity is None else round(self.capacity, 3),
                 "rejected": self.rejected}
 

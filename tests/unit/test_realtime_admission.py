@@ -101,28 +101,47 @@ def test_queue_holds_a_request_until_a_stream_ends_or_its_wait_runs_out():
     asyncio.run(main())
 
 
-def test_by_default_a_request_waits_as_long_as_an_admitted_streams_first_audio_takes():
+def test_by_default_a_request_waits_only_while_it_can_still_meet_the_first_audio_target():
     clock = FakeClock()
     admission = RealtimeAdmission(AdmissionSpec(policy="queue"), buffer_s=0.5, target_ttfp_s=1.0, clock=clock)
-    assert admission.max_wait_s == 1.0  # nothing measured: the graph's target_ttfp_s
+    assert admission.max_wait_s == 1.0  # nothing measured: the whole target
     assert RealtimeAdmission(AdmissionSpec(policy="queue", max_wait_s=3), 0.5, 1.0).max_wait_s == 3
 
     async def main():
-        for first_audio_s in (0.05, 0.04, 0.9):
+        for first_audio_s in (0.9, 0.95, 0.3):
             a = await admission.enter("a")
             clock.t += first_audio_s
             a.audio(0.24)
             clock.t += 1.0
             a.audio(0.24)  # a later chunk: not a first audio
             a.release()
-        assert admission.max_wait_s == pytest.approx(0.05)  # the median
-        assert admission.state()["max_wait_s"] == 0.05
+        assert admission.max_wait_s == pytest.approx(0.1)  # the target less the median (0.9)
+        assert admission.state()["max_wait_s"] == 0.1
         a = await admission.enter("a")
-        with pytest.raises(OpenAIError) as late:  # real time passes here: the wait runs out after 0.05 s
+        with pytest.raises(OpenAIError) as late:  # real time passes here: the wait runs out after 0.1 s
             await admission.enter("b")
-        assert late.value.status_code == 429 and "waited 0.05 s" in late.value.message
+        assert late.value.status_code == 429 and "waited 0.1 s" in late.value.message
         a.release()
+        for _ in range(4):  # first chunks slower than the target: the shortest wait
+            a = await admission.enter("a")
+            clock.t += 1.5
+            a.audio(0.24)
+            a.release()
+        assert admission.max_wait_s == pytest.approx(0.1)
     asyncio.run(main())
+
+    fast = RealtimeAdmission(AdmissionSpec(policy="queue", min_wait_s=0.0), 0.5, target_ttfp_s=1.0, clock=clock)
+
+    async def first_audio_in(seconds: float) -> None:
+        a = await fast.enter("a")
+        clock.t += seconds
+        a.audio(0.24)
+        a.release()
+    asyncio.run(first_audio_in(0.25))
+    assert fast.max_wait_s == pytest.approx(0.75)  # a fast graph leaves most of the target to wait in
+    asyncio.run(first_audio_in(2.0))
+    asyncio.run(first_audio_in(2.0))
+    assert fast.max_wait_s == 0.0  # min_wait_s 0: no wait at all once the first audio alone misses the target
 
 
 def test_a_waiting_request_whose_client_leaves_holds_no_place():

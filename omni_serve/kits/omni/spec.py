@@ -62,8 +62,9 @@ class PlaybackSpec(BaseModel):
     arrived, then the moment the client's buffer would run dry."""
 
     target_ttfp_s: float = Field(1.0, gt=0, description=(
-        "Time to first audio the audio stages aim for: the deadline of a stream's first chunk. Lower puts new "
-        "streams' first chunks further ahead of other streams' later ones."))
+        "Time to first audio the audio stages aim for: the deadline of a stream's first chunk, and with admission "
+        "'queue' the first audio a waiting request is held to (it waits only while it can still meet it). Lower "
+        "puts new streams' first chunks further ahead of other streams' later ones, and sends more 429s."))
     client_buffer_s: float = Field(0.5, ge=0, description=(
         "Seconds a client waits after its first audio before it starts playing (its jitter buffer). A stream's "
         "next chunk is due when the audio sent so far would have played out; the served stall metrics assume "
