@@ -90,6 +90,17 @@ def test_fit_is_the_largest_whole_block_chunk_that_lands_before_the_client_runs_
     assert plan.fit(100.0) == 96  # never above the cap
 
 
+def test_the_wait_for_codes_still_to_come_counts_against_the_lead():
+    plan = planner(SLOW)
+    lead = 0.2 + 0.0105 * (24 + 60) + 1e-9  # a 60-code chunk lands in time if it starts now
+    assert plan.fit(lead) == 60
+    here = 36  # codes here beyond the chunk's start; the rest come at 50 a second (real time)
+    waited = plan.fit(lead, ready_in=lambda codes: max(0, codes - here) / 50)
+    assert waited == 36  # the codes here go at once: a longer chunk would wait for its codes and land too late
+    assert plan.fit(lead, ready_in=lambda codes: 0.0) == 60  # all here: as without
+    assert plan.fit(0.05, ready_in=lambda codes: 0.0) == 0
+
+
 def test_nothing_is_planned_before_a_call_was_timed():
     plan = planner(SLOW, timed=False)
     assert plan.fit(1.0) is None

@@ -209,30 +209,46 @@ def test_chunks_limited_by_the_engine_are_whole_blocks_and_keep_exact_seams(c2w)
     assert stream.least_size() == (12 + unit + 12) * rep
 
 
+class _Planned:
+    """A stream planned by a slow machine's cost model (0.2 s a call + 0.0105 s a window code: code2wav on one core
+    of machine E), its client paced by ``clock`` (0.5 s buffer), and what ``run_one`` emitted."""
+
+    def __init__(self, c2w, clock):
+        from omni_serve.engines.deadlines import CostModel
+        from omni_serve.playback import StreamDeadline
+
+        slow = CostModel()
+        for frames in (48, 240):
+            slow.add(frames, 0.2 + 0.0105 * frames / c2w.repeats)
+        self.stream = Code2WavStream(c2w, Code2WavRequest("Chelsie", 7, STEPS, chunk_codes=96, chunk_growth=2.0,
+                                                          plan_margin=0.0))
+        self.stream.pace = StreamDeadline(target_ttfp_s=1.0, buffer_s=0.5, clock=clock)
+        self.stream.plan_with(slow)
+        self.compute = Code2WavCompute(c2w, STEPS, 0.5, -1.0)
+        self.out = []
+
+    def run_one(self) -> list[int]:
+        _, job = self.stream.work()
+        got = self.stream.complete(self.compute([job])[0])
+        self.out.extend(got)
+        return [o.num_codes for o in got]
+
+    def assert_exact(self, c2w, cs) -> None:
+        whole = c2w.synthesize(cs, "Chelsie", 7, num_steps=STEPS).numpy()
+        np.testing.assert_allclose(np.concatenate([o.audio for o in self.out]), whole, rtol=0,
+                                   atol=1e-4 * np.abs(whole).max())
+
+
 def test_planned_chunks_follow_the_machine_s_cost_and_keep_exact_seams(c2w):
     from omni_serve.engines.deadlines import CostModel
     from omni_serve.playback import StreamDeadline
     from tests.unit.test_autoscaling import FakeClock
 
     rep = c2w.repeats
-    slow = CostModel()  # 0.2 s a call + 0.0105 s a window code: code2wav on one core of machine E
-    for frames in (48, 240):
-        slow.add(frames, 0.2 + 0.0105 * frames / rep)
     clock = FakeClock()
-    stream = Code2WavStream(c2w, Code2WavRequest("Chelsie", 7, STEPS, chunk_codes=96, chunk_growth=2.0,
-                                                 plan_margin=0.0))
-    stream.pace = StreamDeadline(target_ttfp_s=1.0, buffer_s=0.5, clock=clock)
-    stream.plan_with(slow)
+    planned = _Planned(c2w, clock)
+    stream, run_one = planned.stream, planned.run_one
     cs = codes(200, 5)
-    compute = Code2WavCompute(c2w, STEPS, 0.5, -1.0)
-    out = []
-
-    def run_one():
-        _, job = stream.work()
-        got = stream.complete(compute([job])[0])
-        out.extend(got)
-        return [o.num_codes for o in got]
-
     with torch.inference_mode():
         stream.feed(CodecChunk(codes=cs[:24], end=False))
         assert not stream.ready()  # 12 codes first would leave its client dry on this machine: it waits for 24
@@ -247,8 +263,7 @@ def test_planned_chunks_follow_the_machine_s_cost_and_keep_exact_seams(c2w):
         stream.feed(CodecChunk(codes=[], end=True))
         while not stream.done:
             run_one()
-    whole = c2w.synthesize(cs, "Chelsie", 7, num_steps=STEPS).numpy()
-    np.testing.assert_allclose(np.concatenate([o.audio for o in out]), whole, rtol=0, atol=1e-4 * np.abs(whole).max())
+    planned.assert_exact(c2w, cs)
     # a fast machine keeps the short first chunk
     fast = CostModel()
     for frames in (48, 240):
@@ -258,6 +273,31 @@ def test_planned_chunks_follow_the_machine_s_cost_and_keep_exact_seams(c2w):
     quick.plan_with(fast)
     quick.feed(CodecChunk(codes=cs[:24], end=False))
     assert quick.ready() and quick.work_size() == 24 * rep
+
+
+def test_a_planned_chunk_of_the_codes_here_goes_at_once_when_more_would_come_too_late(c2w):
+    """Codes that come at their measured rate: the next chunk the lead allows with every code here (48) would wait
+    for 12 more codes and land too late, so the 36 here go at once; the seams stay exact."""
+    from tests.unit.test_autoscaling import FakeClock
+
+    clock = FakeClock()
+    clock.t = 99.28
+    planned = _Planned(c2w, clock)
+    stream, run_one = planned.stream, planned.run_one
+    cs = codes(120, 5)
+    with torch.inference_mode():
+        stream.feed(CodecChunk(codes=cs[:12], end=False))
+        for _ in range(5):  # 60 more codes by 100.0: 83 a second since the first ones
+            clock.t += 0.144
+            stream.feed(CodecChunk(codes=cs[len(stream.codes):len(stream.codes) + 12], end=False))
+        assert run_one() == [24]  # at 100.0: 0.98 s of lead (0.5 s buffer + 0.48 s)
+        assert stream._codes_in(48) == pytest.approx(12 / (60 / 0.72))
+        # 48 codes (a 72-code window, 0.956 s) would land in time had they all come; 36 (0.83 s) are here
+        assert stream.ready() and run_one() == [36]
+        stream.feed(CodecChunk(codes=cs[72:], end=True))
+        while not stream.done:
+            run_one()
+    planned.assert_exact(c2w, cs)
 
 
 def test_the_code2wav_replica_times_its_calls_before_the_first_stream(omni_tiny_dir):

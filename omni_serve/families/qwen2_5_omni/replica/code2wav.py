@@ -23,11 +23,14 @@ client is within ``cut_lead_s`` of running dry, and the batch engine shortens a 
 its whole length would keep another stream's client waiting past its deadline. With the engine's cost model
 (``plan_with``), chunk sizes also follow what the machine can do (``omni_serve.kits.omni.replica.chunk_plan``): the
 first chunk is as long as the client needs to never run dry afterwards (the short first chunk where the machine is
-fast enough), and a later chunk no longer than lands before its client runs dry.
+fast enough), and a later chunk no longer than lands before its client runs dry, counting the wait for codes still
+to come at the rate the stream's codes have come so far (a chunk of the codes here then goes at once instead of a
+longer one that would start too late).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -90,6 +93,7 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
         self._limit_codes: int | None = None  # the next chunk's most codes (``limit``), for one ``work()``
         self.planner: ChunkPlanner | None = None
         self._first_codes: int | None = None  # the planned first chunk (None: not planned yet)
+        self._arrivals: tuple[float, int] | None = None  # (time by _now, codes) of the first codes that came
 
     def plan_with(self, cost: CostModel) -> None:
         """Size chunks by what the engine's calls cost (``cost``: seconds per mel frame solved) and the pace."""
@@ -100,7 +104,22 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
             r.plan_margin)
 
     def take(self, chunk: CodecChunk) -> None:
+        if self._arrivals is None:
+            self._arrivals = (self._now(), len(chunk.codes))
         self.codes.extend(chunk.codes)
+
+    def _now(self) -> float:
+        return self.pace.clock() if self.pace is not None else time.monotonic()  # the deadlines' clock
+
+    def _codes_in(self, codes: int) -> float:
+        """Seconds until a later chunk of ``codes`` codes has its codes and right context, at the rate the stream's
+        codes came since its first ones (0 when they are here, or the rate is not known yet)."""
+        missing = self.start + codes + self.req.right_context_codes - len(self.codes)
+        if missing <= 0 or self.upstream_done or self._arrivals is None:
+            return 0.0
+        since, first = self._arrivals
+        elapsed, came = self._now() - since, len(self.codes) - first
+        return missing * elapsed / came if came > 0 and elapsed > 0 else 0.0
 
     def drop_inputs(self) -> None:
         self.noise = self.mel_tail = None
@@ -117,7 +136,7 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
             size = max(unit, min(r.chunk_codes, int(r.chunk_growth * self.start) // unit * unit))
         if planned:
             lead = self.pace.slack()
-            fit = self.planner.fit(lead)
+            fit = self.planner.fit(lead, ready_in=self._codes_in)
             # The largest chunk that lands in time (calls planned plan_margin longer than estimated), while chunks
             # that land in time can keep the client playing even with calls as estimated. Below that lead it runs
             # dry whatever is sent: a whole chunk then stalls it once and restores the lead, whereas shorter

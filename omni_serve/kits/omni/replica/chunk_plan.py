@@ -7,9 +7,11 @@ Contract: ``ChunkPlanner(call_s, audio_per_code, unit, cap, context_first, conte
 most ``cap``; a window is its chunk plus ``context_first`` codes (a stream's first chunk) or ``context_later``
 codes (every later one) of context; the plan assumes calls cost ``1 + margin`` times the estimate.
 
-- ``fit(lead_s)``: the most codes a later chunk may have so that a call started with ``lead_s`` seconds of audio
-  still buffered at its client ends before the client runs dry; 0 when not even one unit fits. None while nothing
-  was timed.
+- ``fit(lead_s, ready_in=None)``: the most codes a later chunk may have so that a call started with ``lead_s``
+  seconds of audio still buffered at its client ends before the client runs dry; 0 when not even one unit fits.
+  None while nothing was timed. ``ready_in(codes)``, when given, is how long until a chunk of ``codes`` codes has
+  its codes (0 for codes already here): that wait counts against the lead, so a chunk of the codes here, which can
+  start now, is preferred to a longer one that would start too late.
 - ``keeps_playing(lead_s, margin)``: whether chunks of ``fit`` sizes from a lead of ``lead_s`` never let the client
   run dry. A stream for which even ``margin=0`` (calls as estimated) says no will run dry whatever is sent: a full
   chunk then stalls it once, whereas shorter ones would stall it again and again.
@@ -25,8 +27,9 @@ and a small buffer then always runs dry once, and cutting later chunks shorter o
 Below a certain lead no chunk size keeps up; above it, the largest chunk that fits grows the lead. The first chunk
 is therefore as long as it must be to start above that lead on this machine and no longer: a fast machine (a GPU,
 AMX) keeps the short first chunk and its early first audio, a slow one trades some first-audio time for no gap.
-The plan assumes the codes come as fast as the chunks need them (the talker runs ahead of real time); when they
-do not, the stream's chunks are cut to the codes it has (the code2wav program's ``cut_lead_s``).
+``first`` and ``keeps_playing`` assume the codes come as fast as the chunks need them (the talker runs ahead of real
+time); a later chunk's ``fit`` counts how long its codes are still to come (``ready_in``), and a chunk whose codes
+come later than planned is cut to the codes here (the code2wav program's ``cut_lead_s``).
 """
 
 from __future__ import annotations
@@ -49,14 +52,16 @@ class ChunkPlanner:
         seconds = self.call_s(codes)
         return None if seconds is None else seconds * (1 + margin)
 
-    def fit(self, lead_s: float, margin: float | None = None) -> int | None:
+    def fit(self, lead_s: float, margin: float | None = None,
+            ready_in: Callable[[int], float] | None = None) -> int | None:
         margin = self.margin if margin is None else margin
         if self._cost(self.unit + self.context_later, margin) is None:
             return None
         best = 0
         for codes in range(self.unit, self.cap + 1, self.unit):  # at most cap / unit (8 by default) estimates
-            if self._cost(codes + self.context_later, margin) > lead_s:
-                break
+            wait = ready_in(codes) if ready_in is not None else 0.0
+            if wait + self._cost(codes + self.context_later, margin) > lead_s:
+                break  # both grow with the chunk: no longer one lands in time either
             best = codes
         return best
 
