@@ -12,9 +12,10 @@ Policies (``settings.policy``):
 - ``queue``: a request that cannot be admitted waits, in arrival order, up to ``max_wait_s``, then gets a 429 with
   ``Retry-After``; beyond ``max_queued`` waiting, a 429 at once. Unset, a request waits only while it can still hear
   its first audio within ``target_ttfp_s``: the target less what an admitted stream takes from admission to its
-  first chunk (the median of the last 16; nothing before one was measured), at least ``min_wait_s``. The wait counts
-  in the request's time to first audio, so the streams that waited hear it about as early as the target, under any
-  load; the others get their 429 while a retry elsewhere can still start in time.
+  first chunk (the median of the last 16; 0, so the whole target, before one was measured), at least
+  ``min_wait_s``. The wait counts in the request's time to first audio, so where admitted streams get their first
+  chunk within the target, the streams that waited hear theirs at about the target (later by as much as their own
+  first chunk takes longer than the median); the others get their 429 while a retry elsewhere can still start.
 - ``reject``: a request that cannot be admitted now gets a 429 with ``Retry-After`` at once.
 
 When a stream can be admitted: when none is admitted; otherwise when the capacity is known, the admitted streams
@@ -58,8 +59,9 @@ class AdmissionSpec(BaseModel):
     max_wait_s: float | None = Field(None, ge=0, description=(
         "queue: the longest a request waits for admission before its 429. The wait counts in its time to first "
         "audio; unset, it is what playback.target_ttfp_s leaves after the measured time from admission to first "
-        "audio (the median of the last 16 streams), at least min_wait_s: a stream that waited still hears its "
-        "first audio about within the target. Longer: fewer 429s, later first audio."))
+        "audio (the median of the last 16 streams), at least min_wait_s, so that a stream that waited hears its "
+        "first audio at about the target where admitted streams start within it. Longer: fewer 429s, later "
+        "first audio."))
     min_wait_s: float = Field(0.1, ge=0, description=(
         "queue with max_wait_s unset: the shortest wait, so that a place given back just after a request arrived "
         "still goes to it when admitted streams take about the whole target to their first audio."))

@@ -98,7 +98,8 @@ def test_the_wait_for_codes_still_to_come_counts_against_the_lead():
     waited = plan.fit(lead, ready_in=lambda codes: max(0, codes - here) / 50)
     assert waited == 36  # the codes here go at once: a longer chunk would wait for its codes and land too late
     assert plan.fit(lead, ready_in=lambda codes: 0.0) == 60  # all here: as without
-    assert plan.fit(0.05, ready_in=lambda codes: 0.0) == 0
+    assert plan.fit(lead, ready_in=lambda codes: 0.2) == 36  # a wait for every size: the lead it leaves decides
+    assert plan.fit(lead, ready_in=lambda codes: 10.0) == 0  # nothing starts in time
 
 
 def test_nothing_is_planned_before_a_call_was_timed():

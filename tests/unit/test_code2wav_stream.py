@@ -233,6 +233,15 @@ class _Planned:
         self.out.extend(got)
         return [o.num_codes for o in got]
 
+    def arrive(self, cs: list[int], clock) -> None:
+        """``cs`` in 12-code chunks, evenly over the 0.72 s before ``clock``'s 100.0 (where it is left)."""
+        steps = len(cs) // 12 - 1
+        clock.t = 100.0 - 0.72
+        self.stream.feed(CodecChunk(codes=cs[:12], end=False))
+        for i in range(1, steps + 1):
+            clock.t = 100.0 - 0.72 + 0.72 * i / steps
+            self.stream.feed(CodecChunk(codes=cs[12 * i:12 * i + 12], end=False))
+
     def assert_exact(self, c2w, cs) -> None:
         whole = c2w.synthesize(cs, "Chelsie", 7, num_steps=STEPS).numpy()
         np.testing.assert_allclose(np.concatenate([o.audio for o in self.out]), whole, rtol=0,
@@ -248,18 +257,19 @@ def test_planned_chunks_follow_the_machine_s_cost_and_keep_exact_seams(c2w):
     clock = FakeClock()
     planned = _Planned(c2w, clock)
     stream, run_one = planned.stream, planned.run_one
-    cs = codes(200, 5)
+    cs = codes(240, 5)
     with torch.inference_mode():
         stream.feed(CodecChunk(codes=cs[:24], end=False))
         assert not stream.ready()  # 12 codes first would leave its client dry on this machine: it waits for 24
         stream.feed(CodecChunk(codes=cs[24:36], end=False))
         assert run_one() == [24]  # sent at 100.0: 0.98 s of lead (0.5 s buffer + 0.48 s)
-        stream.feed(CodecChunk(codes=cs[36:200], end=False))
+        stream.feed(CodecChunk(codes=cs[36:240], end=False))
         assert run_one() == [48]  # the most whole blocks whose call (72 codes' window) lands within 0.98 s
         clock.t += 0.9  # 1.04 s of lead left (the client runs dry at 101.94): 48 codes (a 72-code window) land
         assert run_one() == [48]
         clock.t += 1.2  # 0.8 s left (dry at 102.9): 36 codes land in time, but no chunk that lands in time keeps
-        assert run_one() == [96]  # up from a lead that low: a whole chunk, to stall once and not again and again
+        assert stream.ready() and run_one() == [96]  # up from a lead that low: a whole chunk, to stall once, not
+        # again and again
         stream.feed(CodecChunk(codes=[], end=True))
         while not stream.done:
             run_one()
@@ -275,29 +285,55 @@ def test_planned_chunks_follow_the_machine_s_cost_and_keep_exact_seams(c2w):
     assert quick.ready() and quick.work_size() == 24 * rep
 
 
-def test_a_planned_chunk_of_the_codes_here_goes_at_once_when_more_would_come_too_late(c2w):
-    """Codes that come at their measured rate: the next chunk the lead allows with every code here (48) would wait
-    for 12 more codes and land too late, so the 36 here go at once; the seams stay exact."""
+def _ramped(c2w) -> tuple["_Planned", list[int]]:
+    """A planned stream whose first 72 codes came from 99.28 to 100.0 (83 a second) and whose 24-code first chunk
+    went at 100.0 (0.98 s of lead: 0.5 s buffer + 0.48 s); and its 120 codes."""
     from tests.unit.test_autoscaling import FakeClock
 
     clock = FakeClock()
-    clock.t = 99.28
     planned = _Planned(c2w, clock)
-    stream, run_one = planned.stream, planned.run_one
     cs = codes(120, 5)
+    planned.arrive(cs[:72], clock)
     with torch.inference_mode():
-        stream.feed(CodecChunk(codes=cs[:12], end=False))
-        for _ in range(5):  # 60 more codes by 100.0: 83 a second since the first ones
-            clock.t += 0.144
-            stream.feed(CodecChunk(codes=cs[len(stream.codes):len(stream.codes) + 12], end=False))
-        assert run_one() == [24]  # at 100.0: 0.98 s of lead (0.5 s buffer + 0.48 s)
-        assert stream._codes_in(48) == pytest.approx(12 / (60 / 0.72))
-        # 48 codes (a 72-code window, 0.956 s) would land in time had they all come; 36 (0.83 s) are here
-        assert stream.ready() and run_one() == [36]
+        assert planned.run_one() == [24]
+    return planned, cs
+
+
+def _finish(planned: "_Planned", c2w, cs: list[int]) -> None:
+    stream = planned.stream
+    with torch.inference_mode():
         stream.feed(CodecChunk(codes=cs[72:], end=True))
         while not stream.done:
-            run_one()
+            planned.run_one()
     planned.assert_exact(c2w, cs)
+
+
+def test_a_planned_chunk_of_the_codes_here_goes_at_once_when_more_would_come_too_late(c2w):
+    """Codes that come at their measured rate: the next chunk the lead allows with every code here (48) would wait
+    for 12 more codes and land too late, so the 36 here go at once; the seams stay exact."""
+    planned, cs = _ramped(c2w)
+    stream = planned.stream
+    assert stream._codes_in(48) == pytest.approx(12 / (60 / 0.72))
+    assert stream.planner.keeps_playing(0.98, margin=0.0)  # the lead can keep up: a chunk may be cut to fit
+    # 48 codes (a 72-code window, 0.956 s) would land in time had they all come; 36 (0.83 s) are here
+    with torch.inference_mode():
+        assert stream.ready() and planned.run_one() == [36]
+    _finish(planned, c2w, cs)
+
+
+def test_a_chunk_that_grew_after_ready_looked_keeps_its_right_context(c2w):
+    """ready() sees a chunk of the codes here; time passes before work() (the lead falls below what chunks that land
+    in time can keep up from, so the plan turns to a whole chunk whose codes have not come): work() still takes only
+    the blocks whose right context is here, and the seams stay exact."""
+    planned, cs = _ramped(c2w)
+    stream = planned.stream
+    assert stream.ready() and stream._chunk_end() == 24 + 36  # the codes here
+    stream.pace.clock.t += 0.2  # 0.78 s of lead: no chunk that lands in time keeps up from here
+    assert not stream.planner.keeps_playing(stream.pace.slack(), margin=0.0)
+    assert stream._chunk_end() == 24 + 48  # the whole chunk, whose last codes and context have not come
+    with torch.inference_mode():
+        assert planned.run_one() == [36]  # 24 + 36 + 12 of right context: here
+    _finish(planned, c2w, cs)
 
 
 def test_the_code2wav_replica_times_its_calls_before_the_first_stream(omni_tiny_dir):

@@ -113,7 +113,9 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
 
     def _codes_in(self, codes: int) -> float:
         """Seconds until a later chunk of ``codes`` codes has its codes and right context, at the rate the stream's
-        codes came since its first ones (0 when they are here, or the rate is not known yet)."""
+        codes came since its first ones; 0 when they are here, when the upstream ended (the chunk is cut to what
+        came) or while the rate is not known. Never decreasing in ``codes``. The runner sets ``pace`` before the
+        first codes are fed, so arrivals and deadlines share one clock."""
         missing = self.start + codes + self.req.right_context_codes - len(self.codes)
         if missing <= 0 or self.upstream_done or self._arrivals is None:
             return 0.0
@@ -137,10 +139,11 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
         if planned:
             lead = self.pace.slack()
             fit = self.planner.fit(lead, ready_in=self._codes_in)
-            # The largest chunk that lands in time (calls planned plan_margin longer than estimated), while chunks
-            # that land in time can keep the client playing even with calls as estimated. Below that lead it runs
-            # dry whatever is sent: a whole chunk then stalls it once and restores the lead, whereas shorter
-            # chunks would stall it again and again.
+            # The largest chunk that lands in time (calls planned plan_margin longer than estimated, after the wait
+            # for its codes still to come), while chunks that land in time can keep the client playing even with
+            # calls as estimated. Below that lead it runs dry whatever is sent: a whole chunk then stalls it once
+            # and restores the lead, whereas shorter chunks would stall it again and again. (No chunk fits while
+            # too few codes are here and more would come too late: the whole chunk then waits for its codes.)
             if fit and fit < size and self.planner.keeps_playing(lead, margin=0.0):
                 size = fit
         return size
@@ -209,6 +212,12 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
             return (0,), None
         r, rep = self.req, self.model.repeats
         lo, hi, end = self._window()
+        if not self.upstream_done and end + r.right_context_codes > len(self.codes):
+            # The chunk grew after ready() looked (time passed and its lead crossed a planning threshold): the
+            # whole blocks whose right context is here go (ready() saw at least one), or the seam would not match.
+            unit = self.model.block_codes
+            end = self.start + max(unit, (len(self.codes) - r.right_context_codes - self.start) // unit * unit)
+            hi = end + r.right_context_codes
         noise = self._noise(rep * hi)[rep * lo:rep * hi]
         self._pending_end = end
         self._limit_codes = None

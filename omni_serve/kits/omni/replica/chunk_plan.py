@@ -7,11 +7,12 @@ Contract: ``ChunkPlanner(call_s, audio_per_code, unit, cap, context_first, conte
 most ``cap``; a window is its chunk plus ``context_first`` codes (a stream's first chunk) or ``context_later``
 codes (every later one) of context; the plan assumes calls cost ``1 + margin`` times the estimate.
 
-- ``fit(lead_s, ready_in=None)``: the most codes a later chunk may have so that a call started with ``lead_s``
-  seconds of audio still buffered at its client ends before the client runs dry; 0 when not even one unit fits.
-  None while nothing was timed. ``ready_in(codes)``, when given, is how long until a chunk of ``codes`` codes has
-  its codes (0 for codes already here): that wait counts against the lead, so a chunk of the codes here, which can
-  start now, is preferred to a longer one that would start too late.
+- ``fit(lead_s, margin=None, *, ready_in=None)``: the most codes a later chunk may have so that a call started with
+  ``lead_s`` seconds of audio still buffered at its client ends before the client runs dry; 0 when not even one
+  unit fits. None while nothing was timed. ``ready_in(codes)``, when given, is how long until a chunk of ``codes``
+  codes can start (its codes and whatever context the caller's windows need have come; 0 when they are here),
+  never decreasing in ``codes``: that wait counts against the lead, so a chunk of the codes here, which can start
+  now, is preferred to a longer one that would start too late.
 - ``keeps_playing(lead_s, margin)``: whether chunks of ``fit`` sizes from a lead of ``lead_s`` never let the client
   run dry. A stream for which even ``margin=0`` (calls as estimated) says no will run dry whatever is sent: a full
   chunk then stalls it once, whereas shorter ones would stall it again and again.
@@ -52,7 +53,7 @@ class ChunkPlanner:
         seconds = self.call_s(codes)
         return None if seconds is None else seconds * (1 + margin)
 
-    def fit(self, lead_s: float, margin: float | None = None,
+    def fit(self, lead_s: float, margin: float | None = None, *,
             ready_in: Callable[[int], float] | None = None) -> int | None:
         margin = self.margin if margin is None else margin
         if self._cost(self.unit + self.context_later, margin) is None:
