@@ -1,6 +1,6 @@
 """Hostile input against a served graph with an API key: every attack gets a 4xx in OpenAI's shape, fast, while
-the ingress keeps answering a concurrent normal request within 2 s, a concurrent streamed reply never pauses for
-1 s, and its memory stays bounded.
+the ingress keeps answering a concurrent normal request within 2 s (8 s while it answers 300 connections at
+once), a concurrent streamed reply never pauses for 1 s, and its memory stays bounded.
 
 The app is the tiny Omni graph at ``/hostile`` with ``ingress.api_keys`` set and a short body timeout. Each
 attack runs while a thread keeps sending authenticated ``GET /v1/models`` (a request through the ingress
@@ -56,6 +56,10 @@ def hostile(ray_serve, omni_tiny_dir):
         "stages.thinker.engine.ar.num_kv_blocks": 64,  # 1024 tokens per request, below the 4096 context
     }), name=APP, route_prefix=PREFIX)
     url = ray_serve + PREFIX
+    # One streamed reply first: the first through a fresh graph pays its warm-up, which no attack should be
+    # charged with (the watched stream's gap bound).
+    warm = chat("count to twenty") | {"stream": True, "max_tokens": 24, "min_tokens": 24}
+    assert httpx.post(url + "/v1/chat/completions", json=warm, headers=AUTH, timeout=60).status_code == 200
     pid = _ingress_pid()
     state = {"url": url, "pid": pid, "rss0": _rss_mb(pid), "peak": {}}
     yield state
@@ -78,17 +82,20 @@ def _rss_mb(pid: int) -> float:
 
 
 @contextmanager
-def watched(state: dict, attack: str):
+def watched(state: dict, attack: str, max_probe_s: float = MAX_PROBE_S):
     """While the block runs: authenticated /v1/models every 0.1 s (latencies), streamed chat replies one after
-    another (the gaps between their events) and the ingress' RSS every 50 ms."""
-    latencies, gaps, rss, stop = [], [], [], threading.Event()
+    another (the gaps between their events) and the ingress' RSS every 50 ms. ``max_probe_s`` bounds the probe
+    (an attack that is itself hundreds of requests the proxy must answer puts the probe in their line)."""
+    latencies, gaps, rss, errors, stop = [], [], [], [], threading.Event()
 
     def probe():
         with httpx.Client(base_url=state["url"], headers=AUTH, timeout=30) as c:
             while not stop.is_set():
                 start = time.monotonic()
-                assert c.get("/v1/models").status_code == 200
+                status = c.get("/v1/models").status_code
                 latencies.append(time.monotonic() - start)
+                if status != 200:
+                    errors.append(f"probe answered {status}")
                 stop.wait(0.1)
 
     def stream():
@@ -96,21 +103,30 @@ def watched(state: dict, attack: str):
         with httpx.Client(base_url=state["url"], headers=AUTH, timeout=60) as c:
             while not stop.is_set():
                 with c.stream("POST", "/v1/chat/completions", json=body) as r:
-                    last = None
+                    last, data = None, None
                     for line in r.iter_lines():
                         now = time.monotonic()
                         if line.startswith("data:"):
                             if last is not None:
                                 gaps.append(now - last)
-                            last = now
-                    assert line == "data: [DONE]", line
+                            last, data = now, line
+                    if r.status_code != 200 or data != "data: [DONE]":
+                        errors.append(f"stream answered {r.status_code}, last event {data!r}")
 
     def sample():
         while not stop.is_set():
             rss.append(_rss_mb(state["pid"]))
             stop.wait(0.05)
 
-    threads = [threading.Thread(target=probe), threading.Thread(target=stream), threading.Thread(target=sample)]
+    def guarded(target):
+        def run():
+            try:
+                target()
+            except Exception as e:  # noqa: BLE001 - reported in the test's thread below
+                errors.append(f"{target.__name__}: {e!r}")
+        return threading.Thread(target=run)
+
+    threads = [guarded(probe), guarded(stream), guarded(sample)]
     for t in threads:
         t.start()
     try:
@@ -123,7 +139,8 @@ def watched(state: dict, attack: str):
     state["peak"][attack] = max(rss) - state["rss0"]
     print(f"\n{attack}: probe max {max(latencies) * 1000:.0f} ms over {len(latencies)}; stream gap max "
           f"{max(gaps, default=0) * 1000:.0f} ms over {len(gaps)}; RSS peak +{state['peak'][attack]:.0f} MB")
-    assert latencies and max(latencies) < MAX_PROBE_S, (attack, max(latencies))
+    assert not errors, (attack, errors)
+    assert latencies and max(latencies) < max_probe_s, (attack, max(latencies))
     assert gaps and max(gaps) < MAX_STREAM_GAP_S, (attack, max(gaps))
     assert state["peak"][attack] < MAX_RSS_GROWTH_MB, (attack, state["peak"][attack])
 
@@ -327,7 +344,10 @@ def test_bodies_sent_to_paths_that_take_none_are_never_read(hostile):
     (408), and the stages are not probed once per call."""
     host, port = httpx.URL(hostile["url"]).host, httpx.URL(hostile["url"]).port
     socks, replies = [], []
-    with watched(hostile, "300 trickled bodies"):
+    # The 300 requests are answered, each through the proxy and the ingress replica: a probe sent among them waits
+    # its turn (2.8 s seen once on CI's 2 cores). What this test guards against, an ingress that reads on or holds
+    # a connection until the body timeout, shows as a 408 below; the probe only has to show the ingress answers.
+    with watched(hostile, "300 trickled bodies", max_probe_s=4 * MAX_PROBE_S):
         try:
             for i in range(300):
                 method, path, _ = OPEN_PATHS[i % len(OPEN_PATHS)]
