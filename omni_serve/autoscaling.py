@@ -21,7 +21,14 @@ Policies (Ray Serve custom autoscaling policies; classes, so their parameters co
   decision, then ``ratios`` keep stage counts in proportion, e.g. ``{stage: talker, per: thinker,
   min: 0.5, max: 2}`` keeps talker replicas between half and twice the thinker's (a new thinker replica
   brings its talker along before the talker queue builds up). Stage-specific targets via
-  ``stage_targets: {code2wav: 0.5}``.
+  ``stage_targets: {code2wav: 0.5}``. With ``speech``, a graph that admits audio streams by real-time
+  capacity (``playback.admission``) scales on its queue too: the ingress reports ``speech_deficit``, the
+  capacity its waiting streams lack as a fraction of what the graph has (``omni_serve.realtime_admission``),
+  and each stage named in ``speech.stages`` is asked for at least (1 + deficit) times its current replicas.
+  Admission holds the stages' load below what triggers ``target_load`` (it keeps every stream at
+  ``1 + margin`` times real time), so without it a queue of streams never asks for a replica. The ingress
+  needs an ``autoscaling_config`` to be in the application policy's view (``min_replicas: 1, max_replicas:
+  1`` keeps it fixed); it is sized as Serve's default policy would, on its ongoing requests.
 
 YAML (``args`` of a Serve config, or ``omni-serve build``)::
 
@@ -37,7 +44,8 @@ YAML (``args`` of a Serve config, or ``omni-serve build``)::
             policy_kwargs: {target_load: 0.7, metric: load}
     autoscaling_policy:                 # optional, application level (Serve config files only)
       policy_function: omni_serve.autoscaling:StageRatioPolicy
-      policy_kwargs: {target_load: 0.7, ratios: [{stage: talker, per: thinker, min: 0.5, max: 2}]}
+      policy_kwargs: {target_load: 0.7, ratios: [{stage: talker, per: thinker, min: 0.5, max: 2}],
+                      speech: {ingress: ingress, stages: [code2wav, talker]}}
 """
 
 from __future__ import annotations
@@ -82,10 +90,21 @@ class StageRatio(BaseModel):
         return self
 
 
+class SpeechScaling(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ingress: str = Field("ingress", description="The deployment that admits audio streams and reports the deficit.")
+    stages: list[str] = Field(default_factory=lambda: ["code2wav"], min_length=1, description=(
+        "Stages asked for at least (1 + deficit) times their current replicas while streams wait: the stages "
+        "that bound how many streams play in real time (code2wav, and the talker where it is the slower)."))
+
+
 class StageRatioParams(EngineLoadParams):
     stage_targets: dict[str, float] = Field(default_factory=dict, description=(
         "target_load per stage, overriding target_load for the stages named."))
     ratios: list[StageRatio] = Field(default_factory=list, description="Replica ratios kept between stages.")
+    speech: SpeechScaling | None = Field(None, description=(
+        "Scale the stages that bound speech on the admission queue (the ingress' speech_deficit)."))
 
 
 class EngineLoadPolicy:
@@ -119,9 +138,17 @@ class StageRatioPolicy:
     def __call__(self, contexts: dict) -> tuple[dict, dict]:
         by_stage = {dep_id.name: dep_id for dep_id in contexts}
         desired: dict[Any, float] = {}
+        speech = self.params.speech
         for dep_id, ctx in contexts.items():
+            if speech is not None and dep_id.name == speech.ingress:
+                from ray.serve.autoscaling_policy import replica_queue_length_autoscaling_policy
+
+                desired[dep_id] = replica_queue_length_autoscaling_policy(ctx)[0]
+                continue
             wanted = self._load.desired(ctx, self.params.stage_targets.get(dep_id.name))
             desired[dep_id] = ctx.target_num_replicas if wanted is None else wanted
+        if speech is not None:
+            self._speech(speech, contexts, by_stage, desired)
         for ratio in self.params.ratios:
             missing = {ratio.stage, ratio.per} - by_stage.keys()
             if missing:
@@ -136,6 +163,27 @@ class StageRatioPolicy:
             high = math.inf if ratio.max is None else max(low, math.ceil(ratio.max * base))
             desired[stage] = min(max(desired[stage], low), high)
         return desired, {}
+
+    def _speech(self, speech: SpeechScaling, contexts: dict, by_stage: dict, desired: dict) -> None:
+        """At least (1 + deficit) times the current replicas of each speech stage while streams wait."""
+        missing = {speech.ingress, *speech.stages} - by_stage.keys()
+        if missing:
+            key = "speech:" + ",".join(sorted(missing))
+            if key not in self._warned:
+                self._warned.add(key)
+                log.warning("speech autoscaling ignores %s: not autoscaled in this application (give it an "
+                            "autoscaling_config)", ", ".join(sorted(missing)))
+        ingress = by_stage.get(speech.ingress)
+        deficits = (contexts[ingress].aggregated_metrics or {}).get("speech_deficit") if ingress else None
+        if not deficits:
+            return
+        deficit = sum(deficits.values()) / len(deficits)  # each ingress replica's share of the streams
+        if deficit <= 0:
+            return
+        for name in speech.stages:
+            if name in by_stage:
+                stage = by_stage[name]
+                desired[stage] = max(desired[stage], contexts[stage].current_num_replicas * (1 + deficit))
 
 
 def check_policy(policy: dict[str, Any], *, application: bool) -> None:

@@ -5,7 +5,8 @@ an ``AdmissionSpec``; the other two: its ``playback`` client buffer and first-au
 of a graph that speaks. ``await enter(request_id)`` admits a request that asked for audio, before any stage is
 called, and returns its ``StreamTicket``; ``ticket.audio(seconds)`` as each chunk reaches the client,
 ``ticket.release()`` when the stream ends (idempotent; the ingress calls it however the request ends). ``state()``
-is what ``/health`` shows.
+is what ``/health`` shows; ``autoscaling_stats()`` what the ingress reports to Serve's autoscaler (the
+``speech`` part of ``omni_serve.autoscaling.StageRatioPolicy`` scales the stages that bound speech on it).
 
 Policies (``settings.policy``):
 - ``none``: every request is admitted (the ingress' ``max_inflight_requests`` still bounds them).
@@ -18,17 +19,35 @@ Policies (``settings.policy``):
   first chunk takes longer than the median); the others get their 429 while a retry elsewhere can still start.
 - ``reject``: a request that cannot be admitted now gets a 429 with ``Retry-After`` at once.
 
+The 429's ``Retry-After`` grows with the line: at least ``retry_after_s``, it is what brings the clients refused
+and not yet due back (with this one) back about ``RETRIES_PER_PLACE`` times for each place that frees (places free
+at the admitted streams over their median lifetime), at most ``max_retry_after_s``. A fixed second under a long
+line has every waiting client ask again every second, and on a small machine the HTTP proxy and the ingress answering
+them take their CPU from the streams playing (docs/benchmarks.md, speech under load).
+
 When a stream can be admitted: when none is admitted; otherwise when the capacity is known, the admitted streams
 with the new one would each still be produced at least ``1 + margin`` times as fast as they play
-(``capacity / (admitted + 1) >= 1 + margin``), and no admitted stream is behind (its client's buffer, as
-``omni_serve.playback`` models it with ``buffer_s``, has run dry or will within ``guard_s``).
+(``capacity / (admitted + 1) >= 1 + margin``), and every admitted stream has heard its first audio and has more
+than ``guard_s`` of audio ahead of its client (its buffer, as ``omni_serve.playback`` models it with ``buffer_s``).
+A new stream's start (its prefill, its first chunks made as fast as the stages go) slows the others for a few
+seconds: streams that just started have no lead to spend on it, so streams start one at a time, each once the
+others have a lead. Two streams started together, when two ended together, ramp with no lead to spare and stall in
+their first chunks.
 
-The capacity is the audio seconds per second the graph delivered over the last ``window_s`` of a busy period (from
-the first audio of the period on), measured here, at the ingress, from the chunks it passes to clients. Why here and
-not summed from each stage's step costs: the stages of one node share its cores, so what a stage could do alone
-overstates what the graph does; the delivered rate counts every stage, every replica and the cores they share.
-While streams are produced as fast as the stages go (every admitted stream is backlogged), the delivered rate is
-the capacity at the current load; batching makes a larger load cheaper per stream, so the estimate is
+The capacity is the audio seconds per second the graph produced over the last ``window_s`` of a busy period (from
+the first admission of the period on), measured here, at the ingress, from the chunks it passes to clients. Each
+chunk counts over the time it was produced: from its stream's previous chunk (its first chunk: from the stream's
+admission, so the time to first audio is part of the cost) to its arrival. Counting a chunk at its arrival instead
+makes the rate jump by a chunk's length (up to about 1.4 s of audio) as a chunk enters or leaves the window, and
+overstates it while a stream ramps up (its first chunks come faster than it plays); spread over its production, a
+chunk moves the rate by the part of it inside the window. Chunks still being produced are not counted yet: the
+estimate leans low by about half a chunk per stream, the safe side. The first estimate waits for ``window_s / 2``
+of the period.
+
+Why here and not summed from each stage's step costs: the stages of one node share its cores, so what a stage could
+do alone overstates what the graph does; the delivered rate counts every stage, every replica and the cores they
+share. While streams are produced as fast as the stages go (every admitted stream is backlogged), the produced rate
+is the capacity at the current load; batching makes a larger load cheaper per stream, so the estimate is
 conservative and grows as admissions raise the load. It is kept from one busy period to the next; before any was
 measured, only one stream is admitted at a time.
 """
@@ -37,6 +56,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import heapq
+import math
 import statistics
 import time
 from typing import Callable, Literal
@@ -45,6 +66,8 @@ from pydantic import BaseModel, Field
 
 from omni_serve.api.errors import too_many_requests
 from omni_serve.playback import Playback
+
+RETRIES_PER_PLACE = 8  # refused clients' retries per place freed: a freed place waits about an eighth of an interval
 
 
 class AdmissionSpec(BaseModel):
@@ -66,10 +89,18 @@ class AdmissionSpec(BaseModel):
         "queue with max_wait_s unset: the shortest wait, so that a place given back just after a request arrived "
         "still goes to it when admitted streams take about the whole target to their first audio."))
     max_queued: int = Field(64, ge=0, description="queue: requests waiting at most; beyond, a 429 at once.")
-    window_s: float = Field(4.0, gt=0, description="Seconds of delivered audio the capacity is measured over.")
-    guard_s: float = Field(0.1, ge=0, description=(
-        "A stream whose client buffer runs dry within this many seconds is behind: nothing new is admitted."))
-    retry_after_s: float = Field(1.0, gt=0, description="Retry-After of the 429.")
+    window_s: float = Field(4.0, gt=0, description=(
+        "The capacity is the audio produced per second over the last window_s seconds of the busy period (each "
+        "chunk spread over the time since its stream's previous chunk). Longer: steadier, slower to follow."))
+    guard_s: float = Field(1.0, ge=0, description=(
+        "Nothing new is admitted until every admitted stream has heard its first audio and has more than this "
+        "many seconds of audio ahead of its client: a new stream's start slows the others, so each starts once "
+        "the others have a lead to spend. Lower: new streams start sooner, the ones playing risk a stall."))
+    retry_after_s: float = Field(1.0, gt=0, description=(
+        "The shortest Retry-After of the 429; it grows with the clients refused and not yet due back, so that they "
+        "come back a few times for each place that frees, up to max_retry_after_s."))
+    max_retry_after_s: float = Field(30.0, gt=0, description=(
+        "The longest Retry-After of the 429 (OpenAI's client waits up to 60 s between its retries)."))
 
 
 class StreamTicket:
@@ -77,6 +108,7 @@ class StreamTicket:
         self.admission: RealtimeAdmission | None = admission
         self.request_id = request_id
         self.playback = Playback(admission.buffer_s, admission.clock())
+        self.produced_until = self.playback.start  # the previous chunk's arrival: where the next one's production began
 
     def audio(self, seconds: float) -> None:
         if self.admission is not None and seconds > 0:
@@ -97,8 +129,11 @@ class RealtimeAdmission:
         self.rejected = 0
         self._time_to_first_chunk: collections.deque[float] = collections.deque(maxlen=16)  # admission to first chunk
         self._waiters: collections.deque[tuple[str, asyncio.Future]] = collections.deque()
-        self._chunks: collections.deque[tuple[float, float]] = collections.deque()  # (arrival, seconds)
-        self._first_audio: float | None = None  # first audio of the busy period
+        # Each chunk as (production began, arrival, seconds), oldest arrival first.
+        self._chunks: collections.deque[tuple[float, float, float]] = collections.deque()
+        self._period_start = 0.0  # first admission of the busy period
+        self._due_back: list[float] = []  # heap: when each refused client, not yet back, is due back
+        self._lifetimes: collections.deque[float] = collections.deque(maxlen=16)  # admission to release
 
     # -- requests ---------------------------------------------------------------------------------------------
     async def enter(self, request_id: str) -> StreamTicket:
@@ -114,6 +149,8 @@ class RealtimeAdmission:
             ticket = await asyncio.wait_for(asyncio.shield(entry[1]), self.max_wait_s)
             return ticket
         except asyncio.TimeoutError:
+            if entry in self._waiters:
+                self._waiters.remove(entry)  # out of the line before its Retry-After counts the line
             raise self._refusal(f"it waited {self.max_wait_s:g} s") from None
         finally:
             if entry in self._waiters:
@@ -140,7 +177,19 @@ class RealtimeAdmission:
         if speed is None or speed < 1 + self.settings.margin:
             return False
         horizon = self.clock() + self.settings.guard_s
-        return all(t.playback.due() is None or t.playback.due() > horizon for t in self.admitted)
+        return all(t.playback.due() is not None and t.playback.due() > horizon for t in self.admitted)
+
+    def autoscaling_stats(self) -> dict[str, float]:
+        """The speech load for Serve's autoscaler: ``speech_admitted``; ``speech_waiting``, the requests queued plus
+        the clients refused and not yet due back (each comes back after its Retry-After); and ``speech_deficit``,
+        the capacity the graph lacks to play all of them at ``1 + margin`` times real time, as a fraction of the
+        capacity it has (0: it lacks none; 1: it needs twice as much). Before a capacity was measured the graph
+        plays one stream, so the capacity counts as what the admitted streams need."""
+        admitted, waiting = len(self.admitted), len(self._waiters) + self._refused_out()
+        need = (admitted + waiting) * (1 + self.settings.margin)
+        have = self.capacity if self.capacity is not None else max(admitted, 1) * (1 + self.settings.margin)
+        deficit = max(0.0, need / have - 1) if waiting and have > 0 else 0.0
+        return {"speech_admitted": float(admitted), "speech_waiting": float(waiting), "speech_deficit": deficit}
 
     def state(self) -> dict:
         return {"policy": self.settings.policy, "admitted": len(self.admitted), "queued": len(self._waiters),
@@ -149,16 +198,37 @@ class RealtimeAdmission:
                 "rejected": self.rejected}
 
     # -- internals --------------------------------------------------------------------------------------------
+    def retry_after(self) -> int:
+        """The Retry-After, whole seconds, of a 429 sent now (the module docstring's rule)."""
+        s = self.settings
+        wait = s.retry_after_s
+        if self._lifetimes and self.admitted:
+            # the refused clients not yet back, and this one; not the requests queued here: they arrived after
+            # this one (it leaves the queue first) and are refused after it, or admitted
+            line = self._refused_out() + 1
+            frees_every = statistics.median(self._lifetimes) / len(self.admitted)
+            wait = min(s.max_retry_after_s, max(wait, line * frees_every / RETRIES_PER_PLACE))
+        return max(1, math.ceil(wait))
+
+    def _refused_out(self) -> int:
+        """Refused clients not yet due back."""
+        now = self.clock()
+        while self._due_back and self._due_back[0] <= now:
+            heapq.heappop(self._due_back)
+        return len(self._due_back)
+
     def _refusal(self, why: str):
         self.rejected += 1
+        retry_after = self.retry_after()
+        heapq.heappush(self._due_back, self.clock() + retry_after)
         cap = "unknown" if self.capacity is None else f"{self.capacity:.2f} audio s/s"
         return too_many_requests(
             f"The server is at its real-time capacity for speech ({len(self.admitted)} streams playing, capacity "
-            f"{cap}); {why}. Retry after {max(1, round(self.settings.retry_after_s))} s.", self.settings.retry_after_s)
+            f"{cap}); {why}. Retry after {retry_after} s.", retry_after)
 
     def _admit(self, request_id: str) -> StreamTicket:
-        if not self.admitted:
-            self._first_audio = None  # a new busy period
+        if not self.admitted:  # a new busy period
+            self._period_start = self.clock()
             self._chunks.clear()
         ticket = StreamTicket(self, request_id)
         self.admitted.add(ticket)
@@ -169,22 +239,19 @@ class RealtimeAdmission:
         if ticket.playback.first is None:
             self._time_to_first_chunk.append(now - ticket.playback.start)
         ticket.playback.add(now, seconds)
-        if self._first_audio is None:
-            self._first_audio = now
-        self._chunks.append((now, seconds))
-        start = max(now - self.settings.window_s, self._first_audio)
-        while self._chunks and self._chunks[0][0] < start:
+        self._chunks.append((ticket.produced_until, now, seconds))
+        ticket.produced_until = now
+        start = max(now - self.settings.window_s, self._period_start)
+        while self._chunks and self._chunks[0][1] <= start:
             self._chunks.popleft()
         span = now - start
-        if span >= min(1.0, self.settings.window_s / 2):
-            audio = sum(s for _, s in self._chunks)
-            if start == self._first_audio:  # the period's first chunk marks the start: it was produced before it
-                audio -= self._chunks[0][1]
-            self.capacity = audio / span
+        if span >= self.settings.window_s / 2:
+            self.capacity = sum(_share_after(start, began, arrived, s) for began, arrived, s in self._chunks) / span
         self._wake()
 
     def _left(self, ticket: StreamTicket) -> None:
         self.admitted.discard(ticket)
+        self._lifetimes.append(self.clock() - ticket.playback.start)
         self._wake()
 
     def _wake(self) -> None:
@@ -193,3 +260,10 @@ class RealtimeAdmission:
             request_id, waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(self._admit(request_id))
+
+
+def _share_after(start: float, began: float, arrived: float, seconds: float) -> float:
+    """The audio of a chunk produced from ``began`` to ``arrived`` that falls after ``start``, at an even rate."""
+    if began >= start or arrived <= began:
+        return seconds
+    return seconds * max(0.0, arrived - start) / (arrived - began)

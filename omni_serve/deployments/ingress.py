@@ -9,7 +9,8 @@ answered from a cache refreshed at most every 2 s, never one probe per call; ``?
 caller probes now) and ``GET /metrics`` (this replica's request counters, Prometheus text; the cluster-wide metrics of
 ``omni_serve.metrics`` go through Ray's metrics endpoint). Any other route answers 404 with an OpenAI-style body
 naming only the method and path asked for; all errors are OpenAI-style bodies (``omni_serve.api.errors``). ``/docs``, ``/redoc``
-and ``/openapi.json`` exist only with ``ingress.enable_docs``.
+and ``/openapi.json`` exist only with ``ingress.enable_docs``. ``record_autoscaling_stats()`` reports the speech
+load of a graph that admits by real-time capacity to Serve's autoscaler (``omni_serve.autoscaling``).
 
 Guards (``omni_serve.api.guards``), before any body is read or parsed: with API keys configured, ``/v1/*`` and
 ``/metrics`` need ``Authorization: Bearer <key>`` (401 otherwise) and ``/health`` tells an unauthenticated
@@ -179,6 +180,13 @@ class OpenAIIngress:
             if realtime is not None:
                 status["ingress"]["realtime"] = realtime.state()
         return JSONResponse(status, status_code=200 if ok else 503)
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom-metrics hook: the speech load of a graph that admits by real-time capacity
+        (``RealtimeAdmission.autoscaling_stats``), which ``omni_serve.autoscaling.StageRatioPolicy``'s ``speech``
+        scales the stages that bound speech on; nothing for a graph that does not."""
+        realtime = getattr(self.frontend, "realtime", None)
+        return {} if realtime is None else realtime.autoscaling_stats()
 
     def rejected(self, status: int, err: OpenAIError) -> None:
         """A guard answered a request itself (401, 408, 413)."""

@@ -1,7 +1,7 @@
 """Speech under load on the served tiny Qwen2.5-Omni graph, over real HTTP: with admission by real-time capacity
 (``playback.admission``), the streams beyond what the graph takes get a 429 with ``Retry-After`` and the streams it
-admits play without a stall for a client with the graph's buffer; the ingress reports it on ``/health``, and every
-place is given back when the streams end (tests/integration/test_observability.py finds the stall and gap
+admits play without a stall for a client with the graph's buffer; the ingress reports it on ``/health`` and to
+Serve's autoscaler (the capacity the refused streams lack), and every place is given back when the streams end (tests/integration/test_observability.py finds the stall and gap
 histograms in a real scrape)."""
 
 from __future__ import annotations
@@ -55,11 +55,20 @@ async def _speak_alone(url: str, i: int) -> dict:
 
 
 def test_streams_beyond_the_capacity_get_a_429_and_the_admitted_ones_never_stall(admitting_app):
+    from ray import serve
+
+    ingress = serve.get_deployment_handle("ingress", "omni_admission")
+
     async def burst():
         async with httpx.AsyncClient(timeout=300) as client:
-            return await asyncio.gather(*(_speak(client, admitting_app, i) for i in range(4)))
+            tasks = [asyncio.ensure_future(_speak(client, admitting_app, i)) for i in range(4)]
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)  # a 429, at once
+            # what Serve's autoscaler hears from the ingress while a refused client is due back
+            stats = await asyncio.to_thread(lambda: ingress.record_autoscaling_stats.remote().result())
+            return await asyncio.gather(*tasks), stats
 
-    results = asyncio.run(burst())
+    results, stats = asyncio.run(burst())
+    assert stats["speech_admitted"] == 1 and stats["speech_deficit"] >= stats["speech_waiting"] >= 1, stats
     served = [r for r in results if r["status"] == 200]
     refused = [r for r in results if r["status"] != 200]
     assert served and refused and len(served) + len(refused) == 4, [r["status"] for r in results]

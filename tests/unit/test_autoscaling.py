@@ -196,6 +196,30 @@ def test_stage_ratio_policy_ignores_ratios_of_stages_not_autoscaled():
     assert policy({ctx.deployment_id: ctx})[0][ctx.deployment_id] == pytest.approx(1.0)
 
 
+def test_stage_ratio_policy_asks_the_speech_stages_for_the_capacity_waiting_streams_lack():
+    """Admitted streams keep code2wav under its target load; the ingress reports a 0.5 deficit (streams wait):
+    code2wav and the talker are asked for 1.5x their replicas, the thinker is not; the ingress itself is sized
+    on its ongoing requests, as Serve's default policy would."""
+    policy = StageRatioPolicy(target_load=0.7, speech={"stages": ["code2wav", "talker"]})
+    ingress = _ctx("ingress", [0.5, 0.5], metric="speech_deficit")
+    contexts = {c.deployment_id: c for c in (
+        ingress, _ctx("thinker", [0.1]), _ctx("talker", [0.3]), _ctx("code2wav", [0.5, 0.5]))}
+    by_name = {dep.name: n for dep, n in policy(contexts)[0].items()}
+    assert by_name["code2wav"] == pytest.approx(3.0) and by_name["talker"] == pytest.approx(1.5)
+    assert by_name["thinker"] == pytest.approx(0.1 / 0.7) and by_name["ingress"] == 0  # no requests: min
+    contexts[ingress.deployment_id] = _ctx("ingress", [0.0, 0.0], metric="speech_deficit")  # nobody waits
+    by_name = {dep.name: n for dep, n in policy(contexts)[0].items()}
+    assert by_name["code2wav"] == pytest.approx(1.0 / 0.7) and by_name["talker"] == pytest.approx(0.3 / 0.7)
+
+
+def test_speech_scaling_without_the_ingress_in_view_scales_on_load_alone(caplog):
+    policy = StageRatioPolicy(speech={"stages": ["code2wav"]})
+    ctx = _ctx("code2wav", [0.7])
+    with caplog.at_level("WARNING"):
+        assert policy({ctx.deployment_id: ctx})[0][ctx.deployment_id] == pytest.approx(1.0)
+    assert "ingress" in caplog.text and "autoscaling_config" in caplog.text
+
+
 def test_stage_program_default_has_no_work_estimate():
     class P(StageProgram):
         def ready(self):

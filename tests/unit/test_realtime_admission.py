@@ -22,20 +22,38 @@ def _deliver(ticket, clock: FakeClock, chunks: int, every_s: float, seconds: flo
         ticket.audio(seconds)
 
 
-def test_the_capacity_is_the_audio_delivered_per_second_of_the_busy_period():
+def test_the_capacity_is_the_audio_produced_per_second_of_the_busy_period():
     clock = FakeClock()
     admission = _admission("none", clock)
 
     async def main():
         ticket = await admission.enter("a")
-        clock.t += 0.9  # time to first audio: not part of the rate
+        clock.t += 0.9  # time to first audio: the first chunk's production, part of the cost
         ticket.audio(0.24)
-        assert admission.capacity is None
-        _deliver(ticket, clock, 4, 0.5, 1.5)  # 6 s of audio in 2 s after the first chunk
-        assert admission.capacity == pytest.approx(3.0)
+        _deliver(ticket, clock, 2, 0.5, 1.5)
+        assert admission.capacity is None  # 1.9 s of the period: under window_s / 2
+        _deliver(ticket, clock, 2, 0.5, 1.5)
+        assert admission.capacity == pytest.approx(6.24 / 2.9)  # from the admission on
         ticket.release()
         ticket.release()  # idempotent
-        assert admission.state()["admitted"] == 0 and admission.state()["capacity_audio_s_per_s"] == 3.0
+        assert admission.state()["admitted"] == 0 and admission.state()["capacity_audio_s_per_s"] == 2.152
+    asyncio.run(main())
+
+
+def test_a_chunk_counts_over_the_time_it_was_produced_so_the_estimate_does_not_jump_with_chunk_size():
+    """Large chunks at a steady 1.4 audio s/s: the estimate is 1.4 at every arrival, where counting each chunk at
+    its arrival reads 1.47 when the window holds six of them and 1.23 when it holds five."""
+    clock = FakeClock()
+    admission = _admission("none", clock)
+
+    async def main():
+        ticket = await admission.enter("a")
+        readings = []
+        for _ in range(20):
+            _deliver(ticket, clock, 1, 0.7, 0.98)
+            readings.append(admission.capacity)
+        assert [r for r in readings if r is not None] == pytest.approx([1.4] * 18)
+        ticket.release()
     asyncio.run(main())
 
 
@@ -49,13 +67,13 @@ def test_reject_admits_while_every_stream_keeps_real_time_with_the_new_one():
             await admission.enter("b")
         assert refused.value.status_code == 429 and refused.value.headers["Retry-After"] == "1"
         assert refused.value.type == "rate_limit_error"
-        first.audio(0.24)
-        _deliver(first, clock, 4, 0.5, 1.5)  # 3 audio s/s: room for a second stream at 1.5x real time
+        _deliver(first, clock, 1, 0.5, 0.24)
+        _deliver(first, clock, 4, 0.5, 1.5)  # 6.24 s of audio in 2.5 s: room for a second stream at 1.25x
         second = await admission.enter("b")
-        with pytest.raises(OpenAIError):  # a third would get 1.0x: under 1 + margin
+        with pytest.raises(OpenAIError):  # a third would get 0.83x: under 1 + margin
             await admission.enter("c")
         assert admission.state() == {"policy": "reject", "admitted": 2, "queued": 0, "max_wait_s": 0.0,
-                                     "capacity_audio_s_per_s": 3.0, "rejected": 2}
+                                     "capacity_audio_s_per_s": 2.496, "rejected": 2}
         first.release()
         second.release()
     asyncio.run(main())
@@ -68,12 +86,12 @@ def test_nothing_new_is_admitted_while_a_stream_is_behind_its_client():
     async def main():
         a = await admission.enter("a")
         a.audio(0.24)
-        _deliver(a, clock, 4, 0.5, 1.5)  # 3 audio s/s; a's client runs dry at 100 + 0.5 + 6.24
+        _deliver(a, clock, 4, 0.5, 1.5)  # 3.12 audio s/s; a's client runs dry at 100 + 0.5 + 6.24
         assert admission.can_admit()
         clock.t = 106.7  # nothing more came: within guard_s of running dry
         assert not admission.can_admit()
-        a.audio(10.0)  # it caught up (10 s in the last 4 s: 2.5 audio s/s)
-        assert admission.capacity == pytest.approx(2.5) and admission.can_admit()
+        a.audio(12.0)  # it caught up: 12 s made since 102, 10.2 s of it in the last 4 s
+        assert admission.capacity == pytest.approx(12 * 4 / 4.7 / 4) and admission.can_admit()
         a.release()
     asyncio.run(main())
 
@@ -169,4 +187,85 @@ def test_policy_none_admits_everything_and_still_measures():
         assert admission.state()["admitted"] == 5 and admission.rejected == 0
         for t in tickets:
             t.release()
+    asyncio.run(main())
+
+
+def test_the_autoscaling_stats_say_how_much_capacity_the_waiting_streams_lack():
+    clock = FakeClock()
+    admission = _admission("reject", clock, retry_after_s=1.0)
+
+    async def main():
+        a = await admission.enter("a")
+        assert admission.autoscaling_stats() == {"speech_admitted": 1.0, "speech_waiting": 0.0,
+                                                 "speech_deficit": 0.0}
+        for name in "bc":  # refused before any capacity was measured: the graph plays one stream
+            with pytest.raises(OpenAIError):
+                await admission.enter(name)
+        assert admission.autoscaling_stats()["speech_deficit"] == pytest.approx(2.0)  # 3 streams' worth, has 1
+        _deliver(a, clock, 1, 0.5, 0.24)
+        _deliver(a, clock, 4, 0.5, 1.5)  # 2.496 audio s/s measured; the two 429s are 2.5 s old: gone
+        assert admission.autoscaling_stats()["speech_waiting"] == 0
+        b = await admission.enter("b")
+        with pytest.raises(OpenAIError):
+            await admission.enter("c")
+        stats = admission.autoscaling_stats()  # 3 streams x 1.2 wanted, 2.496 there
+        assert stats["speech_admitted"] == 2 and stats["speech_waiting"] == 1
+        assert stats["speech_deficit"] == pytest.approx(3 * 1.2 / 2.496 - 1)
+        clock.t += 1.01  # the refused client would have come back by now
+        assert admission.autoscaling_stats()["speech_deficit"] == 0
+        a.release()
+        b.release()
+    asyncio.run(main())
+
+
+def test_the_retry_after_grows_with_the_line_so_refused_clients_do_not_ask_every_second():
+    """A stream lives 14 s and one plays: places free every 14 s. The k-th client refused (none yet due back) is
+    told to come back after k x 14 / 8 s, so the line comes back about eight times per place; at most
+    max_retry_after_s; once they are due back, the line is short again."""
+    clock = FakeClock()
+    admission = _admission("reject", clock, max_retry_after_s=10)
+
+    async def main():
+        a = await admission.enter("a")
+        clock.t += 14.0
+        a.release()
+        b = await admission.enter("b")
+        waits = []
+        for i in range(7):
+            with pytest.raises(OpenAIError) as refused:
+                await admission.enter(f"c{i}")
+            waits.append(refused.value.headers["Retry-After"])
+            assert f"Retry after {waits[-1]} s" in refused.value.message
+        assert waits == ["2", "4", "6", "7", "9", "10", "10"]  # ceil(k x 1.75), at most 10
+        assert admission.autoscaling_stats()["speech_waiting"] == 7
+        clock.t += 10
+        assert admission.autoscaling_stats()["speech_waiting"] == 0
+        with pytest.raises(OpenAIError) as refused:
+            await admission.enter("d")
+        assert refused.value.headers["Retry-After"] == "2"
+        b.release()
+    asyncio.run(main())
+
+
+def test_streams_start_one_at_a_time_each_once_the_others_have_a_lead():
+    """Capacity for three streams: the second is admitted, but a third only once the second has heard its first
+    audio and has more than guard_s (1 s) ahead of its client."""
+    clock = FakeClock()
+    admission = _admission("reject", clock)
+
+    async def main():
+        a = await admission.enter("a")
+        _deliver(a, clock, 1, 0.5, 0.24)
+        _deliver(a, clock, 4, 0.5, 3.0)  # 4.9 audio s/s
+        b = await admission.enter("b")
+        with pytest.raises(OpenAIError):  # b has not started to play
+            await admission.enter("c")
+        _deliver(b, clock, 1, 0.5, 0.24)  # its client has 0.74 s ahead
+        with pytest.raises(OpenAIError):
+            await admission.enter("c")
+        _deliver(b, clock, 1, 0.3, 1.0)  # 1.44 s ahead
+        assert admission.capacity / 3 >= 1.2
+        c = await admission.enter("c")
+        for ticket in (a, b, c):
+            ticket.release()
     asyncio.run(main())
