@@ -24,7 +24,9 @@ Policies (Ray Serve custom autoscaling policies; classes, so their parameters co
   ``stage_targets: {code2wav: 0.5}``. With ``speech``, a graph that admits audio streams by real-time
   capacity (``playback.admission``) scales on its queue too: the ingress reports ``speech_deficit``, the
   capacity its waiting streams lack as a fraction of what the graph has (``omni_serve.realtime_admission``),
-  and each stage named in ``speech.stages`` is asked for at least (1 + deficit) times its current replicas.
+  and each stage named in ``speech.stages`` is asked for at least (1 + deficit) times its current replicas
+  (a deficit under ``min_deficit`` ignored; held for ``settle_s`` after the stage scaled up, since the capacity
+  estimate rises only as streams are admitted on the new replicas; the ratios, applied after, still bound it).
   Admission holds the stages' load below what triggers ``target_load`` (it keeps every stream at
   ``1 + margin`` times real time), so without it a queue of streams never asks for a replica. The ingress
   needs an ``autoscaling_config`` to be in the application policy's view (``min_replicas: 1, max_replicas:
@@ -97,6 +99,12 @@ class SpeechScaling(BaseModel):
     stages: list[str] = Field(default_factory=lambda: ["code2wav"], min_length=1, description=(
         "Stages asked for at least (1 + deficit) times their current replicas while streams wait: the stages "
         "that bound how many streams play in real time (code2wav, and the talker where it is the slower)."))
+    min_deficit: float = Field(0.1, ge=0, description=(
+        "A deficit below this is ignored (Serve rounds any fraction of a replica up to a whole one)."))
+    settle_s: float = Field(60.0, ge=0, description=(
+        "After a speech stage scaled up, its floor holds at what was asked for this long before the deficit "
+        "raises it again: the capacity estimate rises only as streams are admitted, one at a time, on the new "
+        "replicas, so a deficit measured before that would ask again for what is already coming."))
 
 
 class StageRatioParams(EngineLoadParams):
@@ -165,7 +173,8 @@ class StageRatioPolicy:
         return desired, {}
 
     def _speech(self, speech: SpeechScaling, contexts: dict, by_stage: dict, desired: dict) -> None:
-        """At least (1 + deficit) times the current replicas of each speech stage while streams wait."""
+        """At least (1 + deficit) times the current replicas of each speech stage while streams wait, held for
+        ``settle_s`` after the stage scaled up. The ratios, applied after, still bound it."""
         missing = {speech.ingress, *speech.stages} - by_stage.keys()
         if missing:
             key = "speech:" + ",".join(sorted(missing))
@@ -178,12 +187,15 @@ class StageRatioPolicy:
         if not deficits:
             return
         deficit = sum(deficits.values()) / len(deficits)  # each ingress replica's share of the streams
-        if deficit <= 0:
+        if deficit < max(speech.min_deficit, 1e-9):
             return
         for name in speech.stages:
             if name in by_stage:
-                stage = by_stage[name]
-                desired[stage] = max(desired[stage], contexts[stage].current_num_replicas * (1 + deficit))
+                ctx = contexts[by_stage[name]]
+                settling = (ctx.last_scale_up_time is not None
+                            and ctx.current_time - ctx.last_scale_up_time < speech.settle_s)
+                floor = ctx.target_num_replicas if settling else ctx.current_num_replicas * (1 + deficit)
+                desired[by_stage[name]] = max(desired[by_stage[name]], floor)
 
 
 def check_policy(policy: dict[str, Any], *, application: bool) -> None:

@@ -28,7 +28,9 @@ them take their CPU from the streams playing (docs/benchmarks.md, speech under l
 When a stream can be admitted: when none is admitted; otherwise when the capacity is known, the admitted streams
 with the new one would each still be produced at least ``1 + margin`` times as fast as they play
 (``capacity / (admitted + 1) >= 1 + margin``), and every admitted stream has heard its first audio and has more
-than ``guard_s`` of audio ahead of its client (its buffer, as ``omni_serve.playback`` models it with ``buffer_s``).
+than ``guard_s`` of audio ahead of its client (its buffer, as ``omni_serve.playback`` models it with ``buffer_s``;
+a stream still without audio after twice the median time to a first chunk, at least ``target_ttfp_s``, is stuck
+rather than starting, and no longer holds admission back).
 A new stream's start (its prefill, its first chunks made as fast as the stages go) slows the others for a few
 seconds: streams that just started have no lead to spend on it, so streams start one at a time, each once the
 others have a lead. Two streams started together, when two ended together, ramp with no lead to spare and stall in
@@ -41,8 +43,9 @@ admission, so the time to first audio is part of the cost) to its arrival. Count
 makes the rate jump by a chunk's length (up to about 1.4 s of audio) as a chunk enters or leaves the window, and
 overstates it while a stream ramps up (its first chunks come faster than it plays); spread over its production, a
 chunk moves the rate by the part of it inside the window. Chunks still being produced are not counted yet: the
-estimate leans low by about half a chunk per stream, the safe side. The first estimate waits for ``window_s / 2``
-of the period.
+estimate leans low by about half a chunk per stream, the safe side. The first estimate waits for 1 s of the period
+(or half the window if shorter), or for the period's end, whichever comes first: a busy period of short streams on
+a fast graph is measured too.
 
 Why here and not summed from each stage's step costs: the stages of one node share its cores, so what a stage could
 do alone overstates what the graph does; the delivered rate counts every stage, every replica and the cores they
@@ -62,7 +65,7 @@ import statistics
 import time
 from typing import Callable, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from omni_serve.api.errors import too_many_requests
 from omni_serve.playback import Playback
@@ -101,6 +104,13 @@ class AdmissionSpec(BaseModel):
         "come back a few times for each place that frees, up to max_retry_after_s."))
     max_retry_after_s: float = Field(30.0, gt=0, description=(
         "The longest Retry-After of the 429 (OpenAI's client waits up to 60 s between its retries)."))
+
+    @model_validator(mode="after")
+    def _retry_bounds(self):
+        if self.max_retry_after_s < self.retry_after_s:
+            raise ValueError(f"max_retry_after_s ({self.max_retry_after_s}) is below retry_after_s "
+                             f"({self.retry_after_s})")
+        return self
 
 
 class StreamTicket:
@@ -176,19 +186,28 @@ class RealtimeAdmission:
         speed = None if self.capacity is None else self.capacity / (len(self.admitted) + 1)
         if speed is None or speed < 1 + self.settings.margin:
             return False
-        horizon = self.clock() + self.settings.guard_s
-        return all(t.playback.due() is not None and t.playback.due() > horizon for t in self.admitted)
+        now = self.clock()
+        horizon, starting = now + self.settings.guard_s, self._starting_s()
+        return all(t.playback.due() > horizon if t.playback.due() is not None else now - t.playback.start > starting
+                   for t in self.admitted)
+
+    def _starting_s(self) -> float:
+        """How long a stream without audio holds admission back: twice the median time to a first chunk, at least
+        ``target_ttfp_s``. Past it the stream is stuck (a failed talker, a hung stage) rather than starting, and the
+        streams that could play are not held back by it."""
+        first = statistics.median(self._time_to_first_chunk) if self._time_to_first_chunk else 0.0
+        return max(self.target_ttfp_s, 2 * first)
 
     def autoscaling_stats(self) -> dict[str, float]:
         """The speech load for Serve's autoscaler: ``speech_admitted``; ``speech_waiting``, the requests queued plus
         the clients refused and not yet due back (each comes back after its Retry-After); and ``speech_deficit``,
         the capacity the graph lacks to play all of them at ``1 + margin`` times real time, as a fraction of the
-        capacity it has (0: it lacks none; 1: it needs twice as much). Before a capacity was measured the graph
-        plays one stream, so the capacity counts as what the admitted streams need."""
+        capacity it has (0: it lacks none; 1: it needs twice as much). 0 before a capacity was measured: what
+        limits the graph then is the rule of one stream at a time until it is measured, not its capacity."""
         admitted, waiting = len(self.admitted), len(self._waiters) + self._refused_out()
         need = (admitted + waiting) * (1 + self.settings.margin)
-        have = self.capacity if self.capacity is not None else max(admitted, 1) * (1 + self.settings.margin)
-        deficit = max(0.0, need / have - 1) if waiting and have > 0 else 0.0
+        have = self.capacity
+        deficit = max(0.0, need / have - 1) if waiting and have else 0.0
         return {"speech_admitted": float(admitted), "speech_waiting": float(waiting), "speech_deficit": deficit}
 
     def state(self) -> dict:
@@ -200,13 +219,16 @@ class RealtimeAdmission:
     # -- internals --------------------------------------------------------------------------------------------
     def retry_after(self) -> int:
         """The Retry-After, whole seconds, of a 429 sent now (the module docstring's rule)."""
-        s = self.settings
+        s, now = self.settings, self.clock()
+        # the refused clients not yet back, and this one; not the requests queued here: they arrived after this one
+        # (it leaves the queue first) and are refused after it, or admitted
+        line = self._refused_out() + 1
         wait = s.retry_after_s
-        if self._lifetimes and self.admitted:
-            # the refused clients not yet back, and this one; not the requests queued here: they arrived after
-            # this one (it leaves the queue first) and are refused after it, or admitted
-            line = self._refused_out() + 1
-            frees_every = statistics.median(self._lifetimes) / len(self.admitted)
+        if self.admitted:
+            # before a stream ended, the oldest playing one's age is a lower bound on a lifetime
+            lifetime = (statistics.median(self._lifetimes) if self._lifetimes
+                        else max(now - t.playback.start for t in self.admitted))
+            frees_every = lifetime / len(self.admitted)
             wait = min(s.max_retry_after_s, max(wait, line * frees_every / RETRIES_PER_PLACE))
         return max(1, math.ceil(wait))
 
@@ -241,17 +263,25 @@ class RealtimeAdmission:
         ticket.playback.add(now, seconds)
         self._chunks.append((ticket.produced_until, now, seconds))
         ticket.produced_until = now
+        self._measure(now, least_s=min(1.0, self.settings.window_s / 2))
+        self._wake()
+
+    def _measure(self, now: float, least_s: float) -> None:
+        """The capacity over the window ending now, once it spans at least ``least_s`` of the busy period."""
         start = max(now - self.settings.window_s, self._period_start)
         while self._chunks and self._chunks[0][1] <= start:
             self._chunks.popleft()
         span = now - start
-        if span >= self.settings.window_s / 2:
+        if span >= least_s and span > 0 and self._chunks:
             self.capacity = sum(_share_after(start, began, arrived, s) for began, arrived, s in self._chunks) / span
-        self._wake()
 
     def _left(self, ticket: StreamTicket) -> None:
         self.admitted.discard(ticket)
-        self._lifetimes.append(self.clock() - ticket.playback.start)
+        now = self.clock()
+        if ticket.playback.first is not None:  # a stream that played: not one refused or failed at its start
+            self._lifetimes.append(now - ticket.playback.start)
+        if not self.admitted:  # the busy period ends: whatever it lasted, what it made is a measure
+            self._measure(now, least_s=0.0)
         self._wake()
 
     def _wake(self) -> None:

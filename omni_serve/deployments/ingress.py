@@ -181,10 +181,11 @@ class OpenAIIngress:
                 status["ingress"]["realtime"] = realtime.state()
         return JSONResponse(status, status_code=200 if ok else 503)
 
-    def record_autoscaling_stats(self) -> dict[str, float]:
+    async def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's custom-metrics hook: the speech load of a graph that admits by real-time capacity
         (``RealtimeAdmission.autoscaling_stats``), which ``omni_serve.autoscaling.StageRatioPolicy``'s ``speech``
-        scales the stages that bound speech on; nothing for a graph that does not."""
+        scales the stages that bound speech on; nothing for a graph that does not. Async: it runs on the replica's
+        event loop, where the admission's state changes (a plain method would run in Serve's thread pool)."""
         realtime = getattr(self.frontend, "realtime", None)
         return {} if realtime is None else realtime.autoscaling_stats()
 

@@ -68,7 +68,10 @@ def test_streams_beyond_the_capacity_get_a_429_and_the_admitted_ones_never_stall
             return await asyncio.gather(*tasks), stats
 
     results, stats = asyncio.run(burst())
-    assert stats["speech_admitted"] == 1 and stats["speech_deficit"] >= stats["speech_waiting"] >= 1, stats
+    # the fresh graph has no capacity measured yet: one stream at a time is the rule, so no deficit is claimed
+    # (its arithmetic is tests/unit/test_realtime_admission.py's)
+    assert stats == {"speech_admitted": 1, "speech_waiting": stats["speech_waiting"], "speech_deficit": 0}, stats
+    assert stats["speech_waiting"] >= 1, stats
     served = [r for r in results if r["status"] == 200]
     refused = [r for r in results if r["status"] != 200]
     assert served and refused and len(served) + len(refused) == 4, [r["status"] for r in results]

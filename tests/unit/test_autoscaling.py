@@ -212,6 +212,29 @@ def test_stage_ratio_policy_asks_the_speech_stages_for_the_capacity_waiting_stre
     assert by_name["code2wav"] == pytest.approx(1.0 / 0.7) and by_name["talker"] == pytest.approx(0.3 / 0.7)
 
 
+def test_speech_scaling_holds_after_a_scale_up_and_ignores_a_small_deficit():
+    import copy
+
+    def replace(ctx, **changes):
+        ctx = copy.copy(ctx)
+        for name, value in changes.items():
+            setattr(ctx, name, value)
+        return ctx
+
+    policy = StageRatioPolicy(target_load=0.7, speech={"stages": ["code2wav"], "settle_s": 60})
+    code2wav = _ctx("code2wav", [0.5, 0.5])
+    ingress = _ctx("ingress", [1.0], metric="speech_deficit")
+    just_scaled = replace(code2wav, last_scale_up_time=code2wav.current_time - 10, target_num_replicas=4)
+    desired = policy({ingress.deployment_id: ingress, code2wav.deployment_id: just_scaled})[0]
+    assert desired[code2wav.deployment_id] == 4  # what it asked for, not 2 x 2 again on a stale deficit
+    settled = replace(code2wav, last_scale_up_time=code2wav.current_time - 61)
+    assert policy({ingress.deployment_id: ingress, code2wav.deployment_id: settled})[0][
+        code2wav.deployment_id] == pytest.approx(4.0)
+    small = _ctx("ingress", [0.05], metric="speech_deficit")
+    assert policy({small.deployment_id: small, code2wav.deployment_id: code2wav})[0][
+        code2wav.deployment_id] == pytest.approx(1.0 / 0.7)
+
+
 def test_speech_scaling_without_the_ingress_in_view_scales_on_load_alone(caplog):
     policy = StageRatioPolicy(speech={"stages": ["code2wav"]})
     ctx = _ctx("code2wav", [0.7])

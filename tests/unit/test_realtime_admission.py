@@ -30,9 +30,8 @@ def test_the_capacity_is_the_audio_produced_per_second_of_the_busy_period():
         ticket = await admission.enter("a")
         clock.t += 0.9  # time to first audio: the first chunk's production, part of the cost
         ticket.audio(0.24)
-        _deliver(ticket, clock, 2, 0.5, 1.5)
-        assert admission.capacity is None  # 1.9 s of the period: under window_s / 2
-        _deliver(ticket, clock, 2, 0.5, 1.5)
+        assert admission.capacity is None  # 0.9 s of the period: under the 1 s the first estimate waits for
+        _deliver(ticket, clock, 4, 0.5, 1.5)
         assert admission.capacity == pytest.approx(6.24 / 2.9)  # from the admission on
         ticket.release()
         ticket.release()  # idempotent
@@ -52,7 +51,7 @@ def test_a_chunk_counts_over_the_time_it_was_produced_so_the_estimate_does_not_j
         for _ in range(20):
             _deliver(ticket, clock, 1, 0.7, 0.98)
             readings.append(admission.capacity)
-        assert [r for r in readings if r is not None] == pytest.approx([1.4] * 18)
+        assert [r for r in readings if r is not None] == pytest.approx([1.4] * 19)
         ticket.release()
     asyncio.run(main())
 
@@ -198,10 +197,11 @@ def test_the_autoscaling_stats_say_how_much_capacity_the_waiting_streams_lack():
         a = await admission.enter("a")
         assert admission.autoscaling_stats() == {"speech_admitted": 1.0, "speech_waiting": 0.0,
                                                  "speech_deficit": 0.0}
-        for name in "bc":  # refused before any capacity was measured: the graph plays one stream
+        for name in "bc":  # refused before any capacity was measured: one stream at a time is the rule, no deficit
             with pytest.raises(OpenAIError):
                 await admission.enter(name)
-        assert admission.autoscaling_stats()["speech_deficit"] == pytest.approx(2.0)  # 3 streams' worth, has 1
+        assert admission.autoscaling_stats() == {"speech_admitted": 1.0, "speech_waiting": 2.0,
+                                                 "speech_deficit": 0.0}
         _deliver(a, clock, 1, 0.5, 0.24)
         _deliver(a, clock, 4, 0.5, 1.5)  # 2.496 audio s/s measured; the two 429s are 2.5 s old: gone
         assert admission.autoscaling_stats()["speech_waiting"] == 0
@@ -227,7 +227,7 @@ def test_the_retry_after_grows_with_the_line_so_refused_clients_do_not_ask_every
 
     async def main():
         a = await admission.enter("a")
-        clock.t += 14.0
+        _deliver(a, clock, 1, 14.0, 0.24)  # a stream that played: its lifetime counts
         a.release()
         b = await admission.enter("b")
         waits = []
@@ -269,3 +269,47 @@ def test_streams_start_one_at_a_time_each_once_the_others_have_a_lead():
         for ticket in (a, b, c):
             ticket.release()
     asyncio.run(main())
+
+
+def test_a_busy_period_shorter_than_a_second_is_measured_when_it_ends():
+    """Short streams on a fast graph (1.5 s of audio in 0.6 s): no estimate while the period is under 1 s, one
+    when its only stream ends, so the next period can admit more than one stream."""
+    clock = FakeClock()
+    admission = _admission("reject", clock)
+
+    async def main():
+        a = await admission.enter("a")
+        _deliver(a, clock, 3, 0.2, 0.5)
+        assert admission.capacity is None
+        a.release()
+        assert admission.capacity == pytest.approx(1.5 / 0.6)
+        first = await admission.enter("b")
+        _deliver(first, clock, 1, 0.2, 1.5)  # its client has 1.5 + 0.5 s ahead
+        second = await admission.enter("c")  # 2.5 audio s/s: two streams at 1.25x
+        first.release()
+        second.release()
+    asyncio.run(main())
+
+
+def test_a_stream_stuck_before_its_first_audio_holds_admission_back_only_while_it_could_still_be_starting():
+    clock = FakeClock()
+    admission = _admission("reject", clock)  # target_ttfp_s 1.0
+
+    async def main():
+        a = await admission.enter("a")
+        _deliver(a, clock, 1, 0.5, 0.24)  # first chunks come 0.5 s after admission
+        _deliver(a, clock, 4, 0.5, 3.0)  # 4.9 audio s/s
+        stuck = await admission.enter("stuck")
+        clock.t += 0.9
+        with pytest.raises(OpenAIError):  # still within max(1.0, 2 x 0.5) s of its admission: starting
+            await admission.enter("c")
+        clock.t += 0.2
+        c = await admission.enter("c")  # 1.1 s without audio: stuck, no longer counted
+        for ticket in (a, stuck, c):
+            ticket.release()
+    asyncio.run(main())
+
+
+def test_the_retry_after_bounds_must_be_ordered():
+    with pytest.raises(ValueError, match="max_retry_after_s"):
+        AdmissionSpec(retry_after_s=5, max_retry_after_s=2)
