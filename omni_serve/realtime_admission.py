@@ -188,7 +188,7 @@ class RealtimeAdmission:
             return False
         now = self.clock()
         horizon, starting = now + self.settings.guard_s, self._starting_s()
-        return all(t.playback.due() > horizon if t.playback.due() is not None else now - t.playback.start > starting
+        return all(due > horizon if (due := t.playback.due()) is not None else now - t.playback.start > starting
                    for t in self.admitted)
 
     def _starting_s(self) -> float:
@@ -206,8 +206,7 @@ class RealtimeAdmission:
         limits the graph then is the rule of one stream at a time until it is measured, not its capacity."""
         admitted, waiting = len(self.admitted), len(self._waiters) + self._refused_out()
         need = (admitted + waiting) * (1 + self.settings.margin)
-        have = self.capacity
-        deficit = max(0.0, need / have - 1) if waiting and have else 0.0
+        deficit = max(0.0, need / self.capacity - 1) if waiting and self.capacity else 0.0
         return {"speech_admitted": float(admitted), "speech_waiting": float(waiting), "speech_deficit": deficit}
 
     def state(self) -> dict:

@@ -1,8 +1,8 @@
 """Speech under load on the served tiny Qwen2.5-Omni graph, over real HTTP: with admission by real-time capacity
 (``playback.admission``), the streams beyond what the graph takes get a 429 with ``Retry-After`` and the streams it
 admits play without a stall for a client with the graph's buffer; the ingress reports it on ``/health`` and to
-Serve's autoscaler (the capacity the refused streams lack), and every place is given back when the streams end (tests/integration/test_observability.py finds the stall and gap
-histograms in a real scrape)."""
+Serve's autoscaler (the capacity the refused streams lack), and every place is given back when the streams end
+(tests/integration/test_observability.py finds the stall and gap histograms in a real scrape)."""
 
 from __future__ import annotations
 
@@ -70,8 +70,8 @@ def test_streams_beyond_the_capacity_get_a_429_and_the_admitted_ones_never_stall
     results, stats = asyncio.run(burst())
     # the fresh graph has no capacity measured yet: one stream at a time is the rule, so no deficit is claimed
     # (its arithmetic is tests/unit/test_realtime_admission.py's)
-    assert stats == {"speech_admitted": 1, "speech_waiting": stats["speech_waiting"], "speech_deficit": 0}, stats
-    assert stats["speech_waiting"] >= 1, stats
+    assert set(stats) == {"speech_admitted", "speech_waiting", "speech_deficit"}, stats
+    assert stats["speech_admitted"] == 1 and stats["speech_waiting"] >= 1 and stats["speech_deficit"] == 0, stats
     served = [r for r in results if r["status"] == 200]
     refused = [r for r in results if r["status"] != 200]
     assert served and refused and len(served) + len(refused) == 4, [r["status"] for r in results]
