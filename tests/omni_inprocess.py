@@ -55,8 +55,9 @@ class InProcessOmni:
         await self.graph.aclose()
 
     async def run(self, rid: str, x, thinker_tokens: int, seed: int, audio: bool = True,
-                  forced_reply: list[int] | None = None) -> Result:
-        """One greedy request for the preprocessed prompt ``x`` (``OmniInputProcessor`` output). ``forced_reply``: the thinker's reply is forced (speech)."""
+                  forced_reply: list[int] | None = None, penalties: dict[str, float] | None = None) -> Result:
+        """One greedy request for the preprocessed prompt ``x`` (``OmniInputProcessor`` output). ``forced_reply``: the
+        thinker's reply is forced (speech). ``penalties``: the thinker's presence and frequency penalties."""
         spec, stages = self.graph.spec, self.graph.stages
         media = x.has_media
         calls = {}
@@ -65,7 +66,7 @@ class InProcessOmni:
             calls["encoder"] = EncoderCall(request_id=rid)
         thinker = ThinkerCall(
             request_id=rid, input_ids=x.input_ids[0].tolist(), max_new_tokens=thinker_tokens,
-            sampling=SamplingSettings(temperature=0.0, seed=seed), stop_token_ids=[TOKEN_ID["<|im_end|>"]],
+            sampling=SamplingSettings(temperature=0.0, seed=seed, **(penalties or {})), stop_token_ids=[TOKEN_ID["<|im_end|>"]],
             media_layout=MediaLayout.of(x), expects_media=media, talker=self.talker_prompt if audio else None,
             forced_reply=forced_reply)
         calls.update({stage: thinker for stage in spec.thinker_stages()})

@@ -15,12 +15,13 @@ Contract:
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
-    BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator,
+    BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -190,6 +191,13 @@ class MMProcessorKwargs(_Lenient):
         "time). None: the graph's default (video.use_audio_in_video). True fails for a video without audio."))
 
 
+# The values of OpenAI's not-yet-served chat fields that ask for nothing (None is always accepted).
+_NOT_SERVED_YET: dict[str, tuple] = {
+    "tools": ([],), "tool_choice": ("none", "auto"), "logprobs": (False,), "top_logprobs": (0,),
+    "response_format": ({"type": "text"},), "logit_bias": ({},),
+}
+
+
 class ChatCompletionRequest(_Lenient):
     model: str = Field(description="Served model name.")
     messages: list[ChatMessage] = Field(min_length=1, description="Conversation so far (>= 1).")
@@ -235,6 +243,33 @@ class ChatCompletionRequest(_Lenient):
         description=("omni_serve extension (as vLLM's): generate at least this many text tokens before a stop "
                      "token may end the text (benchmarks use it to fix output lengths)."),
     )
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2, description=(
+        "Subtracted from the logit of every token already generated (OpenAI's; the prompt does not count)."))
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2, description=(
+        "Subtracted from a token's logit once per time it was already generated (OpenAI's)."))
+    # OpenAI's fields this server does not implement yet: their defaults (what clients send when they ask for
+    # nothing) are accepted, anything else is a 400 naming the field (``_refuse_what_is_not_served``), never a reply
+    # that silently ignores what was asked.
+    tools: list[dict[str, Any]] | None = Field(default=None, description=(
+        "Not served yet: tools given (a non-empty list) are a 400."))
+    tool_choice: str | dict[str, Any] | None = Field(default=None, description=(
+        "Not served yet: only \"none\" and \"auto\" (no tools: nothing to call) are accepted."))
+    parallel_tool_calls: bool | None = Field(default=None, description="Accepted and unused (no tools are served).")
+    logprobs: bool | None = Field(default=None, description="Not served yet: true is a 400.")
+    top_logprobs: int | None = Field(default=None, ge=0, le=20, description="Not served yet: above 0 is a 400.")
+    response_format: dict[str, Any] | None = Field(default=None, description=(
+        "Not served yet: only {\"type\": \"text\"} is accepted."))
+    logit_bias: dict[str, float] | None = Field(default=None, description="Not served yet: a non-empty map is a 400.")
+
+    @field_validator("tools", "tool_choice", "logprobs", "top_logprobs", "response_format", "logit_bias")
+    @classmethod
+    def _refuse_what_is_not_served(cls, value: Any, info: ValidationInfo) -> Any:
+        accepted = _NOT_SERVED_YET[info.field_name]
+        if value is not None and value not in accepted:
+            raise PydanticCustomError("unsupported_parameter", "not supported by this server yet (only {accepted} is "
+                                      "accepted); send the request without it",
+                                      {"accepted": " or ".join(json.dumps(a) for a in accepted)})
+        return value
 
     @field_validator("modalities")
     @classmethod

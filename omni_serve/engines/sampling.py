@@ -3,8 +3,8 @@
 Contract: ``Sampler(params).select(logits, history) -> int``. A ``temperature`` below ``GREEDY_BELOW`` (0, or
 so small that logits divided by it overflow) is greedy; otherwise temperature, top-k and top-p warpers then a
 draw from a per-request ``torch.Generator`` seeded with ``params.seed`` (reproducible per request, independent of
-other requests in the replica). Repetition penalty, suppressed tokens and a minimum length apply in both modes,
-as in ``generate``.
+other requests in the replica). Repetition penalty, OpenAI's presence and frequency penalties, suppressed tokens and
+a minimum length apply in both modes, as in ``generate``.
 
 ``select_rows(samplers, logits)`` is ``[s.select(logits[i], []) for i, s in enumerate(samplers)]`` in fewer
 calls, for rows drawn without a history (the Qwen3-Omni code predictor's residual codebooks): rows whose samplers
@@ -13,7 +13,10 @@ every row's scores are those of its own call), greedy rows take one ``argmax``, 
 from its own generator, in row order. Rows whose processors read the history (repetition penalty, minimum
 length) are selected one by one.
 
-The processors are transformers' own, called in ``generate``'s order, except suppression: ``SuppressTokens``
+The processors are transformers' own, called in ``generate``'s order, except two. transformers has no presence or
+frequency penalty: ``_OccurrencePenalties`` applies them as OpenAI defines them and vLLM computes them (a token's logit
+less ``frequency_penalty`` times its count in the tokens generated so far, less ``presence_penalty`` once it occurred;
+the prompt does not count), before the warpers. And suppression: ``SuppressTokens``
 rebuilds its vocabulary mask (``isin`` over every suppressed id) on every call, so ``_Suppress`` keeps that mask
 and applies the same ``torch.where``.
 """
@@ -48,6 +51,8 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int = 0
     suppress_tokens: tuple[int, ...] = ()
     min_new_tokens: int = 0  # stop_token_ids are suppressed until this many tokens were generated
@@ -74,6 +79,17 @@ class _Suppress:
         return torch.where(mask, -float("inf"), scores)
 
 
+class _OccurrencePenalties:
+    """OpenAI's presence and frequency penalties over the tokens generated so far (see the module's docstring)."""
+
+    def __init__(self, presence: float, frequency: float):
+        self.presence, self.frequency = presence, frequency
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        counts = torch.zeros_like(scores).scatter_add_(1, input_ids, torch.ones_like(input_ids, dtype=scores.dtype))
+        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+
 class Sampler:
     def __init__(self, params: SamplingParams):
         self.params = params
@@ -81,6 +97,8 @@ class Sampler:
         procs = []
         if p.repetition_penalty != 1.0:
             procs.append(RepetitionPenaltyLogitsProcessor(penalty=p.repetition_penalty))
+        if p.presence_penalty or p.frequency_penalty:
+            procs.append(_OccurrencePenalties(p.presence_penalty, p.frequency_penalty))
         if p.min_new_tokens and p.stop_token_ids:
             procs.append(MinNewTokensLengthLogitsProcessor(0, p.min_new_tokens, list(p.stop_token_ids)))
         self.reads_history = bool(procs)  # the processors above read the tokens generated so far

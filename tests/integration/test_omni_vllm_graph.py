@@ -170,3 +170,17 @@ def test_speech_on_the_vllm_thinker_equals_the_native_thinker(vhttp, http):
     want, _ = sf.read(io.BytesIO(r_native.content), dtype="float32")
     assert sr == 24000 and got.size > 0 and got.shape == want.shape
     np.testing.assert_allclose(got, want, atol=2.0 / 32767)
+
+
+def test_presence_and_frequency_penalties_on_vllm_equal_the_native_thinker(vhttp, http):
+    """vLLM computes OpenAI's penalties itself: the native thinker's (omni_serve.engines.sampling) give the same
+    greedy tokens, and different ones from the unpenalized reply (which repeats no token: a negative presence
+    penalty, which favours the tokens already said, is what changes it)."""
+    body = {**oracle_request("text"), "modalities": ["text"], "max_tokens": 16, "presence_penalty": -2.0,
+            "frequency_penalty": 0.5}
+    r_vllm, r_native = vhttp.post("/v1/chat/completions", json=body), http.post("/v1/chat/completions", json=body)
+    assert r_vllm.status_code == 200 and r_native.status_code == 200, (r_vllm.text[:300], r_native.text[:300])
+    got, want = (r.json()["choices"][0]["token_ids"] for r in (r_vllm, r_native))
+    assert got == want and len(got) >= 4
+    plain = http.post("/v1/chat/completions", json={k: v for k, v in body.items() if not k.endswith("_penalty")})
+    assert plain.json()["choices"][0]["token_ids"] != want

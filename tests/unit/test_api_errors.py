@@ -139,6 +139,19 @@ def test_non_json_content_type_and_empty_body_are_400(client: TestClient) -> Non
             "Field required",
         ),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": ["1", "2", "3", "4", "5"]}, "stop", "at most 4"),
+        # OpenAI's fields not served yet: asking for them is a 400 naming the field, never a reply that ignores them
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}],
+          "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools", "not supported"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice",
+         'only "none" or "auto" is accepted'),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs", "not supported"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, "top_logprobs", "not supported"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+         "response_format", 'only {"type": "text"} is accepted'),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "presence_penalty": 2.5}, "presence_penalty",
+         "less than or equal to 2"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"7": 5}}, "logit_bias",
+         "not supported"),
     ],
 )
 def test_validation_errors_are_400_with_param(client: TestClient, body: dict[str, Any], param: str, fragment: str) -> None:

@@ -212,6 +212,19 @@ def test_minimal_request_defaults() -> None:
     assert req.messages == [ChatMessage(role="user", content="hi")]
 
 
+def test_openais_unserved_fields_are_accepted_at_the_values_that_ask_for_nothing() -> None:
+    """What clients send when they ask for no tools, logprobs, format or penalties (the official client passes
+    explicit defaults through as given) parses; asking for any of them is a 400 (test_api_errors)."""
+    recorder = Recorder(httpx.Response(200, json=audio_response("qwen2.5-omni").model_dump(exclude_none=True)))
+    make_client(recorder).chat.completions.create(
+        model="qwen2.5-omni", messages=[{"role": "user", "content": "hi"}], tools=[], tool_choice="auto",
+        parallel_tool_calls=False, logprobs=False, top_logprobs=0, response_format={"type": "text"},
+        presence_penalty=0.0, frequency_penalty=0, logit_bias={})
+    req = ChatCompletionRequest.model_validate(recorder.bodies[0])
+    assert req.tools == [] and req.tool_choice == "auto" and req.logprobs is False
+    assert ChatCompletionRequest.model_validate({**minimal(), "tool_choice": "none"}).tool_choice == "none"
+
+
 def test_max_new_tokens_precedence() -> None:
     assert ChatCompletionRequest.model_validate(minimal(max_tokens=5)).max_new_tokens(100) == 5
     both = ChatCompletionRequest.model_validate(minimal(max_tokens=5, max_completion_tokens=9))

@@ -177,3 +177,39 @@ def test_a_one_token_reply_gives_its_text_and_empty_audio(references, omni_tiny_
     assert result.wav is not None and result.wav.shape == (0,)
     assert talker["steps"] == 0 and talker["kv_blocks_used"] == thinker["kv_blocks_used"] == 0
     assert talker_active == 0
+
+
+def test_presence_and_frequency_penalties_equal_generate_with_openais_formula(models, references, omni_tiny_dir):
+    """The thinker's penalties (OpenAI's: a token's logit less frequency x its count among the tokens generated so
+    far, less presence once it occurred) equal transformers' greedy ``generate`` with that formula as a logits
+    processor; and they change the reply (the unpenalized reference differs)."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class Penalties(LogitsProcessor):
+        def __init__(self, prompt: int, presence: float, frequency: float):
+            self.prompt, self.presence, self.frequency = prompt, presence, frequency
+
+        def __call__(self, input_ids, scores):
+            generated = input_ids[:, self.prompt:]
+            counts = torch.zeros_like(scores).scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
+            return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+    ref, inputs, refs = models[0], references[0], references[1]
+    penalties = {"presence_penalty": 0.5, "frequency_penalty": 1.5}
+
+    async def serve_one():
+        omni = InProcessOmni(omni_tiny_dir, ARConfig(), steps=STEPS, talker_tokens=TALKER_TOKENS)
+        try:
+            return await omni.run("p", inputs["text"], THINKER_TOKENS, SEED, audio=False, penalties=penalties)
+        finally:
+            await omni.close()
+    served = run(serve_one())
+    kwargs = reference_inputs(omni_tiny_dir, "text").reference_kwargs()
+    prompt = kwargs["input_ids"].shape[1]
+    with torch.no_grad():
+        seq = ref.thinker.generate(input_ids=kwargs["input_ids"], attention_mask=kwargs["attention_mask"],
+                                   max_new_tokens=THINKER_TOKENS, do_sample=False, logits_processor=LogitsProcessorList(
+                                       [Penalties(prompt, penalties["presence_penalty"], penalties["frequency_penalty"])]))
+    expected = seq[0, prompt:].tolist()
+    assert served.tokens == expected[:len(served.tokens)] and len(served.tokens) >= 4, (served.tokens, expected)
+    assert served.tokens != refs["text"][0][:len(served.tokens)]  # the penalties changed the reply

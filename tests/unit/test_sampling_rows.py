@@ -130,3 +130,18 @@ def test_code_predictor_batch_equals_its_model_forward(talker, kind):
         for frame, (codes, embedding) in zip(got, want):
             assert frame.codes == codes
             assert torch.equal(frame.embedding, embedding)
+
+
+def test_presence_and_frequency_penalties_count_the_generated_tokens():
+    """OpenAI's formula: logit - frequency x count - presence x (count > 0), over the history (the tokens generated so
+    far), greedy and sampled alike; rows with penalties read their history, so they are selected one by one."""
+    logits = torch.tensor([0.0, 1.0, 3.0, 2.2])
+    plain = Sampler(SamplingParams(temperature=0.0))
+    assert plain.select(logits, [2, 2]) == 2
+    frequency = Sampler(SamplingParams(temperature=0.0, frequency_penalty=0.5))
+    assert frequency.select(logits, [2]) == 2 and frequency.select(logits, [2, 2]) == 3  # 3.0 - 2 x 0.5 < 2.2
+    presence = Sampler(SamplingParams(temperature=0.0, presence_penalty=0.9))
+    assert presence.select(logits, [2]) == 3 and presence.select(logits, [1, 3]) == 2  # once is enough; 3 is 2.2-0.9
+    scores = frequency.process(logits.view(1, -1), [[2, 2, 1]])
+    assert scores[0].tolist() == pytest.approx([0.0, 0.5, 2.0, 2.2]) and frequency.batch_key is None
+    assert Sampler(SamplingParams(temperature=0.0, presence_penalty=-2.0)).select(logits, [3]) == 3  # negative: favours

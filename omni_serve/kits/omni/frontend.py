@@ -155,7 +155,8 @@ class OmniFrontend(AudioEndpoints, Frontend):
             self.spec.thinker_params().default_temperature
         return self._prepared(
             req, rid, inputs, audios, images, max_new=req.max_new_tokens(self.spec.thinker_params().default_max_tokens),
-            sampling=dict(temperature=temperature, top_p=req.top_p or 1.0, min_new_tokens=req.min_tokens),
+            sampling=dict(temperature=temperature, top_p=req.top_p or 1.0, min_new_tokens=req.min_tokens,
+                          presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0),
             seed=req.seed, stop=_stops(req.stop), voice=voice,
             audio_format=(req.audio.format if req.audio else "wav") if voice else None,
             return_token_ids=req.return_token_ids)

@@ -39,6 +39,8 @@ class SamplingSettings(Message):
     top_p: float = 1.0
     seed: int
     min_new_tokens: int = 0  # the stop tokens cannot end the text before this many tokens
+    presence_penalty: float = 0.0  # OpenAI's, over the tokens generated so far
+    frequency_penalty: float = 0.0
 
 
 class MediaLayout(Message):

@@ -145,6 +145,7 @@ class VllmThinkerRunner(StageRunner):
                                   extra_args={TAP_KEY: True} if call.talker is not None else None)
         return SamplingParams(
             temperature=s.temperature, top_p=s.top_p, seed=s.seed, max_tokens=call.max_new_tokens,
+            presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
             min_tokens=s.min_new_tokens, stop_token_ids=list(call.stop_token_ids), stop=list(call.stop) or None,
             ignore_eos=True, skip_special_tokens=True, output_kind=RequestOutputKind.DELTA,
             extra_args={TAP_KEY: True} if call.talker is not None else None)
