@@ -10,8 +10,8 @@ a minimum length apply in both modes, as in ``generate``.
 calls, for rows drawn without a history (the Qwen3-Omni code predictor's residual codebooks): rows whose samplers
 share their processors are processed as one ``[n, V]`` batch (the processors and the softmax work row by row, so
 every row's scores are those of its own call), greedy rows take one ``argmax``, and each sampled row still draws
-from its own generator, in row order. Rows whose processors read the history (repetition penalty, minimum
-length) are selected one by one.
+from its own generator, in row order. Rows whose processors read the history (repetition, presence and frequency
+penalties, minimum length) are selected one by one.
 
 The processors are transformers' own, called in ``generate``'s order, except two. transformers has no presence or
 frequency penalty: ``_OccurrencePenalties`` applies them as OpenAI defines them and vLLM computes them (a token's logit
