@@ -187,7 +187,7 @@ class StageRatioPolicy:
         if not deficits:
             return
         deficit = sum(deficits.values()) / len(deficits)  # each ingress replica's share of the streams
-        if deficit < max(speech.min_deficit, 1e-9):
+        if deficit <= 0 or deficit < speech.min_deficit:
             return
         for name in speech.stages:
             if name in by_stage:
