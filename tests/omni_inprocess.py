@@ -30,6 +30,7 @@ class Result:
     tokens: list[int]
     codes: list[int]
     wav: object
+    logprobs: list = None  # the thinker's TokenLogprob per token, when the run asked for them
 
 
 class InProcessOmni:
@@ -55,9 +56,12 @@ class InProcessOmni:
         await self.graph.aclose()
 
     async def run(self, rid: str, x, thinker_tokens: int, seed: int, audio: bool = True,
-                  forced_reply: list[int] | None = None, penalties: dict[str, float] | None = None) -> Result:
+                  forced_reply: list[int] | None = None, penalties: dict[str, float] | None = None,
+                  logprobs: int | None = None, json_schema: str | None = None) -> Result:
         """One greedy request for the preprocessed prompt ``x`` (``OmniInputProcessor`` output). ``forced_reply``: the
-        thinker's reply is forced (speech). ``penalties``: the thinker's presence and frequency penalties."""
+        thinker's reply is forced (speech). ``penalties``: the thinker's presence and frequency penalties.
+        ``logprobs``: each text token's log-probability with this many alternatives. ``json_schema``: the reply is
+        constrained to JSON the schema accepts."""
         spec, stages = self.graph.spec, self.graph.stages
         media = x.has_media
         calls = {}
@@ -66,19 +70,22 @@ class InProcessOmni:
             calls["encoder"] = EncoderCall(request_id=rid)
         thinker = ThinkerCall(
             request_id=rid, input_ids=x.input_ids[0].tolist(), max_new_tokens=thinker_tokens,
-            sampling=SamplingSettings(temperature=0.0, seed=seed, **(penalties or {})), stop_token_ids=[TOKEN_ID["<|im_end|>"]],
+            sampling=SamplingSettings(temperature=0.0, seed=seed, logprobs=logprobs, json_schema=json_schema,
+                                      **(penalties or {})),
+            stop_token_ids=[TOKEN_ID["<|im_end|>"]],
             media_layout=MediaLayout.of(x), expects_media=media, talker=self.talker_prompt if audio else None,
             forced_reply=forced_reply)
         calls.update({stage: thinker for stage in spec.thinker_stages()})
         if audio:
             calls["talker"] = TalkerCall(request_id=rid, seed=seed, temperature=0.0)
             calls["code2wav"] = Code2WavCall(request_id=rid, voice="Chelsie", seed=seed)
-        tokens, codes, wavs = [], [], []
+        tokens, codes, wavs, lps = [], [], [], []
         async for _, out in stages.stream(rid, calls, timeout_s=300):
             if isinstance(out, TextDelta):
                 tokens.extend(out.token_ids)
+                lps.extend(out.logprobs or [])
             elif isinstance(out, CodecDelta):
                 codes.extend(out.codes)
             elif isinstance(out, AudioDelta):
                 wavs.append(np.frombuffer(out.samples, dtype="<f4"))
-        return Result(tokens, codes, np.concatenate(wavs) if wavs else None)
+        return Result(tokens, codes, np.concatenate(wavs) if wavs else None, lps if logprobs is not None else None)

@@ -133,6 +133,10 @@ def _field_path(loc: Sequence[Any]) -> str | None:
     return out or None
 
 
+# pydantic's error types for a body that is not a JSON object at all
+_NOT_AN_OBJECT = ("model_type", "model_attributes_type", "dict_type")
+
+
 def from_validation_errors(errors: Sequence[dict[str, Any]]) -> OpenAIError:
     """Turn pydantic/FastAPI validation error dicts into one 400 ``OpenAIError``.
 
@@ -157,7 +161,9 @@ def from_validation_errors(errors: Sequence[dict[str, Any]]) -> OpenAIError:
                 "Invalid JSON body: send a JSON object with Content-Type: application/json",
                 code="invalid_request",
             )
-        return bad_request("Request body must be a JSON object", code="invalid_request")
+        if first.get("type") in _NOT_AN_OBJECT:
+            return bad_request("Request body must be a JSON object", code="invalid_request")
+        # otherwise a check of the whole request (a model validator): listed below, with no param
 
     lines = []
     for err in errors[:_MAX_LISTED_ERRORS]:

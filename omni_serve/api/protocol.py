@@ -191,10 +191,37 @@ class MMProcessorKwargs(_Lenient):
         "time). None: the graph's default (video.use_audio_in_video). True fails for a video without audio."))
 
 
+class JSONSchemaFormat(_Lenient):
+    name: str = Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$", description="The schema's name (a-z, 0-9, _ -).")
+    description: str | None = Field(default=None, description="What the format is for (not shown to the model).")
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema", description=(
+        "The JSON schema the reply must satisfy (None: any JSON value)."))
+    strict: bool | None = Field(default=None, description=(
+        "Accepted; the reply always follows the schema (constrained decoding), strict or not."))
+
+
+class ResponseFormat(_Lenient):
+    type: Literal["text", "json_object", "json_schema"] = Field(description="The reply's format.")
+    json_schema: JSONSchemaFormat | None = Field(default=None, description="With type json_schema: the schema.")
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise PydanticCustomError("missing_json_schema", "type json_schema needs json_schema")
+        return self
+
+    def schema_text(self) -> str | None:
+        """The JSON schema the reply is constrained to, as JSON text; None: unconstrained (text)."""
+        if self.type == "json_object":
+            return json.dumps({"type": "object"})
+        if self.type == "json_schema":
+            return json.dumps(self.json_schema.schema_ if self.json_schema.schema_ is not None else {})
+        return None
+
+
 # The values of OpenAI's not-yet-served chat fields that ask for nothing (None is always accepted).
 _NOT_SERVED_YET: dict[str, tuple] = {
-    "tools": ([],), "tool_choice": ("none", "auto"), "logprobs": (False,), "top_logprobs": (0,),
-    "response_format": ({"type": "text"},), "logit_bias": ({},),
+    "tools": ([],), "tool_choice": ("none", "auto"), "logit_bias": ({},),
 }
 
 
@@ -247,6 +274,12 @@ class ChatCompletionRequest(_Lenient):
         "Subtracted from the logit of every token already generated (OpenAI's; the prompt does not count)."))
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2, description=(
         "Subtracted from a token's logit once per time it was already generated (OpenAI's)."))
+    logprobs: bool | None = Field(default=None, description=(
+        "Return the log-probability of each generated text token (choices[].logprobs.content), under the model's "
+        "distribution before temperature, top-p and penalties (as vLLM's default raw_logprobs; with a JSON "
+        "response_format, after its grammar's mask)."))
+    top_logprobs: int | None = Field(default=None, ge=0, le=20, description=(
+        "With logprobs: also this many most likely tokens at each position (0-20)."))
     # OpenAI's fields this server does not implement yet: their defaults (what clients send when they ask for
     # nothing) are accepted, anything else is a 400 naming the field (``_refuse_what_is_not_served``), never a reply
     # that silently ignores what was asked.
@@ -255,13 +288,12 @@ class ChatCompletionRequest(_Lenient):
     tool_choice: str | dict[str, Any] | None = Field(default=None, description=(
         "Not served yet: only \"none\" and \"auto\" (no tools: nothing to call) are accepted."))
     parallel_tool_calls: bool | None = Field(default=None, description="Accepted and unused (no tools are served).")
-    logprobs: bool | None = Field(default=None, description="Not served yet: true is a 400.")
-    top_logprobs: int | None = Field(default=None, ge=0, le=20, description="Not served yet: above 0 is a 400.")
-    response_format: dict[str, Any] | None = Field(default=None, description=(
-        "Not served yet: only {\"type\": \"text\"} is accepted."))
+    response_format: ResponseFormat | None = Field(default=None, description=(
+        "text (default), json_object or json_schema: the reply is constrained to JSON (any object, or one that "
+        "the schema accepts), compact (no whitespace between tokens)."))
     logit_bias: dict[str, float] | None = Field(default=None, description="Not served yet: a non-empty map is a 400.")
 
-    @field_validator("tools", "tool_choice", "logprobs", "top_logprobs", "response_format", "logit_bias")
+    @field_validator("tools", "tool_choice", "logit_bias")
     @classmethod
     def _refuse_what_is_not_served(cls, value: Any, info: ValidationInfo) -> Any:
         accepted = _NOT_SERVED_YET[info.field_name]
@@ -293,6 +325,17 @@ class ChatCompletionRequest(_Lenient):
             raise PydanticCustomError("unsupported_n", "only n=1 is supported")
         return value
 
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise PydanticCustomError("invalid_top_logprobs", "top_logprobs needs logprobs: true")
+        return value
+
+    def logprobs_wanted(self) -> int | None:
+        """How many top alternatives each token's log-probability comes with; None: no logprobs asked."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
     def output_modalities(self) -> list[str]:
         """Requested output modalities; ``["text"]`` when not given."""
         return list(self.modalities) if self.modalities else ["text"]
@@ -318,6 +361,13 @@ class ChatCompletionRequest(_Lenient):
 
 
 # --------------------------------------------------------------------------- responses
+
+
+def stop_sequences(stop: str | list[str] | None) -> list[str]:
+    """A request's ``stop`` field as a list (OpenAI takes one string or up to four)."""
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
 
 
 def _now() -> int:
@@ -347,12 +397,30 @@ class ChatCompletionMessage(BaseModel):
     audio: ChatCompletionAudio | None = Field(default=None, description="Generated audio, if requested.")
 
 
+class TopLogprob(BaseModel):
+    token: str = Field(description="The token's text (its own decode; may be a partial UTF-8 character).")
+    logprob: float = Field(description="Its log-probability.")
+    bytes: list[int] | None = Field(default=None, description="The token text's UTF-8 bytes.")
+
+
+class ChatCompletionTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list, description=(
+        "The most likely tokens at this position, most likely first (top_logprobs of them)."))
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[ChatCompletionTokenLogprob] | None = Field(default=None, description=(
+        "One entry per generated text token, the end token included (as vLLM's)."))
+    refusal: list[ChatCompletionTokenLogprob] | None = Field(default=None, description="Always null (no refusals).")
+
+
 class ChatCompletionChoice(BaseModel):
     index: int = Field(default=0, description="Choice index (always 0; n=1).")
     message: ChatCompletionMessage = Field(description="The generated message.")
     finish_reason: Literal["stop", "length", "abort"] | None = Field(
         default=None, description="Why generation ended."
     )
+    logprobs: ChoiceLogprobs | None = Field(default=None, description="Token log-probabilities (logprobs: true).")
     token_ids: list[int] | None = Field(
         default=None, description="omni_serve extension: generated text token ids (return_token_ids)."
     )
@@ -386,6 +454,9 @@ class ChatCompletionDelta(BaseModel):
 class ChatCompletionChunkChoice(BaseModel):
     index: int = Field(default=0, description="Choice index (always 0; n=1).")
     delta: ChatCompletionDelta = Field(description="What this chunk adds.")
+    logprobs: ChoiceLogprobs | None = Field(default=None, description=(
+        "Log-probabilities of the tokens this chunk adds (logprobs: true); a token whose text is held back (a "
+        "possible stop string, a partial character) comes with the next chunk that has text, or the last."))
     finish_reason: Literal["stop", "length", "abort"] | None = Field(
         default=None, description="Set on the last chunk of the choice."
     )

@@ -6,6 +6,9 @@ draw from a per-request ``torch.Generator`` seeded with ``params.seed`` (reprodu
 other requests in the replica). Repetition penalty, OpenAI's presence and frequency penalties, suppressed tokens and
 a minimum length apply in both modes, as in ``generate``.
 
+``token_logprobs(logits, token, top)`` is a token's log-probability and the most likely alternatives, what
+OpenAI's ``logprobs``/``top_logprobs`` return.
+
 ``select_rows(samplers, logits)`` is ``[s.select(logits[i], []) for i, s in enumerate(samplers)]`` in fewer
 calls, for rows drawn without a history (the Qwen3-Omni code predictor's residual codebooks): rows whose samplers
 share their processors are processed as one ``[n, V]`` batch (the processors and the softmax work row by row, so
@@ -132,6 +135,15 @@ class Sampler:
             return int(scores.argmax(-1))
         probs = torch.softmax(scores, dim=-1).cpu()  # the request's generator is a host one, on every device
         return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+def token_logprobs(logits: torch.Tensor, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    """``token``'s log-probability under ``logits`` (raw: no processor applied, as vLLM's default
+    ``raw_logprobs``) and the ``top`` most likely (token, log-probability) pairs, most likely first."""
+    logprobs = torch.log_softmax(logits.view(-1).float(), dim=-1)
+    best = logprobs.topk(top) if top else None
+    pairs = list(zip(best.indices.tolist(), best.values.tolist())) if best is not None else []
+    return float(logprobs[token]), pairs
 
 
 def select_rows(samplers: Sequence[Sampler], logits: torch.Tensor) -> list[int]:

@@ -147,6 +147,32 @@ def test_openai_client_non_streaming_and_streaming_audio(omni_app):
     assert moved.content == got.transcript and moved.transcript == "" and moved.pcm == got.pcm
 
 
+def test_logprobs_through_the_openai_client_streamed_and_not(omni_app):
+    """logprobs: one entry per generated token (the end token included), each with top_logprobs alternatives, the
+    chosen token the most likely (greedy); streamed with speech, each chunk carries its tokens' entries and they
+    concatenate to the non-streamed list."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{omni_app}/v1", api_key="unused")
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "hello there"}], max_tokens=8, temperature=0, seed=3,
+              logprobs=True, top_logprobs=3)
+    completion = client.chat.completions.create(**kw, extra_body={"return_token_ids": True})
+    choice = completion.choices[0]
+    entries = choice.logprobs.content
+    assert len(entries) == len(choice.model_extra["token_ids"]) == completion.usage.completion_tokens
+    for e in entries:
+        assert len(e.top_logprobs) == 3 and e.logprob <= 0 and e.bytes == list(e.token.encode())
+        assert e.top_logprobs[0].token == e.token and abs(e.top_logprobs[0].logprob - e.logprob) < 1e-6
+        assert [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs), reverse=True)
+    got = read_stream(client.chat.completions.create(**kw, modalities=["text", "audio"], stream=True,
+                                                     audio={"voice": "Ethan", "format": "pcm16"}))
+    streamed = [e for chunk in got.chunks for c in chunk.choices if c.logprobs for e in c.logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in entries]
+    assert got.transcript == (choice.message.content or "") and got.pcm
+    without = client.chat.completions.create(**{k: v for k, v in kw.items() if "logprobs" not in k})
+    assert without.choices[0].logprobs is None and without.choices[0].message.content == choice.message.content
+
+
 def test_a_one_token_reply_with_speech_answers_text_and_empty_audio(http):
     """One text token leaves the talker nothing to speak from: text and zero audio samples, not an error."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,

@@ -184,3 +184,53 @@ def test_presence_and_frequency_penalties_on_vllm_equal_the_native_thinker(vhttp
     assert got == want and len(got) >= 4
     plain = http.post("/v1/chat/completions", json={k: v for k, v in body.items() if not k.endswith("_penalty")})
     assert plain.json()["choices"][0]["token_ids"] != want
+
+
+def test_logprobs_on_vllm_equal_the_native_thinkers(vhttp, http):
+    """vLLM's logprobs (its default raw_logprobs: log-softmax of the logits before any processor) and their top
+    alternatives equal the native thinker's, token for token, to 1e-3 (two implementations of the forward: their
+    float32 sums differ in the last bits). With penalties that make the reply repeat tokens, so that a backend
+    reporting the penalized distribution instead of the raw one would differ."""
+    body = {**oracle_request("text"), "modalities": ["text"], "max_tokens": 16, "logprobs": True, "top_logprobs": 4,
+            "presence_penalty": -2.0, "frequency_penalty": 0.5}
+    r_vllm, r_native = vhttp.post("/v1/chat/completions", json=body), http.post("/v1/chat/completions", json=body)
+    assert r_vllm.status_code == 200 and r_native.status_code == 200, (r_vllm.text[:300], r_native.text[:300])
+    got, want = (r.json()["choices"][0] for r in (r_vllm, r_native))
+    assert got["token_ids"] == want["token_ids"] and len(got["token_ids"]) >= 4
+    got, want = got["logprobs"]["content"], want["logprobs"]["content"]
+    assert len(got) == len(want) == len(r_native.json()["choices"][0]["token_ids"])
+    for g, w in zip(got, want):
+        assert g["token"] == w["token"] and abs(g["logprob"] - w["logprob"]) < 1e-3, (g, w)
+        assert len(g["top_logprobs"]) == len(w["top_logprobs"]) == 4
+        np.testing.assert_allclose([t["logprob"] for t in g["top_logprobs"]],
+                                   [t["logprob"] for t in w["top_logprobs"]], atol=1e-3)
+
+
+def test_completions_on_vllm_equal_the_native_thinker(vhttp, http):
+    """/v1/completions runs on either thinker backend: vLLM's greedy tokens on a raw prompt equal the native
+    thinker's, for two prompts in one request, and so do their texts (but for a last partial UTF-8 character, which
+    vLLM's detokenizer drops and the native one writes as U+FFFD when the length cuts it)."""
+    body = {"model": "qwen2.5-omni", "prompt": ["The quick brown fox", "Once upon a time"], "max_tokens": 12,
+            "temperature": 0, "return_token_ids": True}
+    r_vllm, r_native = vhttp.post("/v1/completions", json=body), http.post("/v1/completions", json=body)
+    assert r_vllm.status_code == 200 and r_native.status_code == 200, (r_vllm.text[:300], r_native.text[:300])
+    got, want = ([c["token_ids"] for c in r.json()["choices"]] for r in (r_vllm, r_native))
+    assert got == want and all(len(t) >= 4 for t in got)
+    texts = ([c["text"].rstrip("\ufffd") for c in r.json()["choices"]] for r in (r_vllm, r_native))
+    assert next(texts) == next(texts)
+
+
+def test_a_json_schema_on_vllm_equals_the_native_thinker(vhttp, http):
+    """A JSON response_format on vLLM (its guidance backend: llguidance, the native thinker's grammar engine, compact
+    JSON on both): the same greedy tokens as the native thinker, JSON the schema accepts."""
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
+              "required": ["ok", "n"], "additionalProperties": False}
+    body = {**oracle_request("text"), "modalities": ["text"], "max_tokens": 40,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}}
+    r_vllm, r_native = vhttp.post("/v1/chat/completions", json=body), http.post("/v1/chat/completions", json=body)
+    assert r_vllm.status_code == 200 and r_native.status_code == 200, (r_vllm.text[:300], r_native.text[:300])
+    got, want = (r.json()["choices"][0] for r in (r_vllm, r_native))
+    assert got["token_ids"] == want["token_ids"] and got["message"]["content"] == want["message"]["content"]
+    jsonschema.validate(json.loads(got["message"]["content"]), schema)

@@ -213,3 +213,102 @@ def test_presence_and_frequency_penalties_equal_generate_with_openais_formula(mo
     expected = seq[0, prompt:].tolist()
     assert served.tokens == expected[:len(served.tokens)] and len(served.tokens) >= 4, (served.tokens, expected)
     assert served.tokens != refs["text"][0][:len(served.tokens)]  # the penalties changed the reply
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_logprobs_equal_the_log_softmax_of_generates_logits(models, omni_tiny_dir, layout):
+    """Each text token's logprob and its top alternatives are the log-softmax of the logits transformers' greedy
+    ``generate`` computed at that step (raw: before any processor), to 1e-4; one entry per token, the end token
+    included; disaggregated, the first comes from the logits prefill handed over. Control: the same comparison one
+    step off misses by far more than the tolerance."""
+    ref, top = models[0], 5
+    x = serve_inputs(models[1], "text")
+
+    async def serve_one():
+        omni = InProcessOmni(omni_tiny_dir, ARConfig(), steps=STEPS, talker_tokens=TALKER_TOKENS,
+                             thinker_layout=layout)
+        try:
+            return await omni.run("lp", x, THINKER_TOKENS, SEED, audio=False, logprobs=top)
+        finally:
+            await omni.close()
+    served = run(serve_one())
+    kwargs = reference_inputs(omni_tiny_dir, "text").reference_kwargs()
+    with torch.no_grad():
+        out = ref.thinker.generate(input_ids=kwargs["input_ids"], attention_mask=kwargs["attention_mask"],
+                                   max_new_tokens=THINKER_TOKENS, do_sample=False, output_logits=True,
+                                   return_dict_in_generate=True)
+    want = [torch.log_softmax(step[0].float(), -1) for step in out.logits]
+    assert len(served.tokens) >= 4 and len(served.logprobs) == len(served.tokens)
+    assert served.tokens == out.sequences[0, kwargs["input_ids"].shape[1]:].tolist()[:len(served.tokens)]
+    for i, (token, lp) in enumerate(zip(served.tokens, served.logprobs)):
+        assert abs(lp.logprob - float(want[i][token])) < 1e-4, (i, lp.logprob, float(want[i][token]))
+        values, ids = want[i].topk(top)
+        assert [t for t, _ in lp.top] == ids.tolist()
+        np.testing.assert_allclose([v for _, v in lp.top], values.numpy(), atol=1e-4)
+        assert lp.top[0][0] == token  # greedy: the chosen token is the most likely one
+    off = max(abs(lp.logprob - float(want[i + 1][token]))
+              for i, (token, lp) in enumerate(zip(served.tokens[:-1], served.logprobs[:-1])))
+    assert off > 1e-3, off
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_json_schema_constrained_reply_equals_generate_with_the_grammars_mask(models, omni_tiny_dir, layout):
+    """With a JSON schema, the thinker's greedy reply is transformers' greedy ``generate`` with llguidance's mask for
+    that schema as a logits processor (the library driven directly), token for token: JSON the schema accepts,
+    then the end token. Control: unconstrained, the reply is not JSON."""
+    import json
+
+    import jsonschema
+    import llguidance.hf
+    from llguidance import LLMatcher
+    from transformers import AutoTokenizer, LogitsProcessor, LogitsProcessorList
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
+              "required": ["ok", "n"], "additionalProperties": False}
+    tokenizer = AutoTokenizer.from_pretrained(omni_tiny_dir)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    x = serve_inputs(models[1], "text")
+
+    async def serve_one():
+        omni = InProcessOmni(omni_tiny_dir, ARConfig(), steps=STEPS, talker_tokens=TALKER_TOKENS,
+                             thinker_layout=layout)
+        try:
+            return await omni.run("js", x, 40, SEED, audio=False, json_schema=json.dumps(schema))
+        finally:
+            await omni.close()
+    served = run(serve_one())
+
+    vocab = models[0].thinker.config.text_config.vocab_size
+    matcher = LLMatcher(llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab, eos_token=end),
+                        LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False}))
+
+    class Grammar(LogitsProcessor):
+        def __init__(self, prompt: int):
+            self.prompt = prompt
+
+        def __call__(self, input_ids, scores):
+            if input_ids.shape[1] > self.prompt:
+                assert matcher.consume_token(int(input_ids[0, -1]))
+            bias = torch.frombuffer(bytearray(matcher.compute_logit_bias()), dtype=torch.uint8)[:vocab]
+            return scores.masked_fill(bias == 0, -float("inf"))
+
+    kwargs = reference_inputs(omni_tiny_dir, "text").reference_kwargs()
+    prompt = kwargs["input_ids"].shape[1]
+    with torch.no_grad():
+        seq = models[0].thinker.generate(input_ids=kwargs["input_ids"], attention_mask=kwargs["attention_mask"],
+                                         max_new_tokens=40, do_sample=False, eos_token_id=end,
+                                         logits_processor=LogitsProcessorList([Grammar(prompt)]))
+    assert served.tokens == seq[0, prompt:].tolist()
+    assert served.tokens[-1] == end
+    jsonschema.validate(json.loads(tokenizer.decode(served.tokens[:-1])), schema)
+    with pytest.raises(ValueError):
+        json.loads(tokenizer.decode([t for t in references_free_reply(models, omni_tiny_dir) if t != end]))
+
+
+def references_free_reply(models, omni_tiny_dir) -> list[int]:
+    """The thinker's unconstrained greedy reply to the same prompt (transformers' generate)."""
+    kwargs = reference_inputs(omni_tiny_dir, "text").reference_kwargs()
+    with torch.no_grad():
+        seq = models[0].thinker.generate(input_ids=kwargs["input_ids"], attention_mask=kwargs["attention_mask"],
+                                         max_new_tokens=40, do_sample=False)
+    return seq[0, kwargs["input_ids"].shape[1]:].tolist()

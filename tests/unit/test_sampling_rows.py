@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import LogitsProcessorList, SuppressTokensLogitsProcessor
 
-from omni_serve.engines.sampling import Sampler, SamplingParams, _Suppress, select_rows
+from omni_serve.engines.sampling import Sampler, SamplingParams, _Suppress, select_rows, token_logprobs
 
 VOCAB = 512
 
@@ -145,3 +145,12 @@ def test_presence_and_frequency_penalties_count_the_generated_tokens():
     scores = frequency.process(logits.view(1, -1), [[2, 2, 1]])
     assert scores[0].tolist() == pytest.approx([0.0, 0.5, 2.0, 2.2]) and frequency.batch_key is None
     assert Sampler(SamplingParams(temperature=0.0, presence_penalty=-2.0)).select(logits, [3]) == 3  # negative: favours
+
+
+def test_token_logprobs_are_the_raw_log_softmax_and_its_top_k():
+    logits = torch.tensor([0.5, 3.0, -1.0, 2.0], dtype=torch.bfloat16)
+    want = torch.log_softmax(logits.float(), -1)
+    chosen, top = token_logprobs(logits, 3, 2)
+    assert chosen == pytest.approx(float(want[3]))
+    assert [t for t, _ in top] == [1, 3] and [v for _, v in top] == pytest.approx([float(want[1]), float(want[3])])
+    assert token_logprobs(logits, 2, 0) == (pytest.approx(float(want[2])), [])

@@ -91,6 +91,7 @@ class VllmEngine(AdmittingEngine):
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def engine_args(self):
+        from vllm.config import StructuredOutputsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         s = self.settings
@@ -103,6 +104,10 @@ class VllmEngine(AdmittingEngine):
             enable_prefix_caching=not self.tap, limit_mm_per_prompt=limits, disable_log_stats=False,
             async_scheduling=False,  # the tap's rows of a step belong to the tokens that step scheduled
         )
+        # llguidance, the grammar engine of the native thinker's constrained decoding (omni_serve.engines.constraints),
+        # compact JSON as there (vLLM's guidance backend reads the whitespace setting here, not per request): a JSON
+        # response_format constrains a reply the same way on both backends
+        args["structured_outputs_config"] = StructuredOutputsConfig(backend="guidance", disable_any_whitespace=True)
         if s.tensor_parallel_size > 1:
             # vLLM's own worker processes beside the replica: inside a placement group vLLM would pick its Ray
             # executor and place them itself

@@ -17,7 +17,7 @@ from pydantic import Field
 from omni_serve.graph.messages import Message, StreamChunk, Tensor
 from omni_serve.kits.omni.messages import (  # noqa: F401 - the shared messages, importable from here
     AudioDelta, Code2WavCall, EncoderCall, MediaEmbeddings, MediaInputs, MediaLayout, PrefillDone, PromptHandoff,
-    RawMedia, SamplingSettings, TalkerPrompt, TextDelta, ThinkerCall,
+    RawMedia, SamplingSettings, TalkerPrompt, TextDelta, ThinkerCall, TokenLogprob,
 )
 
 

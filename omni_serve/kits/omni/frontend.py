@@ -25,8 +25,10 @@ import numpy as np
 
 from omni_serve.api import protocol as P
 from omni_serve.api.audio_protocol import SpeechRequest, TranscriptionRequest
+from omni_serve.api.completions_protocol import CompletionRequest
 from omni_serve.api.errors import OpenAIError, bad_request, internal_error
 from omni_serve.api.limits import check_request_size
+from omni_serve.api.logprobs import LogprobWriter
 from omni_serve.api.media import decode_image_bytes, decode_input_audio, encode_audio, image_url_bytes, probe_image
 from omni_serve.api.video import decode_videos, video_url_bytes
 from omni_serve.api.sse import SSE_DONE, sse_error, sse_event
@@ -34,6 +36,7 @@ from omni_serve.graph.calls import StageCalls
 from omni_serve.graph.frontend import EventStream, Frontend, RequestContext, Route
 from omni_serve.graph.messages import Message
 from omni_serve.kits.omni.audio_endpoints import AudioEndpoints
+from omni_serve.kits.omni.completions import CompletionEndpoints
 from omni_serve.kits.omni.messages import (
     AudioDelta, Code2WavCall, EncoderCall, MediaInputs, MediaLayout, RawMedia, SamplingSettings, TalkerPrompt,
     TextDelta, ThinkerCall,
@@ -67,13 +70,16 @@ class Prepared:
     timeout_s: float | None = None  # the request's deadline (the ingress sets it; None: the spec's)
 
 
-class OmniFrontend(AudioEndpoints, Frontend):
+class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
     """The Omni chat frontend; a family subclasses it through ``_load_checkpoint``, ``_talker_prompt``,
-    ``_talker_call``, ``_codec_ids`` and ``default_system_prompt``. The audio routes are ``AudioEndpoints``'.
+    ``_talker_call``, ``_codec_ids`` and ``default_system_prompt``. The audio routes are ``AudioEndpoints``', text
+    completions ``CompletionEndpoints``'.
     ``spec`` is the family's graph spec (``omni_serve.kits.omni.spec``'s sections mixed in)."""
 
     routes = (Route("/v1/chat/completions", "chat", "chat_completions", P.ChatCompletionRequest,
                     summary="Chat completion with text and speech output (OpenAI chat.completions)."),
+              Route("/v1/completions", "completions", "completions", CompletionRequest,
+                    summary="Text completion of a raw prompt on the thinker (OpenAI's legacy completions)."),
               Route("/v1/audio/speech", "speech", "audio_speech", SpeechRequest,
                     summary="Speak a text with one of the model's voices (OpenAI audio.speech)."),
               Route("/v1/audio/transcriptions", "transcriptions", "audio_transcriptions", TranscriptionRequest,
@@ -97,6 +103,8 @@ class OmniFrontend(AudioEndpoints, Frontend):
                                           spec.playback.target_ttfp_s)
         eos = self.inputs.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.stop_token_ids = [eos]
+        self.logprob_writer = LogprobWriter(self.inputs.tokenizer)
+        self._grammars = None  # GrammarCompiler (engines.constraints), made on the first JSON response_format
 
     async def admit_audio(self, p: "Prepared", ctx: RequestContext) -> None:
         """Hold a request that asked for audio until the graph's real-time capacity takes it (or raise its 429),
@@ -136,6 +144,9 @@ class OmniFrontend(AudioEndpoints, Frontend):
         p.clock, p.timeout_s = ctx.clock, ctx.timeout_s
         await self.admit_audio(p, ctx)
         if body.stream and shape == "vllm_omni":
+            if body.logprobs:
+                raise bad_request("logprobs are streamed in OpenAI's stream shape only, not vLLM-Omni's.",
+                                  param="logprobs")
             return EventStream(vllm_omni_chunks(p, self._events(p), self.spec.model_name, self.sample_rate))
         if body.stream:
             return EventStream(self.stream(p))
@@ -150,16 +161,42 @@ class OmniFrontend(AudioEndpoints, Frontend):
             voice = self._voice(asked or self.spec.default_voice, "audio.voice")
         check_request_size(req.messages, self.spec.limits)
         rid = new_request_id("chatcmpl")
+        schema = await asyncio.to_thread(self._checked_schema, req)  # compiling a grammar is CPU work
         inputs, audios, images = await self._preprocessed(rid, self._preprocess, req)
         temperature = req.temperature if req.temperature is not None else \
             self.spec.thinker_params().default_temperature
         return self._prepared(
             req, rid, inputs, audios, images, max_new=req.max_new_tokens(self.spec.thinker_params().default_max_tokens),
             sampling=dict(temperature=temperature, top_p=req.top_p or 1.0, min_new_tokens=req.min_tokens,
-                          presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0),
-            seed=req.seed, stop=_stops(req.stop), voice=voice,
+                          presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
+                          logprobs=req.logprobs_wanted(), json_schema=schema),
+            seed=req.seed, stop=P.stop_sequences(req.stop), voice=voice,
             audio_format=(req.audio.format if req.audio else "wav") if voice else None,
             return_token_ids=req.return_token_ids)
+
+    def _checked_schema(self, req: P.ChatCompletionRequest) -> str | None:
+        """The JSON schema the reply is constrained to (``response_format``), checked by the grammar engine the
+        thinkers use: a schema it cannot use is a 400 here, before any stage is called."""
+        schema = req.response_format.schema_text() if req.response_format is not None else None
+        if schema is None:
+            return None
+        param = "response_format.json_schema.schema" if req.response_format.type == "json_schema" else "response_format"
+        if req.min_tokens:
+            raise bad_request("min_tokens cannot be combined with a JSON response_format (the grammar may end the "
+                              "reply first).", param="min_tokens")
+        from omni_serve.engines.constraints import GrammarCompiler, GrammarError
+
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.inputs.tokenizer, self.thinker_cfg.text_config.vocab_size,
+                                             self.stop_token_ids[0])
+        try:
+            problem = self._grammars.check(GrammarCompiler.json_grammar(schema))
+        except GrammarError as exc:
+            problem = str(exc)
+        if problem:
+            raise bad_request(f"The JSON schema cannot be used to constrain the reply: {problem}", param=param,
+                              code="invalid_value")
+        return schema
 
     def _check_model(self, model: str) -> None:
         if model != self.spec.model_name:
@@ -311,7 +348,7 @@ class OmniFrontend(AudioEndpoints, Frontend):
             yield event
 
     async def complete(self, p: Prepared) -> P.ChatCompletionResponse:
-        text, tokens, codes, pcm, finish = [], [], [], [], None
+        text, tokens, codes, pcm, finish, logprobs = [], [], [], [], None, []
         async for stage, out in self._events(p):
             if isinstance(out, TextDelta):
                 if out.text:
@@ -319,6 +356,7 @@ class OmniFrontend(AudioEndpoints, Frontend):
                 text.append(out.text)
                 tokens.extend(out.token_ids)
                 finish = out.finish_reason or finish
+                logprobs.extend(self._logprobs(out))
             elif self._codec_ids(out) is not None:
                 codes.extend(self._codec_ids(out))
             elif isinstance(out, AudioDelta):
@@ -337,6 +375,7 @@ class OmniFrontend(AudioEndpoints, Frontend):
         content = transcript if audio is None or p.request.transcript_in_content else None
         choice = P.ChatCompletionChoice(
             message=P.ChatCompletionMessage(content=content, audio=audio), finish_reason=finish,
+            logprobs=P.ChoiceLogprobs(content=logprobs) if p.request.logprobs else None,
             token_ids=tokens if want_ids else None, codec_ids=codes if want_ids and p.voice else None)
         usage = P.UsageInfo(prompt_tokens=p.prompt_len, completion_tokens=len(tokens),
                             total_tokens=p.prompt_len + len(tokens))
@@ -344,9 +383,16 @@ class OmniFrontend(AudioEndpoints, Frontend):
                                         choices=[choice], usage=usage)
 
     async def stream(self, p: Prepared) -> AsyncIterator[str]:
-        def chunk(delta: P.ChatCompletionDelta, finish=None) -> P.ChatCompletionChunk:
+        held: list[P.ChatCompletionTokenLogprob] = []  # logprobs of tokens whose text has not been sent yet
+
+        def chunk(delta: P.ChatCompletionDelta, finish=None, text: bool = False) -> P.ChatCompletionChunk:
+            logprobs = None
+            if (text or finish) and held:  # a token's logprob goes out with its text (or with the last chunk)
+                logprobs = P.ChoiceLogprobs(content=list(held))
+                held.clear()
             return P.ChatCompletionChunk(id=p.request_id, created=p.created, model=self.spec.model_name,
-                                         choices=[P.ChatCompletionChunkChoice(delta=delta, finish_reason=finish)])
+                                         choices=[P.ChatCompletionChunkChoice(delta=delta, finish_reason=finish,
+                                                                              logprobs=logprobs)])
 
         # OpenAI's stream: with audio, each piece of text comes once, as delta.audio.transcript, and content is
         # null; transcript_in_content moves the pieces to delta.content (never both).
@@ -362,11 +408,12 @@ class OmniFrontend(AudioEndpoints, Frontend):
                 if isinstance(out, TextDelta):
                     tokens += len(out.token_ids)
                     finish = out.finish_reason or finish
+                    held.extend(self._logprobs(out))
                     if out.text:
                         p.clock.text()
                         yield sse_event(chunk(
                             P.ChatCompletionDelta(audio=P.DeltaAudio(id=audio_id, transcript=out.text))
-                            if transcript_deltas else P.ChatCompletionDelta(content=out.text)))
+                            if transcript_deltas else P.ChatCompletionDelta(content=out.text), text=True))
                 elif isinstance(out, AudioDelta) and out.samples:
                     pcm = _pcm16(out)
                     p.clock.audio(_pcm_seconds(pcm))
@@ -393,6 +440,13 @@ class OmniFrontend(AudioEndpoints, Frontend):
                 usage=P.UsageInfo(prompt_tokens=p.prompt_len, completion_tokens=tokens,
                                   total_tokens=p.prompt_len + tokens)))
         yield SSE_DONE
+
+    def _logprobs(self, out: TextDelta) -> list[P.ChatCompletionTokenLogprob]:
+        """OpenAI's logprob entries of a text delta's tokens (none when the request asked for none)."""
+        if out.logprobs is None:
+            return []
+        return self.logprob_writer.entries(out.token_ids, [(lp.logprob, lp.top) for lp in out.logprobs])
+
 
 def raw_media(audios: list[np.ndarray], images: list) -> RawMedia:
     """Decoded clips (16 kHz float32) and images (as RGB pixels), each list concatenated, in prompt order."""
@@ -423,9 +477,3 @@ def _pcm16(delta: AudioDelta) -> bytes:
 
 def _pcm_seconds(pcm16: bytes) -> float:
     return len(pcm16) / 2 / SAMPLE_RATE
-
-
-def _stops(stop) -> list[str]:
-    if stop is None:
-        return []
-    return [stop] if isinstance(stop, str) else list(stop)

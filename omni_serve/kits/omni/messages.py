@@ -41,6 +41,8 @@ class SamplingSettings(Message):
     min_new_tokens: int = 0  # the stop tokens cannot end the text before this many tokens
     presence_penalty: float = 0.0  # OpenAI's, over the tokens generated so far
     frequency_penalty: float = 0.0
+    logprobs: int | None = None  # each text token's log-probability with this many top alternatives; None: none
+    json_schema: str | None = None  # the reply is constrained to JSON this schema (JSON text) accepts; None: free
 
 
 class MediaLayout(Message):
@@ -104,10 +106,19 @@ class Code2WavCall(Message):
 
 
 # -- outputs -------------------------------------------------------------------------------------------------
+class TokenLogprob(Message):
+    """A generated token's log-probability under the model's raw distribution (log-softmax of its logits, before
+    any sampling processor), with the most likely tokens at its position."""
+
+    logprob: float
+    top: list[tuple[int, float]] = []  # (token id, log-probability), most likely first
+
+
 class TextDelta(Message):
     token_ids: list[int]
     text: str = ""
     finish_reason: Literal["stop", "length"] | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the call's sampling asked for them
 
 
 class PrefillDone(Message):

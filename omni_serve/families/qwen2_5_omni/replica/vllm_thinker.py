@@ -29,7 +29,9 @@ import numpy as np
 import torch
 
 from omni_serve.engines.vllm_engine.engine import VllmRequest
-from omni_serve.families.qwen2_5_omni.messages import RawMedia, TalkerHead, TextDelta, ThinkerCall, ThinkerStates
+from omni_serve.families.qwen2_5_omni.messages import (
+    RawMedia, TalkerHead, TextDelta, ThinkerCall, ThinkerStates, TokenLogprob,
+)
 from omni_serve.graph.runner import StageRunner
 
 TALKER_EDGE = "thinker_talker"
@@ -135,7 +137,7 @@ class VllmThinkerRunner(StageRunner):
 
     def sampling_params(self, call: ThinkerCall):
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         from omni_serve.engines.vllm_engine.tap import TAP_KEY
 
@@ -145,9 +147,13 @@ class VllmThinkerRunner(StageRunner):
                                   extra_args={TAP_KEY: True} if call.talker is not None else None)
         return SamplingParams(
             temperature=s.temperature, top_p=s.top_p, seed=s.seed, max_tokens=call.max_new_tokens,
-            presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+            presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty, logprobs=s.logprobs,
             min_tokens=s.min_new_tokens, stop_token_ids=list(call.stop_token_ids), stop=list(call.stop) or None,
             ignore_eos=True, skip_special_tokens=True, output_kind=RequestOutputKind.DELTA,
+            # compact JSON, as the native thinker's grammar (omni_serve.engines.constraints) writes it (the engine's
+            # structured_outputs_config says so too: vLLM's guidance backend reads it there)
+            structured_outputs=StructuredOutputsParams(json=s.json_schema, disable_any_whitespace=True)
+            if s.json_schema else None,
             extra_args={TAP_KEY: True} if call.talker is not None else None)
 
     async def run(self, engine, call: ThinkerCall) -> AsyncIterator:
@@ -191,4 +197,18 @@ class VllmThinkerRunner(StageRunner):
                 if chunk is not None:
                     await writer.write(chunk)
             if new or finish:
-                yield TextDelta(token_ids=new, text=completion.text, finish_reason=finish)
+                yield TextDelta(token_ids=new, text=completion.text, finish_reason=finish,
+                                logprobs=token_logprobs(new, completion.logprobs, call.sampling.logprobs))
+
+
+def token_logprobs(tokens: list[int], positions, top: int | None) -> list[TokenLogprob] | None:
+    """vLLM's per-position logprobs (``{token id: Logprob}``: the sampled token and the ``top`` best by rank) as
+    one ``TokenLogprob`` per sampled token; None when the call asked for none."""
+    if top is None:
+        return None
+    out = []
+    for token, position in zip(tokens, positions, strict=True):
+        best = sorted((lp.rank, tid, lp.logprob) for tid, lp in position.items()
+                      if lp.rank is not None and lp.rank <= top)
+        out.append(TokenLogprob(logprob=position[token].logprob, top=[(tid, lp) for _, tid, lp in best]))
+    return out

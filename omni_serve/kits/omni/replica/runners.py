@@ -41,6 +41,7 @@ class ThinkerRunner(StageRunner):
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.spec.checkpoint)
         self.media_token_ids = self.model.media_token_ids
+        self._grammars = None  # GrammarCompiler, made on the first constrained request
 
     def thinker_request(self, call: ThinkerCall) -> P.ThinkerRequest:
         edge, s = self.spec.edge_spec("thinker_talker"), call.sampling
@@ -57,8 +58,18 @@ class ThinkerRunner(StageRunner):
             talker_tokens=(0, 0) if talker is None else (talker.tts_end_token, talker.tts_pad_token),
             chunk_size=edge.chunk_size, first_chunk_size=edge.first_chunk_size,
             media_token_ids=self.media_token_ids, block_size=self.engine_spec.ar.block_size,
-            forced_reply=tuple(call.forced_reply or ()),
+            forced_reply=tuple(call.forced_reply or ()), logprobs=s.logprobs,
+            constraint=self._constraint(s.json_schema, stops[0])
+            if s.json_schema and self.role is not P.ThinkerRole.PREFILL else None,
         )
+
+    def _constraint(self, schema: str, end_token: int):
+        """A request's JSON-schema constraint; the tokenizer is wrapped for the grammar engine once per replica."""
+        from omni_serve.engines.constraints import GrammarCompiler
+
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.model.vocab_size, end_token)
+        return self._grammars.constraint(GrammarCompiler.json_grammar(schema))
 
     async def run(self, engine, call: ThinkerCall) -> AsyncIterator:
         req = self.thinker_request(call)

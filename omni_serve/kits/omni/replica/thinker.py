@@ -28,9 +28,12 @@ import torch
 from omni_serve.engines.ar.kv_cache import block_hashes
 from omni_serve.engines.ar.sequence import ARSequence, KVTransfer
 from omni_serve.engines.base import StageProgram
-from omni_serve.engines.sampling import Sampler, SamplingParams
+from omni_serve.engines.constraints import TokenConstraint
+from omni_serve.engines.sampling import Sampler, SamplingParams, token_logprobs
 from omni_serve.graph.messages import Message, StreamChunk
-from omni_serve.kits.omni.messages import MediaEmbeddings, MediaInputs, MediaLayout, PromptHandoff, TextDelta
+from omni_serve.kits.omni.messages import (
+    MediaEmbeddings, MediaInputs, MediaLayout, PromptHandoff, TextDelta, TokenLogprob,
+)
 from omni_serve.models.qwen2_5_omni import OmniEncoder, OmniThinker
 
 
@@ -76,6 +79,8 @@ class ThinkerRequest:
     media_token_ids: tuple[int, ...] = ()
     block_size: int = 16  # KV block size of the engine (for prefix-sharing hashes)
     forced_reply: tuple[int, ...] = ()  # the reply to speak instead of sampling one (its end token last)
+    logprobs: int | None = None  # each sampled token's log-probability with this many alternatives; None: none
+    constraint: TokenConstraint | None = None  # the grammar the reply must follow (``engines.constraints``)
 
 
 def rope_kwargs(layout: MediaLayout | None) -> dict:
@@ -239,17 +244,25 @@ class OmniThinkerSequence(ARSequence):
             return []
         if self.req.forced_reply:
             return self._forced_done(end)
+        if self.req.constraint is not None:  # before logprobs too: vLLM's raw logprobs see its grammar mask
+            logits = self.req.constraint.mask(logits)
         token = self.sampler.select(logits, self.generated)
+        logprob = None
+        if self.req.logprobs is not None:
+            chosen, top = token_logprobs(logits, token, self.req.logprobs)
+            logprob = [TokenLogprob(logprob=chosen, top=top)]
         self.generated.append(token)
         if token in self.req.stop_token_ids:
             self.finish_reason = "stop"
         elif len(self.generated) >= self.req.max_new_tokens:
             self.finish_reason = "length"
-        delta = TextDelta(token_ids=[token], text=self._text_delta())
+        delta = TextDelta(token_ids=[token], text=self._text_delta(), logprobs=logprob)
         if self.finish_reason:
             self.done = True
             delta.finish_reason = self.finish_reason
         else:
+            if self.req.constraint is not None:
+                self.req.constraint.advance(token)
             self._feed_back(token)
         downstream = self._talker_chunk()
         return [delta] if downstream is None else [downstream, delta]
