@@ -59,7 +59,7 @@ class InProcessOmni:
                   forced_reply: list[int] | None = None, penalties: dict[str, float] | None = None,
                   logprobs: int | None = None, json_schema: str | None = None) -> Result:
         """One greedy request for the preprocessed prompt ``x`` (``OmniInputProcessor`` output). ``forced_reply``: the
-        thinker's reply is forced (speech). ``penalties``: the thinker's presence and frequency penalties.
+        thinker's reply is forced (speech). ``penalties``: the thinker's presence and frequency penalties (and logit_bias).
         ``logprobs``: each text token's log-probability with this many alternatives. ``json_schema``: the reply is
         constrained to JSON the schema accepts."""
         spec, stages = self.graph.spec, self.graph.stages

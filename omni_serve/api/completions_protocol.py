@@ -3,7 +3,7 @@
 Contract: ``CompletionRequest`` validates what the official client's ``completions.create`` sends. A prompt is a
 string, a list of token ids, or a list of either (one choice set per prompt); every prompt gets ``n`` choices,
 indexed ``prompt * n + j`` as OpenAI orders them. Fields that ask for what this server does not do (``suffix``,
-``best_of`` above ``n``... see ``_NOT_SERVED``) are a 400 naming the field, never ignored. ``logprobs`` is the
+``best_of`` other than ``n``, ``echo`` with ``logprobs``) are a 400 naming the field, never ignored. ``logprobs`` is the
 legacy form: an integer, the number of alternatives per token (0-5), answered as ``CompletionLogprobs``.
 """
 
@@ -14,7 +14,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from omni_serve.api.protocol import StopSequences, StreamOptions, UsageInfo, _Lenient, _now
+from omni_serve.api.protocol import LogitBias, StopSequences, StreamOptions, UsageInfo, _Lenient, _now
 
 MAX_PROMPTS = 16  # prompts per request (each is a thinker request, all in flight at once)
 MAX_CHOICES = 16  # prompts x n
@@ -54,7 +54,8 @@ class CompletionRequest(_Lenient):
     # OpenAI's fields not served: their do-nothing values are accepted, anything else is a 400 naming the field.
     suffix: str | None = Field(default=None, description="Not served (no insertion mode): a non-empty suffix is a 400.")
     best_of: int | None = Field(default=None, ge=1, description="Not served: only best_of equal to n is accepted.")
-    logit_bias: dict[str, float] | None = Field(default=None, description="Not served yet: a non-empty map is a 400.")
+    logit_bias: LogitBias | None = Field(default=None, description=(
+        "Token id (as a string) -> a value from -100 to 100 added to that token's logit before sampling (up to 300)."))
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -80,13 +81,12 @@ class CompletionRequest(_Lenient):
             raise PydanticCustomError("invalid_prompt", "a prompt must not be empty")
         return value
 
-    @field_validator("suffix", "logit_bias")
+    @field_validator("suffix")
     @classmethod
-    def _refuse_what_is_not_served(cls, value: Any, info: ValidationInfo) -> Any:
+    def _refuse_suffix(cls, value: str | None) -> str | None:
         if value:
-            why = "no insertion mode" if info.field_name == "suffix" else "only {} is accepted"
-            raise PydanticCustomError("unsupported_parameter", "not supported by this server ({why}); send the "
-                                      "request without it", {"why": why})
+            raise PydanticCustomError("unsupported_parameter", "not supported by this server (no insertion mode); "
+                                      "send the request without it")
         return value
 
     @field_validator("best_of")
@@ -133,7 +133,8 @@ class CompletionLogprobs(BaseModel):
 class CompletionChoice(BaseModel):
     index: int = Field(description="prompt index x n + choice number.")
     text: str = Field(description="The generated text (after the prompt's, with echo).")
-    logprobs: CompletionLogprobs | None = Field(default=None, description="With logprobs: the tokens' log-probabilities.")
+    logprobs: CompletionLogprobs | None = Field(default=None, description=(
+        "With logprobs: the tokens' log-probabilities."))
     finish_reason: Literal["stop", "length"] | None = Field(default=None, description="Why generation ended.")
     token_ids: list[int] | None = Field(default=None, description=(
         "omni_serve extension: the generated token ids (return_token_ids), the end token included."))

@@ -21,7 +21,7 @@ import uuid
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
-    BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator,
+    AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -219,9 +219,34 @@ class ResponseFormat(_Lenient):
         return None
 
 
+MAX_LOGIT_BIAS = 300  # tokens per request, as OpenAI's limit
+
+
+def _check_logit_bias(value: dict[str, float]) -> dict[str, float]:
+    if len(value) > MAX_LOGIT_BIAS:
+        raise PydanticCustomError("invalid_logit_bias", "at most {limit} tokens", {"limit": MAX_LOGIT_BIAS})
+    for key, bias in value.items():
+        if not key.isdigit():
+            raise PydanticCustomError("invalid_logit_bias", "keys must be token ids (digits), not '{key}'",
+                                      {"key": key})
+        if not -100 <= bias <= 100:
+            raise PydanticCustomError("invalid_logit_bias", "values must be from -100 to 100 (token {key}: {bias})",
+                                      {"key": key, "bias": bias})
+    return value
+
+
+# OpenAI's logit_bias: token id (a string of digits) -> bias from -100 to 100, at most MAX_LOGIT_BIAS entries
+LogitBias = Annotated[dict[str, float], AfterValidator(_check_logit_bias)]
+
+
+def logit_bias_ids(value: dict[str, float] | None) -> dict[int, float]:
+    """A request's ``logit_bias`` keyed by token id (empty when none)."""
+    return {int(k): float(v) for k, v in (value or {}).items()}
+
+
 # The values of OpenAI's not-yet-served chat fields that ask for nothing (None is always accepted).
 _NOT_SERVED_YET: dict[str, tuple] = {
-    "tools": ([],), "tool_choice": ("none", "auto"), "logit_bias": ({},),
+    "tools": ([],), "tool_choice": ("none", "auto"),
 }
 
 
@@ -291,9 +316,11 @@ class ChatCompletionRequest(_Lenient):
     response_format: ResponseFormat | None = Field(default=None, description=(
         "text (default), json_object or json_schema: the reply is constrained to JSON (any object, or one that "
         "the schema accepts), compact (no whitespace between tokens)."))
-    logit_bias: dict[str, float] | None = Field(default=None, description="Not served yet: a non-empty map is a 400.")
+    logit_bias: LogitBias | None = Field(default=None, description=(
+        "Token id (as a string) -> a value from -100 to 100 added to that token's logit before sampling (OpenAI's; "
+        "up to 300 tokens). The ids must be inside the thinker's vocabulary."))
 
-    @field_validator("tools", "tool_choice", "logit_bias")
+    @field_validator("tools", "tool_choice")
     @classmethod
     def _refuse_what_is_not_served(cls, value: Any, info: ValidationInfo) -> Any:
         accepted = _NOT_SERVED_YET[info.field_name]

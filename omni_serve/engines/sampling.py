@@ -4,7 +4,7 @@ Contract: ``Sampler(params).select(logits, history) -> int``. A ``temperature`` 
 so small that logits divided by it overflow) is greedy; otherwise temperature, top-k and top-p warpers then a
 draw from a per-request ``torch.Generator`` seeded with ``params.seed`` (reproducible per request, independent of
 other requests in the replica). Repetition penalty, OpenAI's presence and frequency penalties, suppressed tokens and
-a minimum length apply in both modes, as in ``generate``.
+a minimum length apply in both modes, as in ``generate``; so does ``logit_bias``.
 
 ``token_logprobs(logits, token, top)`` is a token's log-probability and the most likely alternatives, what
 OpenAI's ``logprobs``/``top_logprobs`` return.
@@ -16,12 +16,14 @@ every row's scores are those of its own call), greedy rows take one ``argmax``, 
 from its own generator, in row order. Rows whose processors read the history (repetition, presence and frequency
 penalties, minimum length) are selected one by one.
 
-The processors are transformers' own, called in ``generate``'s order, except two. transformers has no presence or
-frequency penalty: ``_OccurrencePenalties`` applies them as OpenAI defines them and vLLM computes them (a token's logit
-less ``frequency_penalty`` times its count in the tokens generated so far, less ``presence_penalty`` once it occurred;
-the prompt does not count), before the warpers. And suppression: ``SuppressTokens``
-rebuilds its vocabulary mask (``isin`` over every suppressed id) on every call, so ``_Suppress`` keeps that mask
-and applies the same ``torch.where``.
+The processors are transformers' own, called in ``generate``'s order, except three. ``_LogitBias`` adds OpenAI's
+``logit_bias`` first (transformers' ``SequenceBiasLogitsProcessor`` does the same for one-token sequences but
+reads the history on every call, which would keep biased rows out of ``select_rows``' batches). transformers has
+no presence or frequency penalty: ``_OccurrencePenalties`` applies them as OpenAI defines them and vLLM computes
+them (a token's logit less ``frequency_penalty`` times its count in the tokens generated so far, less
+``presence_penalty`` once it occurred; the prompt does not count), before the warpers. And suppression:
+``SuppressTokens`` rebuilds its vocabulary mask (``isin`` over every suppressed id) on every call, so
+``_Suppress`` keeps that mask and applies the same ``torch.where``.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), OpenAI's logit_bias
     seed: int = 0
     suppress_tokens: tuple[int, ...] = ()
     min_new_tokens: int = 0  # stop_token_ids are suppressed until this many tokens were generated
@@ -82,6 +85,25 @@ class _Suppress:
         return torch.where(mask, -float("inf"), scores)
 
 
+class _LogitBias:
+    """OpenAI's ``logit_bias``: fixed values added to some tokens' logits (vLLM adds them before its penalties too);
+    the bias vector is built once per vocabulary size."""
+
+    def __init__(self, bias: tuple[tuple[int, float], ...]):
+        self.ids = torch.tensor([t for t, _ in bias], dtype=torch.long)
+        self.values = torch.tensor([v for _, v in bias], dtype=torch.float32)
+        self._vectors: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    def __call__(self, input_ids, scores: torch.Tensor) -> torch.Tensor:
+        key = (scores.shape[-1], scores.device)
+        vector = self._vectors.get(key)
+        if vector is None:
+            vector = torch.zeros(key[0], dtype=torch.float32, device=scores.device)
+            vector[self.ids.to(scores.device)] = self.values.to(scores.device)
+            self._vectors[key] = vector
+        return scores + vector.to(scores.dtype)
+
+
 class _OccurrencePenalties:
     """OpenAI's presence and frequency penalties over the tokens generated so far (see the module's docstring)."""
 
@@ -98,13 +120,15 @@ class Sampler:
         self.params = params
         p = params
         procs = []
+        if p.logit_bias:
+            procs.append(_LogitBias(p.logit_bias))
         if p.repetition_penalty != 1.0:
             procs.append(RepetitionPenaltyLogitsProcessor(penalty=p.repetition_penalty))
         if p.presence_penalty or p.frequency_penalty:
             procs.append(_OccurrencePenalties(p.presence_penalty, p.frequency_penalty))
         if p.min_new_tokens and p.stop_token_ids:
             procs.append(MinNewTokensLengthLogitsProcessor(0, p.min_new_tokens, list(p.stop_token_ids)))
-        self.reads_history = bool(procs)  # the processors above read the tokens generated so far
+        self.reads_history = any(not isinstance(proc, _LogitBias) for proc in procs)  # read the tokens so far
         if p.suppress_tokens:
             procs.append(_Suppress(p.suppress_tokens))
         if not p.greedy:

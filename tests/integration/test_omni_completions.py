@@ -112,6 +112,7 @@ def test_the_official_client_and_echo(omni_app):
     ({"prompt": "x", "echo": True, "logprobs": 1}, None, "echo with logprobs"),
     ({"prompt": "x", "max_tokens": 100000}, "prompt", "maximum context length"),
     ({"prompt": "x", "model": "nope"}, "model", "does not exist"),
+    ({"prompt": "x", "logit_bias": {"99999": 1}}, "logit_bias", "outside the vocabulary"),
 ])
 def test_bad_completion_requests_are_400s_naming_the_field(http, body, param, words):
     r = http.post("/v1/completions", json={"model": MODEL, **body})

@@ -155,8 +155,10 @@ def test_non_json_content_type_and_empty_body_are_400(client: TestClient) -> Non
          "response_format", "type json_schema needs json_schema"),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "presence_penalty": 2.5}, "presence_penalty",
          "less than or equal to 2"),
-        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"7": 5}}, "logit_bias",
-         "not supported"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"x7": 5}}, "logit_bias",
+         "keys must be token ids"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"7": -101}}, "logit_bias",
+         "from -100 to 100"),
     ],
 )
 def test_validation_errors_are_400_with_param(client: TestClient, body: dict[str, Any], param: str, fragment: str) -> None:

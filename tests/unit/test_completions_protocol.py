@@ -73,7 +73,7 @@ def test_prompt_forms(prompt, prompts):
     ({"prompt": ["a", "b"], "n": 9}, "prompts x n must be at most 16"),
     ({"prompt": "a", "suffix": "z"}, "no insertion mode"),
     ({"prompt": "a", "best_of": 2}, "best_of equal to n"),
-    ({"prompt": "a", "logit_bias": {"1": 2}}, "not supported"),
+    ({"prompt": "a", "logit_bias": {"1": 200}}, "from -100 to 100"),
     ({"prompt": "a", "echo": True, "logprobs": 0}, "echo with logprobs"),
     ({"prompt": "a", "logprobs": 6}, "less than or equal to 5"),
     ({"prompt": "a", "min_tokens": 20}, "min_tokens must not exceed max_tokens"),

@@ -181,9 +181,11 @@ def test_a_one_token_reply_gives_its_text_and_empty_audio(references, omni_tiny_
 
 def test_presence_and_frequency_penalties_equal_generate_with_openais_formula(models, references, omni_tiny_dir):
     """The thinker's penalties (OpenAI's: a token's logit less frequency x its count among the tokens generated so
-    far, less presence once it occurred) equal transformers' greedy ``generate`` with that formula as a logits
-    processor; and they change the reply (the unpenalized reference differs)."""
+    far, less presence once it occurred) and logit_bias equal transformers' greedy ``generate`` with that formula as
+    a logits processor after its own SequenceBiasLogitsProcessor; and they change the reply (the unpenalized
+    reference differs)."""
     from transformers import LogitsProcessor, LogitsProcessorList
+    from transformers.generation.logits_process import SequenceBiasLogitsProcessor
 
     class Penalties(LogitsProcessor):
         def __init__(self, prompt: int, presence: float, frequency: float):
@@ -195,7 +197,7 @@ def test_presence_and_frequency_penalties_equal_generate_with_openais_formula(mo
             return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
 
     ref, inputs, refs = models[0], references[0], references[1]
-    penalties = {"presence_penalty": 0.5, "frequency_penalty": 1.5}
+    penalties = {"presence_penalty": 0.5, "frequency_penalty": 1.5, "logit_bias": [(5, 1.5), (9, -2.0)]}
 
     async def serve_one():
         omni = InProcessOmni(omni_tiny_dir, ARConfig(), steps=STEPS, talker_tokens=TALKER_TOKENS)
@@ -209,7 +211,8 @@ def test_presence_and_frequency_penalties_equal_generate_with_openais_formula(mo
     with torch.no_grad():
         seq = ref.thinker.generate(input_ids=kwargs["input_ids"], attention_mask=kwargs["attention_mask"],
                                    max_new_tokens=THINKER_TOKENS, do_sample=False, logits_processor=LogitsProcessorList(
-                                       [Penalties(prompt, penalties["presence_penalty"], penalties["frequency_penalty"])]))
+                                       [SequenceBiasLogitsProcessor({(5,): 1.5, (9,): -2.0}),
+                                        Penalties(prompt, penalties["presence_penalty"], penalties["frequency_penalty"])]))
     expected = seq[0, prompt:].tolist()
     assert served.tokens == expected[:len(served.tokens)] and len(served.tokens) >= 4, (served.tokens, expected)
     assert served.tokens != refs["text"][0][:len(served.tokens)]  # the penalties changed the reply

@@ -154,3 +154,19 @@ def test_token_logprobs_are_the_raw_log_softmax_and_its_top_k():
     assert chosen == pytest.approx(float(want[3]))
     assert [t for t, _ in top] == [1, 3] and [v for _, v in top] == pytest.approx([float(want[1]), float(want[3])])
     assert token_logprobs(logits, 2, 0) == (pytest.approx(float(want[2])), [])
+
+
+def test_logit_bias_is_added_first_and_keeps_rows_batchable():
+    """OpenAI's logit_bias adds its values to the raw logits (transformers' SequenceBiasLogitsProcessor, for one-token
+    sequences, is the reference); it reads no history, so biased rows still batch in select_rows."""
+    from transformers.generation.logits_process import SequenceBiasLogitsProcessor
+
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    bias = ((7, 100.0), (11, -3.5), (40, 0.25))
+    sampler = Sampler(SamplingParams(temperature=0.0, logit_bias=bias))
+    reference = SequenceBiasLogitsProcessor({(t,): v for t, v in bias})
+    want = reference(torch.zeros(3, 1, dtype=torch.long), logits.clone())
+    torch.testing.assert_close(sampler.process(logits, None), want)
+    assert sampler.batch_key is not None and not sampler.reads_history
+    assert select_rows([sampler] * 3, logits) == [7, 7, 7]
+    assert sampler.select(logits[0], []) == 7

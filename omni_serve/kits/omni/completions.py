@@ -70,7 +70,7 @@ class CompletionEndpoints:
         temperature = req.temperature if req.temperature is not None else params.default_temperature
         sampling = dict(temperature=temperature, top_p=req.top_p or 1.0, min_new_tokens=req.min_tokens,
                         presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
-                        logprobs=req.logprobs)
+                        logprobs=req.logprobs, logit_bias=self._checked_logit_bias(req.logit_bias))
         choices, prompt_tokens = [], 0
         for i, prompt in enumerate(req.prompts()):
             inputs, text = await self._preprocessed(rid, self._completion_prompt, prompt, i)

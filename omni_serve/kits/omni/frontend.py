@@ -169,10 +169,20 @@ class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
             req, rid, inputs, audios, images, max_new=req.max_new_tokens(self.spec.thinker_params().default_max_tokens),
             sampling=dict(temperature=temperature, top_p=req.top_p or 1.0, min_new_tokens=req.min_tokens,
                           presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
-                          logprobs=req.logprobs_wanted(), json_schema=schema),
+                          logprobs=req.logprobs_wanted(), json_schema=schema,
+                          logit_bias=self._checked_logit_bias(req.logit_bias)),
             seed=req.seed, stop=P.stop_sequences(req.stop), voice=voice,
             audio_format=(req.audio.format if req.audio else "wav") if voice else None,
             return_token_ids=req.return_token_ids)
+
+    def _checked_logit_bias(self, logit_bias: dict[str, float] | None) -> list[tuple[int, float]]:
+        """``logit_bias`` as (token id, bias) pairs by id; a 400 for an id outside the thinker's vocabulary."""
+        bias, vocab = P.logit_bias_ids(logit_bias), self.thinker_cfg.text_config.vocab_size
+        outside = next((t for t in bias if t >= vocab), None)
+        if outside is not None:
+            raise bad_request(f"logit_bias: token id {outside} is outside the vocabulary (0-{vocab - 1}).",
+                              param="logit_bias", code="invalid_value")
+        return sorted(bias.items())
 
     def _checked_schema(self, req: P.ChatCompletionRequest) -> str | None:
         """The JSON schema the reply is constrained to (``response_format``), checked by the grammar engine the

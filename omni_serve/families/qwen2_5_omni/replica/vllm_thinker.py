@@ -148,6 +148,7 @@ class VllmThinkerRunner(StageRunner):
         return SamplingParams(
             temperature=s.temperature, top_p=s.top_p, seed=s.seed, max_tokens=call.max_new_tokens,
             presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty, logprobs=s.logprobs,
+            logit_bias=dict(s.logit_bias) or None,
             min_tokens=s.min_new_tokens, stop_token_ids=list(call.stop_token_ids), stop=list(call.stop) or None,
             ignore_eos=True, skip_special_tokens=True, output_kind=RequestOutputKind.DELTA,
             # compact JSON, as the native thinker's grammar (omni_serve.engines.constraints) writes it (the engine's

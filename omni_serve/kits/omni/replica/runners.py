@@ -51,6 +51,7 @@ class ThinkerRunner(StageRunner):
             input_ids=call.input_ids, max_new_tokens=call.max_new_tokens,
             sampling=SamplingParams(temperature=s.temperature, top_p=s.top_p, seed=s.seed,
                                     presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+                                    logit_bias=tuple(map(tuple, s.logit_bias)),
                                     min_new_tokens=s.min_new_tokens, stop_token_ids=stops),
             stop_token_ids=stops, stop=tuple(call.stop), media_layout=call.media_layout,
             expects_media=call.expects_media,
