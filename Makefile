@@ -39,7 +39,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0
 	$(VLLM_VENV)/bin/python -m pip install --quiet $(VLLM_PACKAGE) "ray[serve]==2.60.0" soundfile scipy prometheus-client \
-	  "mooncake-transfer-engine-non-cuda==0.3.13.post1"
+	  "mooncake-transfer-engine-non-cuda==0.3.13.post1" "llguidance==1.7.6"
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	$(VLLM_VENV)/bin/python -m omni_serve.torchvision_compat

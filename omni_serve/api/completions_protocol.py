@@ -125,7 +125,7 @@ class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(default_factory=list, description="Each generated token's text (its own decode).")
     token_logprobs: list[float] = Field(default_factory=list, description="Each token's log-probability.")
     top_logprobs: list[dict[str, float]] = Field(default_factory=list, description=(
-        "Per token, its most likely alternatives (text -> log-probability)."))
+        "Per token, its most likely alternatives and the sampled token (text -> log-probability)."))
     text_offset: list[int] = Field(default_factory=list, description=(
         "Where each token's text starts in the choice's text (after the echoed prompt, if any)."))
 
@@ -157,7 +157,9 @@ def completion_logprobs(entries: list[Any], offset: int) -> CompletionLogprobs:
     for e in entries:
         out.tokens.append(e.token)
         out.token_logprobs.append(e.logprob)
-        out.top_logprobs.append({t.token: t.logprob for t in e.top_logprobs})
+        top = {t.token: t.logprob for t in e.top_logprobs}
+        top.setdefault(e.token, e.logprob)  # the sampled token always, as OpenAI's (up to logprobs + 1 entries)
+        out.top_logprobs.append(top)
         out.text_offset.append(offset)
         offset += len(e.token)
     return out

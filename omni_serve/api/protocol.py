@@ -16,6 +16,7 @@ Contract:
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from typing import Annotated, Any, Literal, Union
@@ -220,13 +221,14 @@ class ResponseFormat(_Lenient):
 
 
 MAX_LOGIT_BIAS = 300  # tokens per request, as OpenAI's limit
+_TOKEN_ID = re.compile(r"[0-9]{1,10}")  # ASCII digits only (str.isdigit also takes "²", which int() refuses)
 
 
 def _check_logit_bias(value: dict[str, float]) -> dict[str, float]:
     if len(value) > MAX_LOGIT_BIAS:
         raise PydanticCustomError("invalid_logit_bias", "at most {limit} tokens", {"limit": MAX_LOGIT_BIAS})
     for key, bias in value.items():
-        if not key.isdigit():
+        if not _TOKEN_ID.fullmatch(key):
             raise PydanticCustomError("invalid_logit_bias", "keys must be token ids (digits), not '{key}'",
                                       {"key": key})
         if not -100 <= bias <= 100:
@@ -482,8 +484,9 @@ class ChatCompletionChunkChoice(BaseModel):
     index: int = Field(default=0, description="Choice index (always 0; n=1).")
     delta: ChatCompletionDelta = Field(description="What this chunk adds.")
     logprobs: ChoiceLogprobs | None = Field(default=None, description=(
-        "Log-probabilities of the tokens this chunk adds (logprobs: true); a token whose text is held back (a "
-        "possible stop string, a partial character) comes with the next chunk that has text, or the last."))
+        "Log-probabilities of the tokens generated since the previous chunk with text (logprobs: true); a token "
+        "whose text is held back (a possible stop string, a partial character) comes with the next chunk that has "
+        "text, or the last."))
     finish_reason: Literal["stop", "length", "abort"] | None = Field(
         default=None, description="Set on the last chunk of the choice."
     )

@@ -37,7 +37,10 @@ class TokenConstraint:
         self.matcher, self.vocab_size = matcher, vocab_size
 
     def allowed(self) -> torch.Tensor:
-        """``[vocab_size]`` bool: the tokens the grammar allows next."""
+        """``[vocab_size]`` bool: the tokens the grammar allows next (a ``GrammarError`` once the grammar failed, e.g.
+        on one of llguidance's resource limits: that request fails instead of ending as if its JSON were complete)."""
+        if self.matcher.is_error():
+            raise GrammarError(self.matcher.get_error())
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
         allowed = np.unpackbits(bits, bitorder="little")[:self.vocab_size].astype(bool)
         if allowed.size < self.vocab_size:  # logits rows past the tokenizer's words: never allowed

@@ -72,22 +72,27 @@ def test_choices_run_at_once_and_each_equals_its_single_request(http, omni_app):
     for c in choices:
         lp = c["logprobs"]
         assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(c["token_ids"])
-        assert all(len(top) <= 2 for top in lp["top_logprobs"])
+        assert all(len(top) <= 3 for top in lp["top_logprobs"])  # 2 alternatives and the sampled token
+        assert all(tok in top for tok, top in zip(lp["tokens"], lp["top_logprobs"]))
         assert lp["text_offset"][0] == 0
 
     client = OpenAI(base_url=f"{omni_app}/v1", api_key="unused")
     stream = client.completions.create(model=MODEL, max_tokens=TOKENS, stream=True,
                                        stream_options={"include_usage": True}, **kw)
-    text, tokens, finish, usage = {}, {}, {}, None
+    text, logprobs, finish, usage = {}, {}, {}, None
     for chunk in stream:
         usage = chunk.usage or usage
         for c in chunk.choices:
             text[c.index] = text.get(c.index, "") + c.text
-            tokens.setdefault(c.index, []).extend(c.logprobs.tokens if c.logprobs else [])
+            got = logprobs.setdefault(c.index, {"tokens": [], "token_logprobs": [], "text_offset": []})
+            for key in got:
+                got[key].extend(getattr(c.logprobs, key) if c.logprobs else [])
             finish[c.index] = c.finish_reason or finish.get(c.index)
     for c in choices:
-        i = c["index"]
-        assert text[i] == c["text"] and finish[i] == c["finish_reason"] and tokens[i] == c["logprobs"]["tokens"]
+        i, want = c["index"], c["logprobs"]
+        assert text[i] == c["text"] and finish[i] == c["finish_reason"]
+        assert logprobs[i]["tokens"] == want["tokens"] and logprobs[i]["text_offset"] == want["text_offset"]
+        assert logprobs[i]["token_logprobs"] == pytest.approx(want["token_logprobs"], abs=1e-5)
     assert usage.completion_tokens == body["usage"]["completion_tokens"]
     assert usage.prompt_tokens == body["usage"]["prompt_tokens"]
 
@@ -113,6 +118,7 @@ def test_the_official_client_and_echo(omni_app):
     ({"prompt": "x", "max_tokens": 100000}, "prompt", "maximum context length"),
     ({"prompt": "x", "model": "nope"}, "model", "does not exist"),
     ({"prompt": "x", "logit_bias": {"99999": 1}}, "logit_bias", "outside the vocabulary"),
+    ({"prompt": [5, 3]}, "prompt", "media placeholder"),  # 3: the tiny checkpoint's audio placeholder
 ])
 def test_bad_completion_requests_are_400s_naming_the_field(http, body, param, words):
     r = http.post("/v1/completions", json={"model": MODEL, **body})

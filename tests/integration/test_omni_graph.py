@@ -167,7 +167,10 @@ def test_logprobs_through_the_openai_client_streamed_and_not(omni_app):
     got = read_stream(client.chat.completions.create(**kw, modalities=["text", "audio"], stream=True,
                                                      audio={"voice": "Ethan", "format": "pcm16"}))
     streamed = [e for chunk in got.chunks for c in chunk.choices if c.logprobs for e in c.logprobs.content]
-    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in entries]
+    assert [e.token for e in streamed] == [e.token for e in entries]
+    # the speech request computes its whole prompt; the text one may reuse cached prompt blocks: the same values
+    # up to float32 summation order
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in entries], abs=1e-5)
     assert got.transcript == (choice.message.content or "") and got.pcm
     without = client.chat.completions.create(**{k: v for k, v in kw.items() if "logprobs" not in k})
     assert without.choices[0].logprobs is None and without.choices[0].message.content == choice.message.content

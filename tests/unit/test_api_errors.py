@@ -157,6 +157,8 @@ def test_non_json_content_type_and_empty_body_are_400(client: TestClient) -> Non
          "less than or equal to 2"),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"x7": 5}}, "logit_bias",
          "keys must be token ids"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"\u00b2": 1}}, "logit_bias",
+         "keys must be token ids"),  # a digit to str.isdigit, not to int()
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"7": -101}}, "logit_bias",
          "from -100 to 100"),
     ],

@@ -38,7 +38,8 @@ def entry(token: str, logprob: float, *top: tuple[str, float]) -> ChatCompletion
 def test_legacy_logprobs_from_entries_count_text_offsets_from_the_start():
     lp = completion_logprobs([entry("Hel", -0.5, ("Hel", -0.5), ("He", -1.0)), entry("lo", -0.25)], offset=5)
     assert lp.tokens == ["Hel", "lo"] and lp.token_logprobs == [-0.5, -0.25]
-    assert lp.top_logprobs == [{"Hel": -0.5, "He": -1.0}, {}] and lp.text_offset == [5, 8]
+    # the sampled token is always among the alternatives, as OpenAI's (up to logprobs + 1 of them)
+    assert lp.top_logprobs == [{"Hel": -0.5, "He": -1.0}, {"lo": -0.25}] and lp.text_offset == [5, 8]
 
 
 def test_the_official_client_request_parses_and_its_reply_reads():
@@ -52,7 +53,7 @@ def test_the_official_client_request_parses_and_its_reply_reads():
     req = CompletionRequest.model_validate(recorder.bodies[0])
     assert req.prompts() == ["hi", "yo"] and req.n == 2 and req.logprobs == 1 and req.stop == ["\n"]
     assert got.choices[0].text == " there" and got.choices[0].logprobs.tokens == [" the", "re"]
-    assert got.choices[0].logprobs.top_logprobs == [{" the": -0.1}, {}] and got.usage.total_tokens == 4
+    assert got.choices[0].logprobs.top_logprobs == [{" the": -0.1}, {"re": -2.0}] and got.usage.total_tokens == 4
 
 
 @pytest.mark.parametrize(("prompt", "prompts"), [

@@ -182,8 +182,8 @@ def test_a_one_token_reply_gives_its_text_and_empty_audio(references, omni_tiny_
 def test_presence_and_frequency_penalties_equal_generate_with_openais_formula(models, references, omni_tiny_dir):
     """The thinker's penalties (OpenAI's: a token's logit less frequency x its count among the tokens generated so
     far, less presence once it occurred) and logit_bias equal transformers' greedy ``generate`` with that formula as
-    a logits processor after its own SequenceBiasLogitsProcessor; and they change the reply (the unpenalized
-    reference differs)."""
+    a logits processor after its own SequenceBiasLogitsProcessor; and they change the reply (controls: the reply
+    without the bias, and the one without any penalty, differ)."""
     from transformers import LogitsProcessor, LogitsProcessorList
     from transformers.generation.logits_process import SequenceBiasLogitsProcessor
 
@@ -197,7 +197,22 @@ def test_presence_and_frequency_penalties_equal_generate_with_openais_formula(mo
             return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
 
     ref, inputs, refs = models[0], references[0], references[1]
-    penalties = {"presence_penalty": 0.5, "frequency_penalty": 1.5, "logit_bias": [(5, 1.5), (9, -2.0)]}
+    kwargs = reference_inputs(omni_tiny_dir, "text").reference_kwargs()
+    prompt = kwargs["input_ids"].shape[1]
+
+    def reference(*processors) -> list[int]:
+        with torch.no_grad():
+            seq = ref.thinker.generate(input_ids=kwargs["input_ids"], attention_mask=kwargs["attention_mask"],
+                                       max_new_tokens=THINKER_TOKENS, do_sample=False,
+                                       logits_processor=LogitsProcessorList(list(processors)))
+        return seq[0, prompt:].tolist()
+
+    presence, frequency = 0.5, 1.5
+    unbiased = reference(Penalties(prompt, presence, frequency))
+    bias = [(unbiased[1], -100.0), (5, 1.5)]  # rules out the penalized reply's second token
+    expected = reference(SequenceBiasLogitsProcessor({(t,): v for t, v in bias}), Penalties(prompt, presence, frequency))
+    assert expected[:2] != unbiased[:2]
+    penalties = {"presence_penalty": presence, "frequency_penalty": frequency, "logit_bias": bias}
 
     async def serve_one():
         omni = InProcessOmni(omni_tiny_dir, ARConfig(), steps=STEPS, talker_tokens=TALKER_TOKENS)
@@ -206,14 +221,6 @@ def test_presence_and_frequency_penalties_equal_generate_with_openais_formula(mo
         finally:
             await omni.close()
     served = run(serve_one())
-    kwargs = reference_inputs(omni_tiny_dir, "text").reference_kwargs()
-    prompt = kwargs["input_ids"].shape[1]
-    with torch.no_grad():
-        seq = ref.thinker.generate(input_ids=kwargs["input_ids"], attention_mask=kwargs["attention_mask"],
-                                   max_new_tokens=THINKER_TOKENS, do_sample=False, logits_processor=LogitsProcessorList(
-                                       [SequenceBiasLogitsProcessor({(5,): 1.5, (9,): -2.0}),
-                                        Penalties(prompt, penalties["presence_penalty"], penalties["frequency_penalty"])]))
-    expected = seq[0, prompt:].tolist()
     assert served.tokens == expected[:len(served.tokens)] and len(served.tokens) >= 4, (served.tokens, expected)
     assert served.tokens != refs["text"][0][:len(served.tokens)]  # the penalties changed the reply
 

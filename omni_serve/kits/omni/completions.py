@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from contextlib import aclosing
 from typing import AsyncIterator
 
 from omni_serve.api import protocol as P
@@ -30,6 +32,13 @@ from omni_serve.request_ids import new_request_id
 
 _INT64 = 2**63
 log = logging.getLogger(__name__)
+
+
+def _media_tokens(thinker_cfg) -> set[int]:
+    """The thinker's audio, image and video placeholder ids (Qwen2.5-Omni names them ``*_token_index``, Qwen3-Omni
+    ``*_token_id``)."""
+    names = [f"{m}_token_{s}" for m in ("audio", "image", "video") for s in ("index", "id")]
+    return {v for v in (getattr(thinker_cfg, n, None) for n in names) if isinstance(v, int)}
 
 
 def _choice_seed(seed: int | None, j: int) -> int | None:
@@ -83,9 +92,10 @@ class CompletionEndpoints:
                 choices.append(_Choice(k, p, text if req.echo else ""))
         if req.stream:
             return EventStream(self._completion_chunks(req, rid, choices, prompt_tokens))
-        async for choice, out in self._choice_events(choices):
-            if out is not None:
-                self._absorb(choice, out)
+        async with aclosing(self._choice_events(choices)) as events:
+            async for choice, out in events:
+                if out is not None:
+                    self._absorb(choice, out)
         completion = sum(len(c.token_ids) for c in choices)
         return CompletionResponse(
             id=rid, model=self.spec.model_name,
@@ -111,6 +121,11 @@ class CompletionEndpoints:
                 raise bad_request(f"prompt[{i}]: token id {bad} is outside the vocabulary (0-{vocab - 1}).",
                                   param="prompt", code="invalid_value")
             ids, text = list(prompt), tokenizer.decode(prompt)
+        placeholder = next((t for t in ids if t in _media_tokens(self.thinker_cfg)), None)
+        if placeholder is not None:  # a media slot with no media: the thinker would read an embedding of nothing
+            raise bad_request(f"prompt[{i}]: token {placeholder} ({tokenizer.decode([placeholder])}) is a media "
+                              "placeholder; send media through /v1/chat/completions.", param="prompt",
+                              code="invalid_value")
         return OmniInputs(input_ids=torch.tensor([ids], dtype=torch.long)), text
 
     def _absorb(self, c: _Choice, out) -> bool:
@@ -156,20 +171,23 @@ class CompletionEndpoints:
     async def _completion_chunks(self, req: CompletionRequest, rid: str, choices: list[_Choice],
                                  prompt_tokens: int) -> AsyncIterator[str]:
         want = req.logprobs is not None
+        created = int(time.time())  # one creation time for every chunk of the stream, as OpenAI's
 
         def chunk(c: _Choice, text: str, finish=None) -> str:
-            return sse_event(CompletionResponse(id=rid, model=self.spec.model_name, choices=[CompletionChoice(
-                index=c.index, text=text, finish_reason=finish, logprobs=c.logprobs(want))]))
+            return sse_event(CompletionResponse(id=rid, created=created, model=self.spec.model_name, choices=[
+                CompletionChoice(index=c.index, text=text, finish_reason=finish, logprobs=c.logprobs(want))]))
 
         try:
             for c in choices:
                 if c.echo:
                     yield chunk(c, c.echo)
-            async for c, out in self._choice_events(choices):
-                if out is None:
-                    yield chunk(c, "", finish=c.finish or "stop")
-                elif self._absorb(c, out):
-                    yield chunk(c, c.text[-1])
+            # closed at once when the client leaves mid-stream (every choice's stage calls cancelled then)
+            async with aclosing(self._choice_events(choices)) as events:
+                async for c, out in events:
+                    if out is None:
+                        yield chunk(c, "", finish=c.finish or "stop")
+                    elif self._absorb(c, out):
+                        yield chunk(c, c.text[-1])
         except OpenAIError as err:
             choices[0].p.clock.error = err.type
             yield sse_error(err)
@@ -185,7 +203,9 @@ class CompletionEndpoints:
         opts = req.stream_options
         if opts is not None and opts.include_usage:
             completion = sum(len(c.token_ids) for c in choices)
-            yield sse_event(CompletionResponse(id=rid, model=self.spec.model_name, choices=[], usage=P.UsageInfo(
-                prompt_tokens=prompt_tokens, completion_tokens=completion, total_tokens=prompt_tokens + completion)))
+            usage = P.UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion,
+                                total_tokens=prompt_tokens + completion)
+            yield sse_event(CompletionResponse(id=rid, created=created, model=self.spec.model_name, choices=[],
+                                               usage=usage))
         yield SSE_DONE
 

@@ -17,6 +17,7 @@ import asyncio
 import base64
 import logging
 import random
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
@@ -105,6 +106,7 @@ class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
         self.stop_token_ids = [eos]
         self.logprob_writer = LogprobWriter(self.inputs.tokenizer)
         self._grammars = None  # GrammarCompiler (engines.constraints), made on the first JSON response_format
+        self._grammars_lock = threading.Lock()
 
     async def admit_audio(self, p: "Prepared", ctx: RequestContext) -> None:
         """Hold a request that asked for audio until the graph's real-time capacity takes it (or raise its 429),
@@ -138,15 +140,15 @@ class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
         if shape not in STREAM_FORMATS:
             raise bad_request(f"{STREAM_FORMAT_HEADER}: {shape!r} is not a stream format; use one of "
                               f"{', '.join(STREAM_FORMATS)}.", param=STREAM_FORMAT_HEADER)
+        if body.stream and shape == "vllm_omni" and body.logprobs:
+            raise bad_request("logprobs are streamed in OpenAI's stream shape only, not vLLM-Omni's.",
+                              param="logprobs")
         if shape == "vllm_omni" and not body.transcript_in_content:  # vLLM-Omni's reply: text in content
             body = body.model_copy(update={"transcript_in_content": True})
         p = await self.prepare(body)
         p.clock, p.timeout_s = ctx.clock, ctx.timeout_s
         await self.admit_audio(p, ctx)
         if body.stream and shape == "vllm_omni":
-            if body.logprobs:
-                raise bad_request("logprobs are streamed in OpenAI's stream shape only, not vLLM-Omni's.",
-                                  param="logprobs")
             return EventStream(vllm_omni_chunks(p, self._events(p), self.spec.model_name, self.sample_rate))
         if body.stream:
             return EventStream(self.stream(p))
@@ -196,9 +198,10 @@ class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
                               "reply first).", param="min_tokens")
         from omni_serve.engines.constraints import GrammarCompiler, GrammarError
 
-        if self._grammars is None:
-            self._grammars = GrammarCompiler(self.inputs.tokenizer, self.thinker_cfg.text_config.vocab_size,
-                                             self.stop_token_ids[0])
+        with self._grammars_lock:  # called in worker threads (prepare), maybe several at once
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.inputs.tokenizer, self.thinker_cfg.text_config.vocab_size,
+                                                 self.stop_token_ids[0])
         try:
             problem = self._grammars.check(GrammarCompiler.json_grammar(schema))
         except GrammarError as exc:

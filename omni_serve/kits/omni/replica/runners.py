@@ -10,6 +10,8 @@ subclasses the thinker runners with its thinker program.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import AsyncIterator
 
 from omni_serve.engines.sampling import SamplingParams
@@ -42,6 +44,7 @@ class ThinkerRunner(StageRunner):
         self.tokenizer = AutoTokenizer.from_pretrained(self.spec.checkpoint)
         self.media_token_ids = self.model.media_token_ids
         self._grammars = None  # GrammarCompiler, made on the first constrained request
+        self._grammars_lock = threading.Lock()
 
     def thinker_request(self, call: ThinkerCall) -> P.ThinkerRequest:
         edge, s = self.spec.edge_spec("thinker_talker"), call.sampling
@@ -68,12 +71,16 @@ class ThinkerRunner(StageRunner):
         """A request's JSON-schema constraint; the tokenizer is wrapped for the grammar engine once per replica."""
         from omni_serve.engines.constraints import GrammarCompiler
 
-        if self._grammars is None:
-            self._grammars = GrammarCompiler(self.tokenizer, self.model.vocab_size, end_token)
+        with self._grammars_lock:  # requests' threads (see run) may come together
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.tokenizer, self.model.vocab_size, end_token)
         return self._grammars.constraint(GrammarCompiler.json_grammar(schema))
 
     async def run(self, engine, call: ThinkerCall) -> AsyncIterator:
-        req = self.thinker_request(call)
+        # a JSON schema's grammar is compiled off the event loop (CPU work: milliseconds, up to a second for large
+        # schemas), so the replica's other requests keep streaming meanwhile
+        req = await asyncio.to_thread(self.thinker_request, call) if call.sampling.json_schema \
+            else self.thinker_request(call)
         program = self.sequence(self.model, self.tokenizer, req, role=self.role)
         rid = call.request_id
         if self.role is P.ThinkerRole.DECODE:
