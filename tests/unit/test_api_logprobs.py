@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
 import pytest
 from pydantic import ValidationError
 
@@ -16,6 +15,7 @@ from omni_serve.api.protocol import (
     ChatCompletionRequest, ChatCompletionResponse, ChoiceLogprobs,
 )
 from omni_serve.api.sse import SSE_DONE, sse_event
+from tests.openai_mock import Recorder, make_client
 
 
 class Vocab:
@@ -29,11 +29,6 @@ class Vocab:
     def decode(self, ids: list[int]) -> str:
         self.calls += 1
         return "".join(self.table[i] for i in ids)
-
-
-def client_for(reply: httpx.Response) -> openai.OpenAI:
-    return openai.OpenAI(api_key="unused", base_url="http://omni.test/v1", max_retries=0,
-                         http_client=httpx.Client(transport=httpx.MockTransport(lambda request: reply)))
 
 
 def test_writer_builds_one_entry_per_token_with_its_alternatives_in_order() -> None:
@@ -56,7 +51,7 @@ def test_official_client_reads_logprobs_non_streamed() -> None:
     body = ChatCompletionResponse(id="chatcmpl-1", created=1, model="m", choices=[ChatCompletionChoice(
         message=ChatCompletionMessage(content="Hello wor"), finish_reason="length",
         logprobs=ChoiceLogprobs(content=entries))]).model_dump(exclude_none=True)
-    resp = client_for(httpx.Response(200, json=body)).chat.completions.create(
+    resp = make_client(Recorder(httpx.Response(200, json=body))).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=2)
     content = resp.choices[0].logprobs.content
     assert [(c.token, c.logprob, c.bytes) for c in content] == [("Hello", -0.25, list(b"Hello")),
@@ -75,7 +70,7 @@ def test_official_client_reads_logprobs_streamed() -> None:
     stream = "".join(sse_event(c) for c in [chunk("", []), chunk("Hello", [1]), chunk(" world", [2, 3]),
                                              chunk(None, [9], finish="stop")]) + SSE_DONE
     reply = httpx.Response(200, headers={"content-type": "text/event-stream"}, content=stream.encode())
-    received = list(client_for(reply).chat.completions.create(
+    received = list(make_client(Recorder(reply)).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "hi"}], logprobs=True, stream=True))
     tokens = [c.token for r in received if r.choices[0].logprobs for c in r.choices[0].logprobs.content]
     assert tokens == ["Hello", " wor", "ld", "<|im_end|>"]

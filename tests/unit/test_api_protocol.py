@@ -12,7 +12,6 @@ import json
 from typing import Any
 
 import httpx
-import openai
 import pytest
 from pydantic import BaseModel, ValidationError
 
@@ -36,7 +35,8 @@ from omni_serve.api.protocol import (
     TextPart,
     UsageInfo,
 )
-from omni_serve.api.sse import SSE_DONE, sse_error, sse_event
+from omni_serve.api.sse import SSE_DONE, sse_error, sse_event, sse_failure
+from tests.openai_mock import Recorder, make_client
 
 AUDIO_B64 = base64.b64encode(b"RIFF....WAVEfmt ").decode()
 IMAGE_URL = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()
@@ -51,27 +51,6 @@ def error_locs(exc: ValidationError) -> list[tuple[Any, ...]]:
 
 
 # ----------------------------------------------------------------------------- openai client shapes
-
-
-class Recorder:
-    """MockTransport handler: records request bodies, replies with a canned response."""
-
-    def __init__(self, reply: httpx.Response) -> None:
-        self.reply = reply
-        self.bodies: list[dict[str, Any]] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.bodies.append(json.loads(request.content))
-        return self.reply
-
-
-def make_client(recorder: Recorder) -> openai.OpenAI:
-    return openai.OpenAI(
-        api_key="unused",
-        base_url="http://omni.test/v1",
-        max_retries=0,
-        http_client=httpx.Client(transport=httpx.MockTransport(recorder)),
-    )
 
 
 def audio_response(model: str) -> ChatCompletionResponse:
@@ -353,6 +332,21 @@ def test_sse_error_carries_openai_body() -> None:
     assert event.startswith("data: ") and event.endswith("\n\n")
     assert json.loads(event[6:]) == err.body()
     assert json.loads(event[6:])["error"]["param"] == "messages[0].content[0].input_audio.data"
+
+
+def test_sse_failure_sends_openai_errors_as_they_are_and_hides_the_rest(caplog) -> None:
+    """A stream's failure after its first line: an OpenAIError goes out as it is, anything else as an internal error
+    naming the request (logged with its traceback); the request's clock records the error type either way."""
+    import logging
+    from types import SimpleNamespace
+
+    log, clock = logging.getLogger("test.sse"), SimpleNamespace(error=None)
+    err = bad_request("bad", param="x")
+    assert sse_failure(err, "req-1", clock, log) == sse_error(err) and clock.error == "invalid_request_error"
+    with caplog.at_level(logging.ERROR, logger="test.sse"):
+        event = json.loads(sse_failure(RuntimeError("secret detail"), "req-2", clock, log)[6:])
+    assert "req-2" in event["error"]["message"] and "secret" not in event["error"]["message"]
+    assert clock.error == event["error"]["type"] and "secret detail" in caplog.text
 
 
 def test_every_field_has_a_description() -> None:

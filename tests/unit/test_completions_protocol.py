@@ -3,10 +3,8 @@ the legacy logprobs object, and the fields refused with a 400."""
 
 from __future__ import annotations
 
-import json
 
 import httpx
-import openai
 import pytest
 from pydantic import ValidationError
 
@@ -14,20 +12,7 @@ from omni_serve.api.completions_protocol import (
     MAX_CHOICES, CompletionChoice, CompletionRequest, CompletionResponse, completion_logprobs,
 )
 from omni_serve.api.protocol import ChatCompletionTokenLogprob, TopLogprob, UsageInfo
-
-
-class Recorder:
-    def __init__(self, reply: httpx.Response):
-        self.reply, self.bodies = reply, []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.bodies.append(json.loads(request.content))
-        return self.reply
-
-
-def client(recorder: Recorder) -> openai.OpenAI:
-    return openai.OpenAI(api_key="unused", base_url="http://omni.test/v1", max_retries=0,
-                         http_client=httpx.Client(transport=httpx.MockTransport(recorder)))
+from tests.openai_mock import Recorder, make_client
 
 
 def entry(token: str, logprob: float, *top: tuple[str, float]) -> ChatCompletionTokenLogprob:
@@ -48,7 +33,7 @@ def test_the_official_client_request_parses_and_its_reply_reads():
                          logprobs=completion_logprobs([entry(" the", -0.1, (" the", -0.1)), entry("re", -2.0)], 0))],
         usage=UsageInfo(prompt_tokens=2, completion_tokens=2, total_tokens=4)).model_dump(exclude_none=True)
     recorder = Recorder(httpx.Response(200, json=body))
-    got = client(recorder).completions.create(model="m", prompt=["hi", "yo"], max_tokens=3, n=2, logprobs=1,
+    got = make_client(recorder).completions.create(model="m", prompt=["hi", "yo"], max_tokens=3, n=2, logprobs=1,
                                               seed=4, stop=["\n"], echo=False, best_of=2, suffix=None)
     req = CompletionRequest.model_validate(recorder.bodies[0])
     assert req.prompts() == ["hi", "yo"] and req.n == 2 and req.logprobs == 1 and req.stop == ["\n"]

@@ -23,9 +23,9 @@ from omni_serve.api.protocol import stop_sequences
 from omni_serve.api.completions_protocol import (
     CompletionChoice, CompletionRequest, CompletionResponse, completion_logprobs,
 )
-from omni_serve.api.errors import OpenAIError, bad_request, internal_error
+from omni_serve.api.errors import bad_request
 from omni_serve.api.limits import check_prompt_chars
-from omni_serve.api.sse import SSE_DONE, sse_error, sse_event
+from omni_serve.api.sse import SSE_DONE, sse_event, sse_failure
 from omni_serve.graph.frontend import EventStream, RequestContext
 from omni_serve.kits.omni.messages import TextDelta
 from omni_serve.request_ids import new_request_id
@@ -69,7 +69,8 @@ class _Choice:
 
 class CompletionEndpoints:
     """``/v1/completions`` of a Qwen-Omni frontend (see the module doc). Uses the frontend's ``spec``, ``inputs``,
-    ``thinker_cfg``, ``_check_model``, ``_preprocessed``, ``_prepared``, ``_events`` and ``_logprobs``."""
+    ``thinker_cfg``, ``_check_model``, ``_check_in_vocabulary``, ``_checked_logit_bias``, ``_preprocessed``,
+    ``_prepared``, ``_events`` and ``_logprobs``."""
 
     async def completions(self, req: CompletionRequest, ctx: RequestContext) -> CompletionResponse | EventStream:
         self._check_model(req.model)
@@ -115,13 +116,10 @@ class CompletionEndpoints:
         if isinstance(prompt, str):
             ids, text = tokenizer.encode(prompt, add_special_tokens=False), prompt
         else:
-            vocab = self.thinker_cfg.text_config.vocab_size
-            bad = next((t for t in prompt if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise bad_request(f"prompt[{i}]: token id {bad} is outside the vocabulary (0-{vocab - 1}).",
-                                  param="prompt", code="invalid_value")
+            self._check_in_vocabulary(prompt, "prompt", f"prompt[{i}]")
             ids, text = list(prompt), tokenizer.decode(prompt)
-        placeholder = next((t for t in ids if t in _media_tokens(self.thinker_cfg)), None)
+        media = _media_tokens(self.thinker_cfg)
+        placeholder = next((t for t in ids if t in media), None)
         if placeholder is not None:  # a media slot with no media: the thinker would read an embedding of nothing
             raise bad_request(f"prompt[{i}]: token {placeholder} ({tokenizer.decode([placeholder])}) is a media "
                               "placeholder; send media through /v1/chat/completions.", param="prompt",
@@ -188,16 +186,8 @@ class CompletionEndpoints:
                         yield chunk(c, "", finish=c.finish or "stop")
                     elif self._absorb(c, out):
                         yield chunk(c, c.text[-1])
-        except OpenAIError as err:
-            choices[0].p.clock.error = err.type
-            yield sse_error(err)
-            yield SSE_DONE
-            return
-        except Exception:  # noqa: BLE001 - the response has started: an error event, never a cut connection
-            log.exception("request %s: the stream failed", rid)
-            choices[0].p.clock.error = "internal_error"
-            yield sse_error(internal_error(f"Internal server error (request {rid}); the details are in the server "
-                                           "log."))
+        except Exception as exc:  # noqa: BLE001 - the response has started (see sse_failure)
+            yield sse_failure(exc, rid, choices[0].p.clock, log)
             yield SSE_DONE
             return
         opts = req.stream_options

@@ -27,12 +27,12 @@ import numpy as np
 from omni_serve.api import protocol as P
 from omni_serve.api.audio_protocol import SpeechRequest, TranscriptionRequest
 from omni_serve.api.completions_protocol import CompletionRequest
-from omni_serve.api.errors import OpenAIError, bad_request, internal_error
+from omni_serve.api.errors import OpenAIError, bad_request
 from omni_serve.api.limits import check_request_size
 from omni_serve.api.logprobs import LogprobWriter
 from omni_serve.api.media import decode_image_bytes, decode_input_audio, encode_audio, image_url_bytes, probe_image
 from omni_serve.api.video import decode_videos, video_url_bytes
-from omni_serve.api.sse import SSE_DONE, sse_error, sse_event
+from omni_serve.api.sse import SSE_DONE, sse_event, sse_failure
 from omni_serve.graph.calls import StageCalls
 from omni_serve.graph.frontend import EventStream, Frontend, RequestContext, Route
 from omni_serve.graph.messages import Message
@@ -179,12 +179,17 @@ class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
 
     def _checked_logit_bias(self, logit_bias: dict[str, float] | None) -> list[tuple[int, float]]:
         """``logit_bias`` as (token id, bias) pairs by id; a 400 for an id outside the thinker's vocabulary."""
-        bias, vocab = P.logit_bias_ids(logit_bias), self.thinker_cfg.text_config.vocab_size
-        outside = next((t for t in bias if t >= vocab), None)
-        if outside is not None:
-            raise bad_request(f"logit_bias: token id {outside} is outside the vocabulary (0-{vocab - 1}).",
-                              param="logit_bias", code="invalid_value")
+        bias = P.logit_bias_ids(logit_bias)
+        self._check_in_vocabulary(bias, "logit_bias", "logit_bias")
         return sorted(bias.items())
+
+    def _check_in_vocabulary(self, token_ids, param: str, where: str) -> None:
+        """A 400 naming ``param`` when a token id is outside the thinker's vocabulary."""
+        vocab = self.thinker_cfg.text_config.vocab_size
+        outside = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if outside is not None:
+            raise bad_request(f"{where}: token id {outside} is outside the vocabulary (0-{vocab - 1}).",
+                              param=param, code="invalid_value")
 
     def _checked_schema(self, req: P.ChatCompletionRequest) -> str | None:
         """The JSON schema the reply is constrained to (``response_format``), checked by the grammar engine the
@@ -433,16 +438,8 @@ class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
                     # Streamed audio is always raw pcm16 (24 kHz mono), as OpenAI streams it.
                     yield sse_event(chunk(P.ChatCompletionDelta(audio=P.DeltaAudio(
                         id=audio_id, data=base64.b64encode(pcm).decode(), expires_at=int(time.time()) + AUDIO_TTL_S))))
-        except OpenAIError as err:
-            p.clock.error = err.type
-            yield sse_error(err)
-            yield SSE_DONE
-            return
-        except Exception:  # noqa: BLE001 - the response has started: an error event, never a cut connection
-            log.exception("request %s: the stream failed", p.request_id)
-            p.clock.error = "internal_error"
-            yield sse_error(internal_error(f"Internal server error (request {p.request_id}); the details are in "
-                                           "the server log."))
+        except Exception as exc:  # noqa: BLE001 - the response has started (see sse_failure)
+            yield sse_failure(exc, p.request_id, p.clock, log)
             yield SSE_DONE
             return
         yield sse_event(chunk(P.ChatCompletionDelta(), finish=finish or "stop"))
