@@ -7,6 +7,10 @@ import os
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Unread data-plane payloads (late chunks of cancelled requests) are swept after this in every process the tests
+# start (Ray's workers inherit it): the leak and fault tests wait for those sweeps, and the serving default (120 s)
+# would make each wait two minutes. A consumer here reads its payload within seconds, even under the load tests.
+os.environ.setdefault("OMNI_SERVE_DATA_TTL_S", "45")
 
 
 def _gpu_available() -> bool:

@@ -57,11 +57,11 @@ class InProcessOmni:
 
     async def run(self, rid: str, x, thinker_tokens: int, seed: int, audio: bool = True,
                   forced_reply: list[int] | None = None, penalties: dict[str, float] | None = None,
-                  logprobs: int | None = None, json_schema: str | None = None) -> Result:
+                  logprobs: int | None = None, json_schema: str | None = None, grammar: str | None = None) -> Result:
         """One greedy request for the preprocessed prompt ``x`` (``OmniInputProcessor`` output). ``forced_reply``: the
         thinker's reply is forced (speech). ``penalties``: the thinker's presence and frequency penalties (and logit_bias).
         ``logprobs``: each text token's log-probability with this many alternatives. ``json_schema``: the reply is
-        constrained to JSON the schema accepts."""
+        constrained to JSON the schema accepts; ``grammar``: to this Lark grammar."""
         spec, stages = self.graph.spec, self.graph.stages
         media = x.has_media
         calls = {}
@@ -70,7 +70,7 @@ class InProcessOmni:
             calls["encoder"] = EncoderCall(request_id=rid)
         thinker = ThinkerCall(
             request_id=rid, input_ids=x.input_ids[0].tolist(), max_new_tokens=thinker_tokens,
-            sampling=SamplingSettings(temperature=0.0, seed=seed, logprobs=logprobs, json_schema=json_schema,
+            sampling=SamplingSettings(temperature=0.0, seed=seed, logprobs=logprobs, json_schema=json_schema, grammar=grammar,
                                       **(penalties or {})),
             stop_token_ids=[TOKEN_ID["<|im_end|>"]],
             media_layout=MediaLayout.of(x), expects_media=media, talker=self.talker_prompt if audio else None,

@@ -26,6 +26,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from omni_serve.api.tools import MAX_TOOLS, ChatTool, DeltaToolCall, NamedToolChoice, ToolCall, ToolChoice
+
 __all__ = [
     "TextPart",
     "InputAudio",
@@ -157,13 +159,17 @@ StopSequences = Annotated[
 
 
 class ChatMessage(_Lenient):
-    role: Literal["system", "user", "assistant", "developer"] = Field(
-        description="Author of the message."
+    role: Literal["system", "user", "assistant", "developer", "tool"] = Field(
+        description="Author of the message ('tool': a tool's result, answering an assistant's call)."
     )
     content: MessageContent | None = Field(
         default=None, description="A string, a list of content parts, or null."
     )
     name: str | None = Field(default=None, description="Optional participant name.")
+    tool_calls: list[ToolCall] | None = Field(default=None, description=(
+        "An assistant message's tool calls (as a reply returned them), rendered after its text."))
+    tool_call_id: str | None = Field(default=None, description=(
+        "A tool message's answer to this call id (accepted; the chat template matches results to calls by order)."))
 
 
 # --------------------------------------------------------------------------- request
@@ -246,12 +252,6 @@ def logit_bias_ids(value: dict[str, float] | None) -> dict[int, float]:
     return {int(k): float(v) for k, v in (value or {}).items()}
 
 
-# The values of OpenAI's not-yet-served chat fields that ask for nothing (None is always accepted).
-_NOT_SERVED_YET: dict[str, tuple] = {
-    "tools": ([],), "tool_choice": ("none", "auto"),
-}
-
-
 class ChatCompletionRequest(_Lenient):
     model: str = Field(description="Served model name.")
     messages: list[ChatMessage] = Field(min_length=1, description="Conversation so far (>= 1).")
@@ -307,14 +307,16 @@ class ChatCompletionRequest(_Lenient):
         "response_format, after its grammar's mask)."))
     top_logprobs: int | None = Field(default=None, ge=0, le=20, description=(
         "With logprobs: also this many most likely tokens at each position (0-20)."))
-    # OpenAI's fields this server does not implement yet: their defaults (what clients send when they ask for
-    # nothing) are accepted, anything else is a 400 naming the field (``_refuse_what_is_not_served``), never a reply
-    # that silently ignores what was asked.
-    tools: list[dict[str, Any]] | None = Field(default=None, description=(
-        "Not served yet: tools given (a non-empty list) are a 400."))
-    tool_choice: str | dict[str, Any] | None = Field(default=None, description=(
-        "Not served yet: only \"none\" and \"auto\" (no tools: nothing to call) are accepted."))
-    parallel_tool_calls: bool | None = Field(default=None, description="Accepted and unused (no tools are served).")
+    tools: list[ChatTool] | None = Field(default=None, max_length=MAX_TOOLS, description=(
+        "Functions the model may call (up to 128), rendered by the checkpoint's chat template; the reply's calls "
+        "come back in message.tool_calls (streamed: delta.tool_calls, each call whole). Text output only."))
+    tool_choice: ToolChoice | None = Field(default=None, description=(
+        "'auto' (default with tools): the model may call; 'none': the tools are not shown and no call is parsed; "
+        "'required' or {'type': 'function', 'function': {'name': ...}}: the reply is constrained to calls (of any "
+        "tool, or the named one) whose arguments follow the tool's parameters schema."))
+    parallel_tool_calls: bool | None = Field(default=None, description=(
+        "False: at most one call per reply (a forced call is one call; with 'auto' the reply ends after the first "
+        "call). Default true."))
     response_format: ResponseFormat | None = Field(default=None, description=(
         "text (default), json_object or json_schema: the reply is constrained to JSON (any object, or one that "
         "the schema accepts), compact (no whitespace between tokens)."))
@@ -322,15 +324,25 @@ class ChatCompletionRequest(_Lenient):
         "Token id (as a string) -> a value from -100 to 100 added to that token's logit before sampling (OpenAI's; "
         "up to 300 tokens). The ids must be inside the thinker's vocabulary."))
 
-    @field_validator("tools", "tool_choice")
+    @field_validator("tool_choice")
     @classmethod
-    def _refuse_what_is_not_served(cls, value: Any, info: ValidationInfo) -> Any:
-        accepted = _NOT_SERVED_YET[info.field_name]
-        if value is not None and value not in accepted:
-            raise PydanticCustomError("unsupported_parameter", "not supported by this server yet (only {accepted} is "
-                                      "accepted); send the request without it",
-                                      {"accepted": " or ".join(json.dumps(a) for a in accepted)})
+    def _choice_needs_tools(cls, value: Any, info: ValidationInfo) -> Any:
+        tools = info.data.get("tools") or []
+        if value in ("required",) or isinstance(value, NamedToolChoice):
+            if not tools:
+                raise PydanticCustomError("invalid_tool_choice", "tool_choice {choice} needs tools",
+                                          {"choice": json.dumps(value if isinstance(value, str) else "function")})
+        if isinstance(value, NamedToolChoice) and value.function.name not in {t.function.name for t in tools}:
+            raise PydanticCustomError("invalid_tool_choice", "tool_choice names {name}, which is not in tools",
+                                      {"name": json.dumps(value.function.name)})
         return value
+
+    def tool_mode(self) -> str | NamedToolChoice | None:
+        """How the reply may use tools: None (no tools, or tool_choice 'none'), 'auto', 'required', or the named
+        function."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return self.tool_choice or "auto"
 
     @field_validator("modalities")
     @classmethod
@@ -423,6 +435,7 @@ class ChatCompletionAudio(BaseModel):
 class ChatCompletionMessage(BaseModel):
     role: Literal["assistant"] = Field(default="assistant", description="Always 'assistant'.")
     content: str | None = Field(default=None, description="Generated text, if any.")
+    tool_calls: list[ToolCall] | None = Field(default=None, description="The tools the reply calls, if any.")
     audio: ChatCompletionAudio | None = Field(default=None, description="Generated audio, if requested.")
 
 
@@ -446,8 +459,8 @@ class ChoiceLogprobs(BaseModel):
 class ChatCompletionChoice(BaseModel):
     index: int = Field(default=0, description="Choice index (always 0; n=1).")
     message: ChatCompletionMessage = Field(description="The generated message.")
-    finish_reason: Literal["stop", "length", "abort"] | None = Field(
-        default=None, description="Why generation ended."
+    finish_reason: Literal["stop", "length", "tool_calls", "abort"] | None = Field(
+        default=None, description="Why generation ended ('tool_calls': the reply calls tools)."
     )
     logprobs: ChoiceLogprobs | None = Field(default=None, description="Token log-probabilities (logprobs: true).")
     token_ids: list[int] | None = Field(
@@ -478,6 +491,7 @@ class ChatCompletionDelta(BaseModel):
     role: str | None = Field(default=None, description="'assistant' on the first chunk only.")
     content: str | None = Field(default=None, description="Incremental text.")
     audio: DeltaAudio | None = Field(default=None, description="Incremental audio.")
+    tool_calls: list[DeltaToolCall] | None = Field(default=None, description="Tool calls this chunk adds.")
 
 
 class ChatCompletionChunkChoice(BaseModel):
@@ -487,7 +501,7 @@ class ChatCompletionChunkChoice(BaseModel):
         "Log-probabilities of the tokens generated since the previous chunk with text (logprobs: true); a token "
         "whose text is held back (a possible stop string, a partial character) comes with the next chunk that has "
         "text, or the last."))
-    finish_reason: Literal["stop", "length", "abort"] | None = Field(
+    finish_reason: Literal["stop", "length", "tool_calls", "abort"] | None = Field(
         default=None, description="Set on the last chunk of the choice."
     )
 

@@ -68,15 +68,25 @@ def build_qwen_tokenizer(
     )
 
 
+# The tool-calling part of Qwen's chat templates (Qwen2.5/Qwen3 and Qwen3-Omni's): the tools go at the end of the
+# system turn, each as JSON on its own line; an assistant turn's calls follow its text as <tool_call> blocks; tool
+# results come back in a user turn (consecutive ones together), each in a <tool_response> block.
+TOOLS_PREAMBLE = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
+                  "with function signatures within <tools></tools> XML tags:\n<tools>")
+TOOLS_POSTAMBLE = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+                   "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+                   "\"arguments\": <args-json-object>}\n</tool_call>")
+
+
 def omni_chat_template(audio: str, image: str, video: str) -> str:
     """The Omni checkpoints' chat template: string or list-of-parts content; each media part becomes its
     placeholder (``audio``, ``image``, ``video``: the bos + pad + eos tokens) that the processor expands to the
-    right number of feature tokens."""
-    return (
-        "{% for message in messages %}"
-        "{{ '<|im_start|>' + message['role'] + '\\n' }}"
-        "{% if message['content'] is string %}{{ message['content'] }}"
-        "{% else %}{% for part in message['content'] %}"
+    right number of feature tokens. With ``tools``, Qwen's tool-calling layout (``TOOLS_PREAMBLE``): a conversation
+    without tools renders as it would without that part."""
+    content = (
+        "{% macro render(content) %}"
+        "{% if content is string %}{{ content }}"
+        "{% else %}{% for part in content %}"
         "{% if part['type'] == 'text' %}{{ part['text'] }}"
         "{% elif part['type'] == 'audio' or part['type'] == 'input_audio' %}"
         f"{{{{ '{audio}' }}}}"
@@ -85,7 +95,42 @@ def omni_chat_template(audio: str, image: str, video: str) -> str:
         "{% elif part['type'] == 'video' or part['type'] == 'video_url' %}"
         f"{{{{ '{video}' }}}}"
         "{% endif %}{% endfor %}{% endif %}"
+        "{% endmacro %}"
+    )
+    tools = (
+        "{% if tools %}{{ '<|im_start|>system\\n' }}"
+        "{% if messages[0]['role'] == 'system' %}{{ render(messages[0]['content']) }}{{ '\\n\\n' }}{% endif %}"
+        "{{ preamble }}{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}"
+        "{{ postamble }}{{ '<|im_end|>\\n' }}{% endif %}"
+    ).replace("{{ preamble }}", "{{ " + _jinja_string(TOOLS_PREAMBLE) + " }}").replace(
+        "{{ postamble }}", "{{ " + _jinja_string(TOOLS_POSTAMBLE) + " }}")
+    messages = (
+        "{% for message in messages %}"
+        "{% if tools and loop.first and message['role'] == 'system' %}"
+        "{% elif message['role'] == 'tool' %}"
+        "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{ '<|im_start|>user' }}{% endif %}"
+        "{{ '\\n<tool_response>\\n' }}{{ render(message['content']) }}{{ '\\n</tool_response>' }}"
+        "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{ '<|im_end|>\\n' }}{% endif %}"
+        "{% else %}"
+        "{{ '<|im_start|>' + message['role'] + '\\n' }}{{ render(message['content']) }}"
+        "{% if message['tool_calls'] %}{% set has_text = message['content'] %}"
+        "{% for call in message['tool_calls'] %}"
+        "{% if (loop.first and has_text) or not loop.first %}{{ '\\n' }}{% endif %}"
+        "{% if call['function'] is defined %}{% set call = call['function'] %}{% endif %}"
+        "{{ '<tool_call>\\n{\"name\": \"' }}{{ call['name'] }}{{ '\", \"arguments\": ' }}"
+        "{% if call['arguments'] is string %}{{ call['arguments'] }}{% else %}{{ call['arguments'] | tojson }}{% endif %}"
+        "{{ '}\\n</tool_call>' }}"
+        "{% endfor %}{% endif %}"
         "{{ '<|im_end|>\\n' }}"
+        "{% endif %}"
         "{% endfor %}"
         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
     )
+    return content + tools + messages
+
+
+def _jinja_string(text: str) -> str:
+    """``text`` as a Jinja string literal (a JSON string reads the same in Jinja)."""
+    import json
+
+    return json.dumps(text)

@@ -1,8 +1,9 @@
 """Chat messages + decoded media -> Qwen-Omni model inputs, through transformers' own processor.
 
-Contract: ``OmniInputProcessor(checkpoint_dir, video_fps)(messages, audios, images, videos, use_audio_in_video)
--> OmniInputs``. ``messages`` use the chat template's part types (``text``, ``audio``, ``image``, ``video``) in
-order; ``audios`` are mono float32 clips at ``sampling_rate`` (16 kHz), ``images`` PIL images and ``videos``
+Contract: ``OmniInputProcessor(checkpoint_dir, video_fps)(messages, audios, images, videos, use_audio_in_video,
+tools) -> OmniInputs``. ``messages`` use the chat template's part types (``text``, ``audio``, ``image``, ``video``) in
+order (``tools``: the functions the chat template shows the model, in OpenAI's shape; ``renders_tools`` says
+whether the checkpoint's template shows them at all); ``audios`` are mono float32 clips at ``sampling_rate`` (16 kHz), ``images`` PIL images and ``videos``
 ``DecodedVideo``s (``omni_serve.api.video``: the sampled RGB frames and, for ``use_audio_in_video``, the audio
 track), each in the order their parts appear. The work is done by the checkpoint's ``AutoProcessor`` —
 ``Qwen2_5OmniProcessor`` or ``Qwen3OmniMoeProcessor`` — as it is: its chat template, tokenizer, Whisper feature
@@ -99,9 +100,13 @@ class OmniInputProcessor:
         self.feature_extractor = self.processor.feature_extractor
         self.sampling_rate = self.feature_extractor.sampling_rate
         self.video_fps = float(video_fps)
+        probe = [{"role": "user", "content": [{"type": "text", "text": "?"}]}]
+        tool = {"type": "function", "function": {"name": "probe", "parameters": {"type": "object"}}}
+        self.renders_tools = self.render(probe, [tool]) != self.render(probe)
 
-    def render(self, messages: list[dict]) -> str:
-        return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        return self.processor.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
+                                                  tokenize=False)
 
     def sample_frames(self, header) -> list[int]:
         """The frame indices the processor samples from a video with this header (``api.video.VideoHeader``)."""
@@ -112,7 +117,7 @@ class OmniInputProcessor:
         return [int(i) for i in self.processor.video_processor.sample_frames(meta, fps=self.video_fps)]
 
     def __call__(self, messages: list[dict], audios: list[np.ndarray] = (), images: list = (), videos: list = (),
-                 use_audio_in_video: bool = False) -> OmniInputs:
+                 use_audio_in_video: bool = False, tools: list[dict] | None = None) -> OmniInputs:
         if use_audio_in_video and any(v.audio is None for v in videos):
             raise ValueError("use_audio_in_video needs an audio track in every video")
         use_audio_in_video = use_audio_in_video and bool(videos)
@@ -125,7 +130,7 @@ class OmniInputProcessor:
             kwargs["videos_kwargs"] = {"do_sample_frames": False, "fps": self.video_fps}
             if use_audio_in_video:
                 kwargs.update(load_audio_from_video=True, audio_from_video_indices=slots)
-        batch = self.processor(text=[self.render(messages)], audio=clips or None, images=list(images) or None,
+        batch = self.processor(text=[self.render(messages, tools)], audio=clips or None, images=list(images) or None,
                                videos=[v.frames for v in videos] or None, **kwargs)
         return OmniInputs.from_batch(batch, use_audio_in_video)
 

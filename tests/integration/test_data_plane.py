@@ -137,7 +137,7 @@ def test_no_payload_leaks_after_1000_requests_including_cancelled_and_failed(dp_
     assert outcomes.count("cancelled") == 200
     assert outcomes.count("failed") == outcomes.count("ok_long") == 100  # dp refuses them; the default graph not
     # Late chunks of cancelled requests are freed by their producers' TTL sweep (DP_TTL_S), or for the ray
-    # connector by the directory's (OMNI_SERVE_DATA_TTL_S, 120 s by default).
+    # connector by the directory's (OMNI_SERVE_DATA_TTL_S, which tests/conftest.py sets for the session).
     deadline = time.monotonic() + 200
     while True:
         stats = _stage_data_plane(dp_app)

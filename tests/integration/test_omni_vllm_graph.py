@@ -236,6 +236,25 @@ def test_a_json_schema_on_vllm_equals_the_native_thinker(vhttp, http):
     jsonschema.validate(json.loads(got["message"]["content"]), schema)
 
 
+def test_a_forced_tool_call_on_vllm_equals_the_native_thinker(vhttp, http):
+    """A named tool_choice on vLLM (the call's Lark grammar through its guidance backend): the same greedy tokens and
+    the same call as the native thinker, arguments the tool's schema accepts."""
+    import jsonschema
+
+    params = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+              "additionalProperties": False}
+    body = {**oracle_request("text"), "modalities": ["text"], "max_tokens": 160,
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": params}}],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    r_vllm, r_native = vhttp.post("/v1/chat/completions", json=body), http.post("/v1/chat/completions", json=body)
+    assert r_vllm.status_code == 200 and r_native.status_code == 200, (r_vllm.text[:300], r_native.text[:300])
+    got, want = (r.json()["choices"][0] for r in (r_vllm, r_native))
+    assert got["token_ids"] == want["token_ids"] and got["finish_reason"] == "tool_calls"
+    (call,), (native_call,) = got["message"]["tool_calls"], want["message"]["tool_calls"]
+    assert call["function"] == native_call["function"] and call["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), params)
+
+
 def test_logit_bias_on_vllm_equals_the_native_thinker(vhttp, http):
     """logit_bias (-100 on the plain reply's first token, +2 on its third) changes the greedy reply, identically on
     vLLM and on the native thinker."""

@@ -150,3 +150,23 @@ def test_bad_input_gets_openai_error_and_next_request_works(client, case):
     assert r.json()["error"]["message"]
     ok = client.post("/v1/chat/completions", json=good)
     assert ok.status_code == 200, ok.text
+
+
+def test_a_forced_tool_call_on_qwen3_omni(client):
+    """Qwen3-Omni's template shows the tools (the same Qwen tool layout) and a named tool_choice gives one call of that
+    function whose arguments the schema accepts."""
+    import json
+
+    import jsonschema
+
+    params = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+              "additionalProperties": False}
+    r = client.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Weather in Rome?"}], "max_tokens": 160,
+        "temperature": 0, "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": params}}],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": False})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    (call,) = choice["message"]["tool_calls"]
+    assert choice["finish_reason"] == "tool_calls" and call["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), params)

@@ -253,7 +253,7 @@ def test_message_variants_parse() -> None:
         ({"stop": 5}, ("stop",)),
         ({"audio": {"voice": "Chelsie", "format": "mp3"}}, ("audio", "format")),
         ({"messages": []}, ("messages",)),
-        ({"messages": [{"role": "tool", "content": "x"}]}, ("messages", 0, "role")),
+        ({"messages": [{"role": "function", "content": "x"}]}, ("messages", 0, "role")),
         ({"messages": [{"role": "user", "content": 5}]}, ("messages", 0, "content")),
         ({"messages": [{"role": "user", "content": [{"type": "video", "video": {}}]}]}, ("messages", 0, "content", "content[parts]", 0)),
         (
@@ -306,7 +306,7 @@ def test_response_dump_omits_none_and_has_openai_constants() -> None:
 
 def test_finish_reason_is_restricted() -> None:
     with pytest.raises(ValidationError):
-        ChatCompletionChoice(message=ChatCompletionMessage(content="x"), finish_reason="tool_calls")  # type: ignore[arg-type]
+        ChatCompletionChoice(message=ChatCompletionMessage(content="x"), finish_reason="content_filter")  # type: ignore[arg-type]
 
 
 def test_sse_framing() -> None:

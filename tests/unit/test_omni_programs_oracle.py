@@ -269,9 +269,8 @@ def test_a_json_schema_constrained_reply_equals_generate_with_the_grammars_mask(
     import json
 
     import jsonschema
-    import llguidance.hf
     from llguidance import LLMatcher
-    from transformers import AutoTokenizer, LogitsProcessor, LogitsProcessorList
+    from transformers import AutoTokenizer
 
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
               "required": ["ok", "n"], "additionalProperties": False}
@@ -288,9 +287,25 @@ def test_a_json_schema_constrained_reply_equals_generate_with_the_grammars_mask(
             await omni.close()
     served = run(serve_one())
 
+    grammar = LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
+    seq, prompt = _generate_with_grammar(models, omni_tiny_dir, tokenizer, grammar, 40)
+    assert served.tokens == seq[0, prompt:].tolist()
+    assert served.tokens[-1] == end
+    jsonschema.validate(json.loads(tokenizer.decode(served.tokens[:-1])), schema)
+    with pytest.raises(ValueError):
+        json.loads(tokenizer.decode([t for t in references_free_reply(models, omni_tiny_dir) if t != end]))
+
+
+def _generate_with_grammar(models, omni_tiny_dir, tokenizer, grammar: str, max_new: int):
+    """transformers' greedy ``generate`` on the text prompt with llguidance's mask for ``grammar`` as a logits
+    processor: (sequence, prompt length)."""
+    import llguidance.hf
+    from llguidance import LLMatcher
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     vocab = models[0].thinker.config.text_config.vocab_size
-    matcher = LLMatcher(llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab, eos_token=end),
-                        LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False}))
+    matcher = LLMatcher(llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab, eos_token=end), grammar)
 
     class Grammar(LogitsProcessor):
         def __init__(self, prompt: int):
@@ -306,13 +321,44 @@ def test_a_json_schema_constrained_reply_equals_generate_with_the_grammars_mask(
     prompt = kwargs["input_ids"].shape[1]
     with torch.no_grad():
         seq = models[0].thinker.generate(input_ids=kwargs["input_ids"], attention_mask=kwargs["attention_mask"],
-                                         max_new_tokens=40, do_sample=False, eos_token_id=end,
+                                         max_new_tokens=max_new, do_sample=False, eos_token_id=end,
                                          logits_processor=LogitsProcessorList([Grammar(prompt)]))
+    return seq, prompt
+
+
+def test_a_forced_tool_call_equals_generate_with_the_grammars_mask(models, omni_tiny_dir):
+    """With a named tool_choice, the thinker's greedy reply is transformers' greedy ``generate`` under llguidance's mask
+    for the call's grammar (``api.tools.tool_call_grammar``), token for token, and it parses as a call of that function
+    whose arguments the schema accepts. Control: unconstrained, the reply holds no call."""
+    import json
+
+    import jsonschema
+    from transformers import AutoTokenizer
+
+    from omni_serve.api.tools import ChatTool, NamedToolChoice, parse_tool_calls, tool_call_grammar
+
+    params = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"enum": [1, 2]}},
+              "required": ["city", "days"], "additionalProperties": False}
+    tools = [ChatTool(type="function", function={"name": "get_weather", "parameters": params}),
+             ChatTool(type="function", function={"name": "get_time"})]
+    grammar = tool_call_grammar(tools, NamedToolChoice(type="function", function={"name": "get_weather"}), False)
+    tokenizer = AutoTokenizer.from_pretrained(omni_tiny_dir)
+    x = serve_inputs(models[1], "text")
+
+    async def serve_one():
+        omni = InProcessOmni(omni_tiny_dir, ARConfig(), steps=STEPS, talker_tokens=TALKER_TOKENS)
+        try:
+            return await omni.run("tool", x, 96, SEED, audio=False, grammar=grammar)
+        finally:
+            await omni.close()
+    served = run(serve_one())
+    seq, prompt = _generate_with_grammar(models, omni_tiny_dir, tokenizer, grammar, 96)
     assert served.tokens == seq[0, prompt:].tolist()
-    assert served.tokens[-1] == end
-    jsonschema.validate(json.loads(tokenizer.decode(served.tokens[:-1])), schema)
-    with pytest.raises(ValueError):
-        json.loads(tokenizer.decode([t for t in references_free_reply(models, omni_tiny_dir) if t != end]))
+    assert served.tokens[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    content, calls = parse_tool_calls(tokenizer.decode(served.tokens[:-1]))
+    assert content is None and [c.function.name for c in calls] == ["get_weather"]
+    jsonschema.validate(json.loads(calls[0].function.arguments), params)
+    assert parse_tool_calls(tokenizer.decode(references_free_reply(models, omni_tiny_dir)))[1] == []
 
 
 def references_free_reply(models, omni_tiny_dir) -> list[int]:

@@ -33,11 +33,13 @@ from omni_serve.api.logprobs import LogprobWriter
 from omni_serve.api.media import decode_image_bytes, decode_input_audio, encode_audio, image_url_bytes, probe_image
 from omni_serve.api.video import decode_videos, video_url_bytes
 from omni_serve.api.sse import SSE_DONE, sse_event, sse_failure
+from omni_serve.api.tools import DeltaFunctionCall, DeltaToolCall, ToolCallStream, parse_tool_calls
 from omni_serve.graph.calls import StageCalls
 from omni_serve.graph.frontend import EventStream, Frontend, RequestContext, Route
 from omni_serve.graph.messages import Message
 from omni_serve.kits.omni.audio_endpoints import AudioEndpoints
 from omni_serve.kits.omni.completions import CompletionEndpoints
+from omni_serve.kits.omni.tool_use import ToolPlan, history_calls, tool_plan
 from omni_serve.kits.omni.messages import (
     AudioDelta, Code2WavCall, EncoderCall, MediaInputs, MediaLayout, RawMedia, SamplingSettings, TalkerPrompt,
     TextDelta, ThinkerCall,
@@ -66,6 +68,7 @@ class Prepared:
     audio_format: str | None
     seed: int
     return_token_ids: bool = False  # the talker also returns its codec ids
+    tool_calls: bool = False  # the reply's tool calls are parsed out of its text (a chat request with tools)
     created: int = field(default_factory=lambda: int(time.time()))
     clock: RequestClock = field(default_factory=RequestClock)  # the ingress sets its own (from arrival)
     timeout_s: float | None = None  # the request's deadline (the ingress sets it; None: the spec's)
@@ -105,6 +108,7 @@ class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
         eos = self.inputs.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.stop_token_ids = [eos]
         self.logprob_writer = LogprobWriter(self.inputs.tokenizer)
+        self.renders_tools = self.inputs.renders_tools  # whether the checkpoint's chat template shows tools
         self._grammars = None  # GrammarCompiler (engines.constraints), made on the first JSON response_format
         self._grammars_lock = threading.Lock()
 
@@ -143,6 +147,9 @@ class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
         if body.stream and shape == "vllm_omni" and body.logprobs:
             raise bad_request("logprobs are streamed in OpenAI's stream shape only, not vLLM-Omni's.",
                               param="logprobs")
+        if body.stream and shape == "vllm_omni" and body.tool_mode() is not None:
+            raise bad_request("Tool calls are streamed in OpenAI's stream shape only, not vLLM-Omni's.",
+                              param="tools")
         if shape == "vllm_omni" and not body.transcript_in_content:  # vLLM-Omni's reply: text in content
             body = body.model_copy(update={"transcript_in_content": True})
         p = await self.prepare(body)
@@ -163,8 +170,12 @@ class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
             voice = self._voice(asked or self.spec.default_voice, "audio.voice")
         check_request_size(req.messages, self.spec.limits)
         rid = new_request_id("chatcmpl")
+        plan = tool_plan(req, self.renders_tools)
         schema = await asyncio.to_thread(self._checked_schema, req)  # compiling a grammar is CPU work
-        inputs, audios, images = await self._preprocessed(rid, self._preprocess, req)
+        if plan is not None and plan.grammar is not None:
+            await asyncio.to_thread(self._check_grammar, plan.grammar, "tool_choice",
+                                    "The tools' parameters cannot be used to constrain the call")
+        inputs, audios, images = await self._preprocessed(rid, self._preprocess, req, plan)
         temperature = req.temperature if req.temperature is not None else \
             self.spec.thinker_params().default_temperature
         return self._prepared(
@@ -172,10 +183,11 @@ class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
             sampling=dict(temperature=temperature, top_p=req.top_p or 1.0, min_new_tokens=req.min_tokens,
                           presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
                           logprobs=req.logprobs_wanted(), json_schema=schema,
+                          grammar=plan.grammar if plan is not None else None,
                           logit_bias=self._checked_logit_bias(req.logit_bias)),
-            seed=req.seed, stop=P.stop_sequences(req.stop), voice=voice,
-            audio_format=(req.audio.format if req.audio else "wav") if voice else None,
-            return_token_ids=req.return_token_ids)
+            seed=req.seed, stop=P.stop_sequences(req.stop) + list(plan.stop if plan is not None else ()),
+            voice=voice, audio_format=(req.audio.format if req.audio else "wav") if voice else None,
+            return_token_ids=req.return_token_ids, tool_calls=plan is not None)
 
     def _checked_logit_bias(self, logit_bias: dict[str, float] | None) -> list[tuple[int, float]]:
         """``logit_bias`` as (token id, bias) pairs by id; a 400 for an id outside the thinker's vocabulary."""
@@ -203,18 +215,29 @@ class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
                               "reply first).", param="min_tokens")
         from omni_serve.engines.constraints import GrammarCompiler, GrammarError
 
+        try:
+            grammar = GrammarCompiler.json_grammar(schema)
+        except GrammarError as exc:
+            raise bad_request(f"The JSON schema cannot be used to constrain the reply: {exc}", param=param,
+                              code="invalid_value") from None
+        self._check_grammar(grammar, param, "The JSON schema cannot be used to constrain the reply")
+        return schema
+
+    def _check_grammar(self, grammar: str, param: str, what: str) -> None:
+        """A 400 naming ``param`` (``what``: the problem's lead) when the thinkers' grammar engine cannot constrain a
+        reply with ``grammar``; runs in worker threads (compiling is CPU work)."""
+        from omni_serve.engines.constraints import GrammarCompiler, GrammarError
+
         with self._grammars_lock:  # called in worker threads (prepare), maybe several at once
             if self._grammars is None:
                 self._grammars = GrammarCompiler(self.inputs.tokenizer, self.thinker_cfg.text_config.vocab_size,
                                                  self.stop_token_ids[0])
         try:
-            problem = self._grammars.check(GrammarCompiler.json_grammar(schema))
+            problem = self._grammars.check(grammar)
         except GrammarError as exc:
             problem = str(exc)
         if problem:
-            raise bad_request(f"The JSON schema cannot be used to constrain the reply: {problem}", param=param,
-                              code="invalid_value")
-        return schema
+            raise bad_request(f"{what}: {problem}", param=param, code="invalid_value")
 
     def _check_model(self, model: str) -> None:
         if model != self.spec.model_name:
@@ -244,7 +267,7 @@ class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
     def _prepared(self, request, rid: str, inputs, audios, images, *, max_new: int, sampling: dict, seed: int | None,
                   stop: list[str] = (), voice: str | None = None, audio_format: str | None = None,
                   forced_reply: list[int] | None = None, return_token_ids: bool = False,
-                  param: str = "messages") -> Prepared:
+                  param: str = "messages", tool_calls: bool = False) -> Prepared:
         """The thinker call (and what the other stages need) for preprocessed ``inputs``; a 400 when the prompt
         and ``max_new`` tokens exceed the context."""
         prompt_len = int(inputs.input_ids.shape[1])
@@ -267,9 +290,9 @@ class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
             media_layout=MediaLayout.of(inputs), expects_media=media is not None,
             talker=None if voice is None else self._talker_prompt(voice), forced_reply=forced_reply)
         return Prepared(request, rid, prompt_len, thinker, media, voice, audio_format, seed,
-                        return_token_ids=return_token_ids)
+                        return_token_ids=return_token_ids, tool_calls=tool_calls)
 
-    def _preprocess(self, req: P.ChatCompletionRequest):
+    def _preprocess(self, req: P.ChatCompletionRequest, plan: ToolPlan | None = None):
         """(model inputs, decoded audio clips, decoded images). The inputs' expanded prompt ids are what either
         thinker backend computes on (vLLM expands the same placeholders itself: the vLLM runner checks it)."""
         converted, audios, encoded, encoded_videos = self._convert_messages(req.messages)
@@ -286,7 +309,8 @@ class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
             raise bad_request(f"{silent[0]}: the video has no audio track, but mm_processor_kwargs.use_audio_in_video "
                               "asks to hear it.", param=silent[0])
         hear = hear and bool(videos) and not silent  # one setting for the whole prompt (the M-RoPE index's)
-        return self.inputs(converted, audios, images, videos, use_audio_in_video=hear), audios, images
+        return self.inputs(converted, audios, images, videos, use_audio_in_video=hear,
+                           tools=plan.tools if plan is not None else None), audios, images
 
     def _checked_image(self, raw: bytes, param: str):
         image = decode_image_bytes(raw, max_pixels=self.spec.max_image_pixels, param=param,
@@ -307,10 +331,11 @@ class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
         for i, msg in enumerate(messages):
             role = "system" if msg.role == "developer" else msg.role
             content = msg.content
-            if content is None:
+            calls = {"tool_calls": history_calls(msg, i)} if msg.tool_calls else {}
+            if content is None or (calls and not content):  # an empty text before calls is no text
                 content = []
             if isinstance(content, str):
-                out.append({"role": role, "content": [{"type": "text", "text": content}]})
+                out.append({"role": role, "content": [{"type": "text", "text": content}], **calls})
                 continue
             parts = []
             for j, part in enumerate(content):
@@ -342,7 +367,7 @@ class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
             if role != "user" and (len(parts) != sum(p["type"] == "text" for p in parts)):
                 raise bad_request(f"Only user messages may contain audio, images or video (message {i} is "
                                   f"{msg.role}).", param=f"messages[{i}].content")
-            out.append({"role": role, "content": parts})
+            out.append({"role": role, "content": parts, **calls})
         return out, audios, images, videos
 
     # -- running ------------------------------------------------------------------------------------------
@@ -382,6 +407,10 @@ class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
                 p.clock.audio(_pcm_seconds(chunk))
                 pcm.append(chunk)
         transcript = "".join(text)
+        calls = None
+        if p.tool_calls:  # the calls are parsed out of the text (vLLM's rule: any call makes it a tool_calls reply)
+            transcript, calls = parse_tool_calls(transcript)
+            finish = "tool_calls" if calls else finish
         audio = None
         if p.voice is not None:
             samples = np.frombuffer(b"".join(pcm), dtype="<i2").astype(np.float32) / 32767.0
@@ -392,7 +421,8 @@ class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
         # OpenAI's shape: with audio, the text is the audio's transcript and content is null
         content = transcript if audio is None or p.request.transcript_in_content else None
         choice = P.ChatCompletionChoice(
-            message=P.ChatCompletionMessage(content=content, audio=audio), finish_reason=finish,
+            message=P.ChatCompletionMessage(content=content, audio=audio, tool_calls=calls or None),
+            finish_reason=finish,
             logprobs=P.ChoiceLogprobs(content=logprobs) if p.request.logprobs else None,
             token_ids=tokens if want_ids else None, codec_ids=codes if want_ids and p.voice else None)
         usage = P.UsageInfo(prompt_tokens=p.prompt_len, completion_tokens=len(tokens),
@@ -421,13 +451,18 @@ class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
         else:
             yield sse_event(chunk(P.ChatCompletionDelta(role="assistant", content="")))
         tokens, finish = 0, None
+        calls = ToolCallStream() if p.tool_calls else None
         try:
             async for stage, out in self._events(p):
                 if isinstance(out, TextDelta):
                     tokens += len(out.token_ids)
                     finish = out.finish_reason or finish
                     held.extend(self._logprobs(out))
-                    if out.text:
+                    if out.text and calls is not None:  # text that may open a call is held until it is known
+                        p.clock.text()
+                        for piece in calls.feed(out.text):
+                            yield sse_event(chunk(_tool_delta(piece, calls), text=True))
+                    elif out.text:
                         p.clock.text()
                         yield sse_event(chunk(
                             P.ChatCompletionDelta(audio=P.DeltaAudio(id=audio_id, transcript=out.text))
@@ -442,6 +477,10 @@ class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
             yield sse_failure(exc, p.request_id, p.clock, log)
             yield SSE_DONE
             return
+        if calls is not None:
+            for piece in calls.finish():
+                yield sse_event(chunk(_tool_delta(piece, calls), text=True))
+            finish = "tool_calls" if calls.calls else finish
         yield sse_event(chunk(P.ChatCompletionDelta(), finish=finish or "stop"))
         opts = p.request.stream_options
         if opts is not None and opts.include_usage:
@@ -471,6 +510,16 @@ def raw_media(audios: list[np.ndarray], images: list) -> RawMedia:
         media.images = torch.from_numpy(np.concatenate([p.reshape(-1) for p in pixels]))
         media.image_sizes = [[p.shape[0], p.shape[1]] for p in pixels]
     return media
+
+
+def _tool_delta(piece, calls: ToolCallStream) -> P.ChatCompletionDelta:
+    """A delta with a piece of a tools reply: its text, or one whole call (its index: its place among the calls)."""
+    if isinstance(piece, str):
+        return P.ChatCompletionDelta(content=piece)
+    index = next(i for i, c in enumerate(calls.calls) if c is piece)
+    return P.ChatCompletionDelta(tool_calls=[DeltaToolCall(
+        index=index, id=piece.id, type="function",
+        function=DeltaFunctionCall(name=piece.function.name, arguments=piece.function.arguments))])
 
 
 def _with_null_content(chunk: P.ChatCompletionChunk) -> dict:

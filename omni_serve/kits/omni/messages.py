@@ -43,6 +43,7 @@ class SamplingSettings(Message):
     frequency_penalty: float = 0.0
     logprobs: int | None = None  # each text token's log-probability with this many top alternatives; None: none
     json_schema: str | None = None  # the reply is constrained to JSON this schema (JSON text) accepts; None: free
+    grammar: str | None = None  # or to this Lark grammar (llguidance's dialect: a forced tool call); None: free
     logit_bias: list[tuple[int, float]] = []  # (token id, added to its logit): OpenAI's logit_bias, by token id
 
 

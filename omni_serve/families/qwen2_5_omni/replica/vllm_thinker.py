@@ -154,7 +154,7 @@ class VllmThinkerRunner(StageRunner):
             # compact JSON, as the native thinker's grammar (omni_serve.engines.constraints) writes it (the engine's
             # structured_outputs_config says so too: vLLM's guidance backend reads it there)
             structured_outputs=StructuredOutputsParams(json=s.json_schema, disable_any_whitespace=True)
-            if s.json_schema else None,
+            if s.json_schema else StructuredOutputsParams(grammar=s.grammar) if s.grammar else None,
             extra_args={TAP_KEY: True} if call.talker is not None else None)
 
     async def run(self, engine, call: ThinkerCall) -> AsyncIterator:

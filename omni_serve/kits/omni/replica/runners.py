@@ -63,24 +63,25 @@ class ThinkerRunner(StageRunner):
             chunk_size=edge.chunk_size, first_chunk_size=edge.first_chunk_size,
             media_token_ids=self.media_token_ids, block_size=self.engine_spec.ar.block_size,
             forced_reply=tuple(call.forced_reply or ()), logprobs=s.logprobs,
-            constraint=self._constraint(s.json_schema, stops[0])
-            if s.json_schema and self.role is not P.ThinkerRole.PREFILL else None,
+            constraint=self._constraint(s, stops[0])
+            if (s.json_schema or s.grammar) and self.role is not P.ThinkerRole.PREFILL else None,
         )
 
-    def _constraint(self, schema: str, end_token: int):
-        """A request's JSON-schema constraint; the tokenizer is wrapped for the grammar engine once per replica."""
+    def _constraint(self, s, end_token: int):
+        """A request's constraint (its Lark grammar, or its JSON schema's); the tokenizer is wrapped for the grammar
+        engine once per replica."""
         from omni_serve.engines.constraints import GrammarCompiler
 
         with self._grammars_lock:  # requests' threads (see run) may come together
             if self._grammars is None:
                 self._grammars = GrammarCompiler(self.tokenizer, self.model.vocab_size, end_token)
-        return self._grammars.constraint(GrammarCompiler.json_grammar(schema))
+        return self._grammars.constraint(s.grammar or GrammarCompiler.json_grammar(s.json_schema))
 
     async def run(self, engine, call: ThinkerCall) -> AsyncIterator:
         # a JSON schema's grammar is compiled off the event loop (CPU work: milliseconds, up to a second for large
         # schemas), so the replica's other requests keep streaming meanwhile
-        req = await asyncio.to_thread(self.thinker_request, call) if call.sampling.json_schema \
-            else self.thinker_request(call)
+        constrained = call.sampling.json_schema or call.sampling.grammar
+        req = await asyncio.to_thread(self.thinker_request, call) if constrained else self.thinker_request(call)
         program = self.sequence(self.model, self.tokenizer, req, role=self.role)
         rid = call.request_id
         if self.role is P.ThinkerRole.DECODE:
