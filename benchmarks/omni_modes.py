@@ -9,6 +9,8 @@
   engine in process; vllm: vLLM's AsyncLLM with the served thinker's settings, in the vLLM environment's interpreter
   ``--vllm-python``) vs transformers' continuous batching of the thinker (``--baseline cb``, the default here); all
   with the same ``--threads``.
+* ``realtime``: spoken turns over ``/v1/realtime`` (``omni_serve.bench.realtime``): C sessions at once, server VAD,
+  a barge-in per session, against the same turns as chat requests one at a time (``--baseline none``: no reference).
 * ``speech``: ``POST /v1/audio/speech`` (TTFP, RTF, audio seconds per second) vs the family's transformers
   ``generate`` one request at a time (``benchmarks.qwen2_5_omni.speech_baseline``).
 
@@ -32,6 +34,8 @@ MODES = {
     "omni": "streaming chat (text + audio) over HTTP vs the family's transformers generate (default)",
     "text": "thinker only: omni_serve's engine (and vLLM) in process vs transformers' continuous batching",
     "speech": "POST /v1/audio/speech (TTFP, RTF, audio seconds per second) vs transformers, one request at a time",
+    "realtime": "spoken turns over /v1/realtime (end of speech to first audio, barge-in, gaps) at each concurrency, "
+                "vs the same turns as chat requests one at a time",
 }
 
 
@@ -70,6 +74,10 @@ def add_arguments(om) -> None:
     om.add_argument("--no-retry", action="store_true",
                     help="count a 429 as rejected instead of sending the request again after its "
                          "Retry-After (the default, as a client would)")
+    om.add_argument("--turns", type=int, default=2, help="realtime mode: spoken turns per session; the last is "
+                    "interrupted (barge-in) when there are two or more (default 2)")
+    om.add_argument("--utterance", default=None, metavar="WAV",
+                    help="realtime mode: the utterance spoken each turn (default: a speech-like clip)")
     om.add_argument("--cb-page-size", type=int, default=32, help="CB paged-cache page size in tokens (default 32)")
     om.add_argument("--cb-attn-implementation", default="sdpa", choices=["sdpa", "paged|eager"],
                     help="CB attention implementation (both work on CPU; default sdpa)")
@@ -100,6 +108,24 @@ def run_speech(args, baseline) -> int:
     report = run_speech_bench(cfg, baseline)
     print(format_report(report))
     return 1 if any(row["failed"] for row in report["points"]) else 0
+
+
+def run_realtime(args) -> int:
+    from pydantic import ValidationError
+
+    from omni_serve.bench.realtime import RealtimeBenchConfig, format_report, run_realtime_bench
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        cfg = RealtimeBenchConfig(url=args.url, model=args.model, concurrency=args.concurrency or [1, 4],
+                                  turns=args.turns, utterance=args.utterance, max_output_tokens=args.max_tokens,
+                                  reference=args.baseline != "none", client_buffer_s=args.client_buffer,
+                                  seed=args.seed, out=args.out, timeout_s=args.timeout)
+    except ValidationError as exc:
+        return bench_cli.fail(bench_cli.validation_message(exc))
+    report = run_realtime_bench(cfg)
+    print(format_report(report))
+    return 1 if any(r["failed"] for r in report["runs"]) else 0
 
 
 def run_chat(args, systems) -> int:
@@ -152,6 +178,8 @@ def omni_bench(family: str, modes: tuple[str, ...], hf: str, default_for: tuple[
             from benchmarks.qwen2_5_omni.speech_baseline import run_baseline
 
             return run_speech(args, run_baseline)
+        if args.mode == "realtime":
+            return run_realtime(args)
         if family != "qwen2_5_omni" and (args.mode != "omni" or "cb" in args.baseline.split(",")):
             return bench_cli.fail(f"--graph {family} runs in omni mode with the hf baseline (text mode and cb are "
                                   "Qwen2.5-Omni thinker comparisons)")

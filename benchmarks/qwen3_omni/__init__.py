@@ -5,4 +5,4 @@ from __future__ import annotations
 
 from benchmarks.omni_modes import omni_bench
 
-BENCH = omni_bench("qwen3_omni", ("omni", "speech"), hf="benchmarks.qwen3_omni.hf_baseline:Qwen3HFBaseline")
+BENCH = omni_bench("qwen3_omni", ("omni", "speech", "realtime"), hf="benchmarks.qwen3_omni.hf_baseline:Qwen3HFBaseline")

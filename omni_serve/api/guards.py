@@ -10,7 +10,8 @@ Contract:
   ``Authorization: Bearer <key>`` for one of ``keys`` is answered 401 in OpenAI's shape (``invalid_api_key``,
   with ``WWW-Authenticate: Bearer``) before its body is read; keys are compared in constant time. Every request
   gets ``scope["state"]["authenticated"]`` (True for a valid key, and for every request when there are no keys)
-  so open routes (``/health``) can say less to strangers.
+  so open routes (``/health``) can say less to strangers. A WebSocket handshake to a protected path without a valid
+  key is closed before it is accepted (code 1008: the client sees an HTTP 403).
 * ``BodyLimit(app, max_bytes, timeout_s, takes_body=None)``: the whole body is read here, before anything parses
   it: 413 when ``Content-Length`` exceeds ``max_bytes`` (nothing read) or when the bytes received do (chunked
   bodies), 408 when the body has not arrived within ``timeout_s`` (a client trickling bytes holds nothing for
@@ -83,12 +84,18 @@ class ApiKeyAuth:
         return any([hmac.compare_digest(given, key) for key in self.keys])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         header = Headers(scope=scope).get("authorization")
         authenticated = not self.keys or self._valid(header)
         scope.setdefault("state", {})["authenticated"] = authenticated
+        if not authenticated and scope["type"] == "websocket" and _path_below_root(scope).startswith(self.protected):
+            # closed before the handshake is accepted: the client gets an HTTP 403
+            if self.on_reject is not None:
+                self.on_reject(401, OpenAIError("invalid API key (WebSocket)", status_code=401))
+            await send({"type": "websocket.close", "code": 1008, "reason": "invalid or missing API key"})
+            return
         if not authenticated and _path_below_root(scope).startswith(self.protected):
             if header is None:
                 message = ("You didn't provide an API key. Send it in an Authorization header using Bearer auth "

@@ -12,6 +12,11 @@ naming only the method and path asked for; all errors are OpenAI-style bodies (`
 and ``/openapi.json`` exist only with ``ingress.enable_docs``. ``record_autoscaling_stats()`` reports the speech
 load of a graph that admits by real-time capacity to Serve's autoscaler (``omni_serve.autoscaling``).
 
+The frontend's ``websocket_routes`` (``/v1/realtime`` on the Omni graphs) are mounted too: a handshake is refused
+beyond ``ingress.max_realtime_sessions`` open sessions per replica (accepted, then closed with code 1013), else
+accepted and handed to the frontend's handler for the session's life (the frontend admits its responses by the
+graph's real-time capacity; they do not count against ``ingress.max_inflight_requests``).
+
 Guards (``omni_serve.api.guards``), before any body is read or parsed: with API keys configured, ``/v1/*`` and
 ``/metrics`` need ``Authorization: Bearer <key>`` (401 otherwise) and ``/health`` tells an unauthenticated
 caller only its status; only the routes that take a body have one read (a body sent to ``/health`` or an
@@ -32,7 +37,7 @@ import asyncio
 import inspect
 from typing import Annotated, Any, AsyncIterator, Callable
 
-from fastapi import FastAPI, Form, Request
+from fastapi import FastAPI, Form, Request, WebSocket, WebSocketDisconnect
 from fastapi.routing import APIRoute
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -48,7 +53,7 @@ from omni_serve.deployments.admission import TIMEOUT_HEADER, InflightLimit, Tick
 from omni_serve.deployments.availability import StageAvailability
 from omni_serve.deployments.health import GraphHealth, directory_state
 from omni_serve.graph.calls import StageCalls
-from omni_serve.graph.frontend import ByteStream, EventStream, RawReply, RequestContext, Route
+from omni_serve.graph.frontend import ByteStream, EventStream, RawReply, RequestContext, Route, WebSocketRoute
 from omni_serve.graph.registry import import_path, load_family
 from omni_serve.graph.stage_settings import stage_views
 from omni_serve.metrics import IngressMetrics, RequestClock, observe_transfers
@@ -83,6 +88,7 @@ class OpenAIIngress:
             handles, {s for s in handles if (spec.stage_spec(s).autoscaling_config or {}).get("min_replicas", 1) == 0})
         self.frontend.stages.missing_stages = self.availability.missing
         self.graph_health = GraphHealth(self.frontend.health, directory_state)
+        self.sessions = 0  # open WebSocket sessions (ingress.max_realtime_sessions)
         keep_node_tidy(spec.data_plane)  # this node's shm janitor while a replica runs here
 
     def __serve_build_asgi_app__(self) -> FastAPI:
@@ -140,6 +146,25 @@ class OpenAIIngress:
         finally:
             if not streaming:
                 ctx.end()
+
+    async def serve_websocket(self, route: WebSocketRoute, websocket: WebSocket) -> None:
+        """A WebSocket session (its key was checked by ``ApiKeyAuth``): refused beyond the replica's cap, else
+        accepted and handed to the frontend until either side ends it."""
+        if self.sessions >= self.ingress_spec.max_realtime_sessions:
+            self.requests.labels(route=route.name, outcome="refused").inc()
+            await websocket.accept()  # accepted, then closed: the client sees 1013 (try again later), not a 403
+            await websocket.close(code=1013, reason="too many realtime sessions on this replica; try again later")
+            return
+        self.sessions += 1
+        self.requests.labels(route=route.name, outcome="session").inc()
+        try:
+            await websocket.accept()
+            await getattr(self.frontend, route.handler)(websocket, RequestContext(self.default_timeout_s,
+                                                                                  headers=websocket.headers))
+        except WebSocketDisconnect:
+            pass
+        finally:
+            self.sessions -= 1
 
     async def _timed_stream(self, route: str, lines: AsyncIterator[str | bytes], clock: RequestClock,
                             end: Callable[[], None]) -> AsyncIterator[str | bytes]:
@@ -212,6 +237,8 @@ def build_asgi_app(ingress: OpenAIIngress) -> FastAPI:
     for route in ingress.frontend.routes:
         app.add_api_route(route.path, _endpoint(ingress, route), methods=[route.method], name=route.name,
                           summary=route.summary or None)
+    for ws_route in ingress.frontend.websocket_routes:
+        app.add_api_websocket_route(ws_route.path, _websocket_endpoint(ingress, ws_route), name=ws_route.name)
     app.add_api_route("/v1/models", ingress.models, methods=["GET"], name="models")
     app.add_api_route("/health", ingress.health, methods=["GET"], name="health")
     app.add_api_route("/metrics", ingress.metrics_text, methods=["GET"], name="metrics")
@@ -245,6 +272,13 @@ def _openapi_with_json_bodies(app: FastAPI, routes: tuple[Route, ...]) -> dict[s
             "application/json": {"schema": refs[(route.body, "validation")]}}}
     app.openapi_schema = schema
     return schema
+
+
+def _websocket_endpoint(ingress: OpenAIIngress, route: WebSocketRoute):
+    async def websocket_endpoint(websocket: WebSocket):
+        await ingress.serve_websocket(route, websocket)
+
+    return websocket_endpoint
 
 
 def _endpoint(ingress: OpenAIIngress, route: Route):

@@ -14,6 +14,9 @@ that answers it: ``async def handler(self, body, ctx: RequestContext) -> BaseMod
   it started: the frontend should hold it back until its first bytes exist (errors before are plain 4xx/5xx),
   and on a later failure set ``ctx.clock.error`` and end it (the client sees a truncated file).
 - Raise ``OpenAIError`` for a clear 4xx/5xx before anything is sent.
+``websocket_routes`` (``WebSocketRoute``) are sessions rather than requests: the handler gets the accepted
+connection and answers bad client messages on it; the ingress caps the sessions per replica
+(``ingress.max_realtime_sessions``: beyond, the connection is closed with code 1013, try again later).
 ``ctx.timeout_s`` is the request's deadline (the graph's ``ingress.request_timeout_s``, lowered by an
 ``X-Request-Timeout`` header): pass it to ``StageCalls.stream``. ``ctx.clock`` marks first text / audio.
 
@@ -42,6 +45,17 @@ class Route:
     method: str = "POST"
     form: bool = False  # the body is multipart/form-data (files) rather than JSON
     summary: str = ""  # one line for the OpenAPI docs
+
+
+@dataclass(frozen=True)
+class WebSocketRoute:
+    """A WebSocket endpoint: the ingress accepts the handshake (its API key checked first) and hands the connection
+    to ``async def handler(self, websocket, ctx: RequestContext)``, which owns it until it returns. ``websocket``
+    has Starlette's ``receive()``, ``send_text(str)``, ``close(code, reason)`` and ``query_params``."""
+
+    path: str  # e.g. "/v1/realtime"
+    name: str  # the route's label in metrics
+    handler: str  # the frontend method answering it
 
 
 @dataclass
@@ -84,6 +98,7 @@ class RawReply:
 
 class Frontend:
     routes: ClassVar[tuple[Route, ...]] = ()
+    websocket_routes: ClassVar[tuple[WebSocketRoute, ...]] = ()
 
     def __init__(self, spec: Any, stages: StageCalls):
         self.spec = spec

@@ -258,6 +258,10 @@ class IngressSpec(BaseModel):
         "Requests in flight per ingress replica (a stream counts until it ends); more are answered 429 with "
         "Retry-After at once instead of queueing into a timeout."))
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After of the 429 and 503 overload answers.")
+    max_realtime_sessions: int = Field(32, ge=1, description=(
+        "Open realtime (WebSocket) sessions per ingress replica; beyond, a connection is accepted and closed at once "
+        "with code 1013 (try again later). A session's responses are admitted by the graph's real-time capacity "
+        "(playback.admission), not by max_inflight_requests."))
     max_queued_requests: int = Field(256, ge=-1, description=(
         "Requests Ray Serve queues for the ingress while every replica is at max_ongoing_requests; more get "
         "503 with Retry-After (-1: unbounded)."))

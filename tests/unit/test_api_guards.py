@@ -7,7 +7,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.testclient import TestClient
 
 from omni_serve.api.error_handlers import install_error_handlers
@@ -25,6 +25,12 @@ def make_app(keys=(KEY,), max_bytes=1024, timeout_s=0.5, rejected=None) -> FastA
     @app.post("/v1/echo")
     async def echo(request: Request):
         return {"bytes": len(await request.body())}
+
+    @app.websocket("/v1/realtime")
+    async def realtime(websocket: WebSocket):
+        await websocket.accept()
+        await websocket.send_json({"type": "session.created"})
+        await websocket.close()
 
     @app.get("/health")
     async def health(request: Request):
@@ -177,3 +183,18 @@ def test_a_path_that_takes_no_body_never_reads_one():
         assert sent[0]["status"] == status and not reads, (method, path)
     r = TestClient(app).post("/v1/echo", content=b"abc")  # a route that takes one still reads it
     assert r.json() == {"bytes": 3}
+
+
+def test_a_websocket_to_a_protected_path_needs_the_key_before_its_handshake():
+    from starlette.websockets import WebSocketDisconnect
+
+    seen = []
+    client = TestClient(make_app(rejected=lambda status, err: seen.append(status)))
+    for headers in ({}, {"Authorization": "Bearer sk-wrong"}):
+        with pytest.raises(WebSocketDisconnect) as closed:
+            with client.websocket_connect("/v1/realtime", headers=headers):
+                pass
+        assert closed.value.code == 1008
+    with client.websocket_connect("/v1/realtime", headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        assert ws.receive_json() == {"type": "session.created"}
+    assert seen == [401, 401]

@@ -39,6 +39,7 @@ from omni_serve.graph.frontend import EventStream, Frontend, RequestContext, Rou
 from omni_serve.graph.messages import Message
 from omni_serve.kits.omni.audio_endpoints import AudioEndpoints
 from omni_serve.kits.omni.completions import CompletionEndpoints
+from omni_serve.kits.omni.realtime import RealtimeEndpoints
 from omni_serve.kits.omni.tool_use import ToolPlan, history_calls, tool_plan
 from omni_serve.kits.omni.messages import (
     AudioDelta, Code2WavCall, EncoderCall, MediaInputs, MediaLayout, RawMedia, SamplingSettings, TalkerPrompt,
@@ -74,7 +75,7 @@ class Prepared:
     timeout_s: float | None = None  # the request's deadline (the ingress sets it; None: the spec's)
 
 
-class OmniFrontend(AudioEndpoints, CompletionEndpoints, Frontend):
+class OmniFrontend(RealtimeEndpoints, AudioEndpoints, CompletionEndpoints, Frontend):
     """The Omni chat frontend; a family subclasses it through ``_load_checkpoint``, ``_talker_prompt``,
     ``_talker_call``, ``_codec_ids`` and ``default_system_prompt``. The audio routes are ``AudioEndpoints``', text
     completions ``CompletionEndpoints``'.
