@@ -157,10 +157,16 @@ class OpenAIIngress:
             return
         self.sessions += 1
         self.requests.labels(route=route.name, outcome="session").inc()
+        def record(clock: RequestClock | None, error: str | None) -> None:  # one response of the session
+            if error is None and clock is not None:
+                self.metrics.finished(route.name, clock)
+            else:
+                self.metrics.failed(route.name, error, "stream_error")
+
         try:
             await websocket.accept()
-            await getattr(self.frontend, route.handler)(websocket, RequestContext(self.default_timeout_s,
-                                                                                  headers=websocket.headers))
+            await getattr(self.frontend, route.handler)(websocket, RequestContext(
+                self.default_timeout_s, headers=websocket.headers, record=record))
         except WebSocketDisconnect:
             pass
         finally:

@@ -65,6 +65,9 @@ class RequestContext:
     headers: Mapping[str, str] = field(default_factory=dict)  # the HTTP request's headers (case-insensitive)
     # called once when the request ends, however it ends (the reply sent, the stream over, the client gone)
     on_end: list[Callable[[], None]] = field(default_factory=list)
+    # a WebSocket session's responses: record(clock, error type or None) counts each one in the route's metrics (the
+    # clock is None for one that ended before it was prepared)
+    record: Callable[[RequestClock | None, str | None], None] | None = None
 
     def end(self) -> None:
         """Run (once) what the request asked to be told of its end."""

@@ -22,11 +22,13 @@ SEED = 7
 
 
 class FakeWebSocket:
-    """The server side of a WebSocket, in memory: the test sends client events, reads server events."""
+    """The server side of a WebSocket, in memory: the test sends client events, reads server events. Like a socket,
+    it pushes back: the server's sends wait while 16 events are unread, so a response cannot run ahead of its
+    reader."""
 
     def __init__(self, query: dict | None = None):
         self.inbox: asyncio.Queue = asyncio.Queue()
-        self.events: asyncio.Queue = asyncio.Queue()
+        self.events: asyncio.Queue = asyncio.Queue(maxsize=16)
         self.query_params = query or {}
         self.closed = None
 
@@ -73,8 +75,8 @@ def _conforms(events: list[dict]) -> None:
         assert parsed.type == event["type"]
 
 
-async def _session(graph, ws: FakeWebSocket):
-    task = asyncio.create_task(graph.frontend.realtime_session(ws, RequestContext(60)))
+async def _session(graph, ws: FakeWebSocket, record=None):
+    task = asyncio.create_task(graph.frontend.realtime_session(ws, RequestContext(60, record=record)))
     created = await ws.until("session.created")
     return task, created[-1]
 
@@ -182,25 +184,28 @@ def test_server_vad_commits_a_spoken_turn_and_answers_it(graph):
 def test_speech_during_a_response_cancels_it_and_cancel_frees_the_stages(graph):
     """Barge-in: speech while a response runs ends it with status cancelled (reason turn_detected), its message item
     incomplete, and no stage holds the request; response.cancel does the same with client_cancelled."""
+    recorded = []
+
     async def main():
         ws = FakeWebSocket()
-        task, _ = await _session(graph, ws)
-        # a long reply (up to 3000 tokens, seconds on the tiny model): still running when the speech comes
+        task, _ = await _session(graph, ws, record=lambda clock, error: recorded.append((error, clock)))
+        # a long reply (up to 3000 tokens, and the socket's push-back): still running when the speech comes
         ws.send({"type": "session.update", "session": {"max_output_tokens": 3000, "temperature": 0, "audio": {"input": {
             "turn_detection": {"type": "server_vad", "silence_duration_ms": 300, "create_response": False}}}}})
         await ws.until("session.updated")
         ws.send({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Talk."}]}})
         await ws.until("conversation.item.done")
+        # speech while the response is generated (a 3000-token reply takes far longer than VAD needs to hear it;
+        # waiting for its first delta instead would race the stage outputs already queued for the socket)
         ws.send({"type": "response.create"})
-        await ws.until("response.output_audio_transcript.delta")
         ws.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(speechlike(0.6)).decode()})
         events = await ws.until("response.done")
         assert "input_audio_buffer.speech_started" in [e["type"] for e in events], [e["type"] for e in events][-8:]
         done = events[-1]["response"]
         assert done["status"] == "cancelled" and done["status_details"]["reason"] == "turn_detected", \
             (done["status"], done.get("status_details"), done.get("usage"))
-        assert done["output"][0]["status"] == "incomplete"
+        assert all(item["status"] == "incomplete" for item in done["output"])
         _conforms(events)
         assert await _idle(graph)
         ws.send({"type": "response.create"})
@@ -211,6 +216,8 @@ def test_speech_during_a_response_cancels_it_and_cancel_frees_the_stages(graph):
         assert await _idle(graph)
         await _close(ws, task)
     asyncio.run(main())
+    # the route's metrics counted both responses
+    assert [e for e, _ in recorded] == ["cancelled", "cancelled"]
 
 
 async def _idle(graph) -> bool:

@@ -406,6 +406,10 @@ class RealtimeSession:
         finally:
             ctx.end()
         r.closing = True  # from here on a cancel waits for these events instead of cutting them
+        if self.ctx.record is not None:  # the route's metrics: TTFP, gaps and stalls of each response, or its end
+            self.ctx.record(writer.p.clock if writer.p is not None else None,
+                            None if status in ("completed", "incomplete")
+                            else error.type if error is not None else "cancelled")
         try:
             if error is not None:
                 await self.send(R.server_event("error", error={

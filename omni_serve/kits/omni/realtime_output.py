@@ -57,6 +57,7 @@ class ResponseWriter:
 
     async def audio(self, out) -> None:
         pcm = to_pcm16(np.frombuffer(out.samples, dtype="<f4")).tobytes()
+        self.p.clock.audio(len(pcm) / (R.PCM_RATE * 2))  # real-time admission and the route's playback metrics
         item = await self._open_message()
         item.audio_ms += len(pcm) / (R.PCM_RATE * 2 / 1000)
         await self.s.send(R.server_event("response.output_audio.delta", **self._ids(item), content_index=0,
@@ -85,6 +86,7 @@ class ResponseWriter:
         await self.s.send(R.server_event("conversation.item.added", previous_item_id=previous, item=item.view()))
 
     async def _content(self, text: str) -> None:
+        self.p.clock.text()
         item = await self._open_message()
         part = item.parts[0]
         if self._audio_out:
