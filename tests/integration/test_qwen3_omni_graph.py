@@ -170,3 +170,33 @@ def test_a_forced_tool_call_on_qwen3_omni(client):
     (call,) = choice["message"]["tool_calls"]
     assert choice["finish_reason"] == "tool_calls" and call["function"]["name"] == "get_weather"
     jsonschema.validate(json.loads(call["function"]["arguments"]), params)
+
+
+def test_a_realtime_text_turn_on_qwen3_omni(qwen3_app):
+    """/v1/realtime on Qwen3-Omni: a user text item and response.create give the GA events, the spoken answer's
+    transcript and audio as the non-streamed chat reply to the same history (greedy, same seed)."""
+    import json
+
+    import websockets.sync.client as ws_client
+
+    url = qwen3_app.replace("http://", "ws://") + f"/v1/realtime?model={MODEL}"
+    with ws_client.connect(url, max_size=None) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        ws.send(json.dumps({"type": "session.update", "session": {
+            "temperature": 0, "seed": 5, "max_output_tokens": 8, "audio": {"input": {"turn_detection": None}}}}))
+        assert json.loads(ws.recv())["type"] == "session.updated"
+        ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}}))
+        ws.send(json.dumps({"type": "response.create"}))
+        events = []
+        while not events or events[-1]["type"] != "response.done":
+            events.append(json.loads(ws.recv()))
+    transcript = "".join(e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta")
+    audio = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
+    import httpx
+
+    reply = httpx.post(f"{qwen3_app}/v1/chat/completions", timeout=120, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 0, "seed": 5,
+        "max_tokens": 8, "modalities": ["text", "audio"], "audio": {"format": "pcm16"}}).json()
+    assert transcript == reply["choices"][0]["message"]["audio"]["transcript"] and transcript
+    assert audio == base64.b64decode(reply["choices"][0]["message"]["audio"]["data"])
