@@ -51,6 +51,8 @@ class _Resampler:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         from scipy.signal import lfilter
 
+        if not len(x):
+            return np.zeros(0, dtype=np.float32)
         up = np.zeros(2 * len(x))
         up[::2] = x
         y, self.zi = lfilter(self.h, 1.0, up, zi=self.zi)

@@ -160,8 +160,9 @@ class OpenAIIngress:
         def record(clock: RequestClock | None, error: str | None) -> None:  # one response of the session
             if error is None and clock is not None:
                 self.metrics.finished(route.name, clock)
-            else:
-                self.metrics.failed(route.name, error, "stream_error")
+            else:  # a barge-in or response.cancel is the client's choice, as a client leaving a stream is
+                self.metrics.failed(route.name, error or "unknown", "cancelled" if error == "cancelled"
+                                    else "stream_error")
 
         try:
             await websocket.accept()

@@ -277,7 +277,7 @@ def test_a_forced_call_round_trips_as_function_call_items(graph):
     ({"type": "input_audio_buffer.dance"}, "invalid_event_type", "type"),
     ({"type": "input_audio_buffer.append", "audio": "@@@"}, "invalid_value", "audio"),
     ({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"abc").decode()}, "invalid_value", "audio"),
-    ({"type": "input_audio_buffer.commit"}, "input_audio_buffer_commit_empty", None),
+    ({"type": "input_audio_buffer.commit"}, "input_audio_buffer_commit_empty", None),  # (an empty append before it)
     ({"type": "response.cancel"}, "response_cancel_not_active", None),
     ({"type": "response.create"}, "conversation_empty", None),
     ({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}}}, "invalid_value",
@@ -299,6 +299,7 @@ def test_bad_client_events_get_an_error_event_and_the_session_goes_on(graph, eve
     async def main():
         ws = FakeWebSocket()
         task, _ = await _session(graph, ws)
+        ws.send({"type": "input_audio_buffer.append", "audio": ""})  # empty audio: nothing to hear, no error
         ws.send({**event, "event_id": "evt_1"} if isinstance(event, dict) else event)
         (error,) = await ws.until("error")
         _conforms([error])

@@ -155,6 +155,11 @@ class RealtimeSession:
                     await self.handle(R.parse_client_event(data))
                 except R.RealtimeProblem as problem:
                     await self.send(problem.event())
+                except Exception as exc:  # noqa: BLE001 - one event's failure must not end the session
+                    log.error("realtime session %s: an event failed", self.id, exc_info=exc)
+                    await self.send(R.RealtimeProblem(f"Internal server error (session {self.id}); the details are "
+                                                      "in the server log.", code="internal_error",
+                                                      type="server_error").event())
         finally:
             if self.response is not None and self.response.task is not None:
                 self.response.cancel_reason = "client_cancelled"
@@ -162,6 +167,11 @@ class RealtimeSession:
                 await asyncio.gather(self.response.task, return_exceptions=True)
 
     async def send(self, event: dict) -> None:
+        """Send ``event``, in order; an event handed here always goes out, even if the caller is cancelled while it
+        waits its turn (a response cut by barge-in still sends what it announced, before its closing events)."""
+        await asyncio.shield(self._send(event))
+
+    async def _send(self, event: dict) -> None:
         async with self._send_lock:
             try:
                 await self.ws.send_json(event)
@@ -195,6 +205,8 @@ class RealtimeSession:
 
     async def _on_input_audio_buffer_append(self, e: R.AudioAppend) -> None:
         pcm = _pcm16(e.audio, "audio", e.event_id)
+        if not pcm:
+            return
         if self.detector is not None and self.speech is not None and \
                 (len(self.buffer) + len(pcm)) / BYTES_PER_MS > self.max_buffer_ms:
             # a turn as long as the buffer holds: it ends here (as if its speech stopped) and listening goes on
@@ -369,6 +381,8 @@ class RealtimeSession:
                 "id": r.id, "object": "realtime.response", "status": "cancelled", "output": [],
                 "status_details": {"type": "cancelled", "reason": reason}}))
             r.finished = True
+            if self.ctx.record is not None:
+                self.ctx.record(None, "cancelled")
         if self.response is r:
             self.response = None
 
@@ -378,11 +392,12 @@ class RealtimeSession:
         modalities = r.params.output_modalities or self.settings.output_modalities
         writer = ResponseWriter(self, r, ["audio"] if "audio" in modalities else ["text"])
         ctx = RequestContext(self.ctx.timeout_s)
+        clock = RequestClock(buffer_s=self.f.spec.playback.client_buffer_s)  # from the response's start
         status, error = "completed", None
         try:
             await self.send(R.server_event("response.created", response=writer.view("in_progress")))
             p = await self._prepared(r)
-            p.clock = RequestClock(buffer_s=self.f.spec.playback.client_buffer_s)  # real-time admission's signal
+            p.clock = clock  # real-time admission's signal, and the route's metrics
             p.timeout_s = self.ctx.timeout_s
             writer.start(p)
             await self.f.admit_audio(p, ctx)

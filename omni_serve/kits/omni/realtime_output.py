@@ -77,13 +77,15 @@ class ResponseWriter:
                                          else {"type": "text", "text": ""}))
         return item
 
-    async def _add(self, item) -> None:
+    async def _add(self, item, **shown) -> None:
+        """``item`` joins the response and the conversation (``shown``: fields the added events show instead)."""
         previous = self.s.items[-1].id if self.s.items else None
         self.s.items.append(item)
         self.output.append(item)
+        view = {**item.view(), **shown}
         await self.s.send(R.server_event("response.output_item.added", response_id=self.r.id,
-                                         output_index=len(self.output) - 1, item=item.view()))
-        await self.s.send(R.server_event("conversation.item.added", previous_item_id=previous, item=item.view()))
+                                         output_index=len(self.output) - 1, item=view))
+        await self.s.send(R.server_event("conversation.item.added", previous_item_id=previous, item=view))
 
     async def _content(self, text: str) -> None:
         self.p.clock.text()
@@ -102,13 +104,13 @@ class ResponseWriter:
         from omni_serve.kits.omni.realtime import Item
 
         await self._close_message("completed")
-        item = Item(R.new_id("item"), "function_call", call_id=call.id, name=call.function.name, arguments="",
-                    response_id=self.r.id, status="in_progress")
-        await self._add(item)
+        # the call is whole already: the conversation holds it complete even if a cancel cuts the events below
+        item = Item(R.new_id("item"), "function_call", call_id=call.id, name=call.function.name,
+                    arguments=call.function.arguments, response_id=self.r.id)
+        await self._add(item, arguments="", status="in_progress")
         ids = {**self._ids(item), "call_id": call.id}
         await self.s.send(R.server_event("response.function_call_arguments.delta", **ids,
                                          delta=call.function.arguments))
-        item.arguments, item.status = call.function.arguments, "completed"
         await self.s.send(R.server_event("response.function_call_arguments.done", **ids, name=call.function.name,
                                          arguments=call.function.arguments))
         await self._item_done(item)
