@@ -375,11 +375,11 @@ class RealtimeSession:
             r.task.cancel()
         await asyncio.gather(r.task, return_exceptions=True)
         if not r.finished:  # cancelled before its first step: it sent nothing yet
-            await self.send(R.server_event("response.created", response={"id": r.id, "object": "realtime.response",
-                                                                         "status": "in_progress", "output": []}))
-            await self.send(R.server_event("response.done", response={
-                "id": r.id, "object": "realtime.response", "status": "cancelled", "output": [],
-                "status_details": {"type": "cancelled", "reason": reason}}))
+            from omni_serve.kits.omni.realtime_output import ResponseWriter
+
+            writer = ResponseWriter(self, r, r.params.output_modalities or self.settings.output_modalities)
+            await self.send(R.server_event("response.created", response=writer.view("in_progress")))
+            await self.send(R.server_event("response.done", response=writer.view("cancelled", reason)))
             r.finished = True
             if self.ctx.record is not None:
                 self.ctx.record(None, "cancelled")
