@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 
 import pytest
 
@@ -29,6 +30,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+_MODULE_SECONDS: dict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report):
+    _MODULE_SECONDS[report.nodeid.split("::", 1)[0]] += report.duration  # setup, call and teardown alike
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Wall time per test module (set-up and teardown included, which is where shared clusters and servers go):
+    where a run's time is, to keep the suite under CI's hour."""
+    if not _MODULE_SECONDS:
+        return
+    terminalreporter.section("slowest 25 modules")
+    for path, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1])[:25]:
+        terminalreporter.write_line(f"{seconds:8.1f}s  {path}")
+    terminalreporter.write_line(f"{sum(_MODULE_SECONDS.values()):8.1f}s  in all")
 
 
 # Where the Makefile points the tests (other families: OMNI_SERVE_TEST_<FAMILY>_CHECKPOINT, or checkpoints/).

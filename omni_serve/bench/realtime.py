@@ -9,7 +9,10 @@ first response audio (the wall time between the last speech append and the first
 which includes VAD's ``silence_duration_ms``) and VAD stop to first audio (from ``speech_stopped``), the audio's
 arrivals (played back with a ``client_buffer_s`` client: stalls and gaps, ``omni_serve.bench.heard``) and, with
 ``barge_in``, an interruption: after the first audio of the turn the session speaks again, and the time from
-``input_audio_buffer.speech_started`` to ``response.done`` (cancelled) is the barge-in latency. The reference: each
+``input_audio_buffer.speech_started`` to ``response.done`` (cancelled) is the barge-in latency (a response that ends
+before VAD hears the interruption is a missed barge-in, counted). A pause inside the utterance that VAD takes for its
+end starts a response that the utterance's rest cancels before any audio: a VAD split, counted; the turn is the
+response to the whole utterance. The reference: each
 utterance as a streamed chat request (``input_audio`` pcm16, text + pcm16 audio out, the same seed and greedy),
 one at a time, timed from sending to the first audio chunk (upload included). Writes
 ``realtime_bench_report.json`` to ``out`` and returns the report (``format_report`` prints it).
@@ -47,7 +50,8 @@ class RealtimeBenchConfig(BaseModel):
     utterance: str | None = Field(None, description="A WAV file spoken each turn (default: the speech-like clip).")
     utterance_s: float = Field(1.5, gt=0, description="Length of the speech-like clip.")
     chunk_ms: int = Field(100, ge=20, le=1000, description="Audio per input_audio_buffer.append, sent at real time.")
-    silence_duration_ms: int = Field(300, ge=100, description="The sessions' server_vad silence_duration_ms.")
+    silence_duration_ms: int = Field(500, ge=100, description="The sessions' server_vad silence_duration_ms "
+                                     "(OpenAI's default; at 300 Silero splits the speech-like clip now and then).")
     max_output_tokens: int = Field(32, ge=1, description="Text tokens per response.")
     barge_in: bool = Field(True, description="Interrupt each session's last turn and time the cancel.")
     reference: bool = Field(True, description="Also run the turns as chat requests one at a time.")
@@ -64,6 +68,8 @@ class Turn:
     vad_stop_to_audio_s: float | None = None
     audio_chunks: list[list[float]] = field(default_factory=list)  # [arrival from the response's start, seconds]
     barge_in_s: float | None = None  # speech_started -> response.done (cancelled)
+    barge_in_missed: bool = False  # the response ended before VAD heard the interruption
+    splits: int = 0  # responses the VAD started within the utterance (a pause it took for the end), cut by its rest
     error: str | None = None
 
 
@@ -112,46 +118,65 @@ class _Session:
     async def recv(self) -> dict:
         return json.loads(await self.ws.recv())
 
-    async def stream(self, pcm: bytes, chunk_ms: int) -> float:
-        """Append ``pcm`` at real time; returns the wall time of the last append."""
+    async def speak(self, pcm: bytes, chunk_ms: int, ended: asyncio.Future) -> None:
+        """Append ``pcm`` at real time, set ``ended`` to the wall time of its last append, then append silence
+        until cancelled (the line stays open, as a microphone's)."""
         step, t0 = chunk_ms * 48, time.perf_counter()
+        k = 0
         for k, i in enumerate(range(0, len(pcm), step)):
             await self.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i:i + step]).decode()})
             await asyncio.sleep(max(0.0, t0 + (k + 1) * chunk_ms / 1000 - time.perf_counter()))
-        return time.perf_counter()
+        ended.set_result(time.perf_counter())
+        silence = base64.b64encode(bytes(step)).decode()
+        while True:
+            k += 1
+            await self.send({"type": "input_audio_buffer.append", "audio": silence})
+            await asyncio.sleep(max(0.0, t0 + (k + 1) * chunk_ms / 1000 - time.perf_counter()))
 
 
 async def _turn(s: _Session, utterance: bytes, cfg: RealtimeBenchConfig, interrupt: bool) -> Turn:
+    """One spoken turn, events read while it is spoken. Silero may take a pause inside the utterance for its end and
+    start a response that the rest of the utterance then cancels (a barge-in before any audio): that is a split,
+    counted, and the turn waits for the response to the whole utterance. With ``interrupt`` the session speaks
+    again at the first audio; a response that ends before VAD hears it is a missed barge-in, not a failure."""
     turn = Turn()
-    silence = bytes(cfg.chunk_ms * 48)
-    end = await s.stream(utterance, cfg.chunk_ms)
+    loop = asyncio.get_running_loop()
+    ended = loop.create_future()
+    speakers = [asyncio.create_task(s.speak(utterance, cfg.chunk_ms, ended))]
     stopped = start = heard_at = None
-    feeder = asyncio.create_task(_keep_silent(s, silence, cfg.chunk_ms))  # the line stays open, as a microphone
     try:
         async with asyncio.timeout(cfg.timeout_s):
             while True:
                 e = await s.recv()
                 kind, now = e["type"], time.perf_counter()
-                if kind == "input_audio_buffer.speech_stopped" and stopped is None:
+                if kind == "input_audio_buffer.speech_stopped":
                     stopped = now
                 elif kind == "response.created":
                     start = now
                 elif kind == "response.output_audio.delta":
                     seconds = len(base64.b64decode(e["delta"])) / 2 / RATE
                     if not turn.audio_chunks:
-                        turn.speech_end_to_audio_s = now - end
+                        # an answer to a split utterance may start before its last append: no latency to count
+                        turn.speech_end_to_audio_s = now - ended.result() if ended.done() else None
                         turn.vad_stop_to_audio_s = now - stopped if stopped else None
                         if interrupt:
-                            feeder.cancel()
-                            asyncio.create_task(s.stream(utterance, cfg.chunk_ms))
-                    turn.audio_chunks.append([now - (start or end), seconds])
+                            speakers[0].cancel()
+                            speakers.append(asyncio.create_task(s.speak(utterance, cfg.chunk_ms, loop.create_future())))
+                    turn.audio_chunks.append([now - (start or now), seconds])
                 elif kind == "input_audio_buffer.speech_started" and turn.audio_chunks and interrupt:
                     heard_at = now
                 elif kind == "response.done":
                     status = e["response"]["status"]
+                    if status == "cancelled" and not turn.audio_chunks:
+                        turn.splits += 1
+                        stopped = start = None
+                        continue
                     if interrupt and turn.audio_chunks:
-                        turn.barge_in_s = now - heard_at if status == "cancelled" and heard_at else None
-                        turn.ok = turn.barge_in_s is not None
+                        if status == "cancelled" and heard_at:
+                            turn.barge_in_s = now - heard_at
+                        else:
+                            turn.barge_in_missed = status in ("completed", "incomplete")
+                        turn.ok = turn.barge_in_s is not None or turn.barge_in_missed
                         turn.error = None if turn.ok else f"not cancelled: {status}"
                     else:
                         turn.ok = status in ("completed", "incomplete") and bool(turn.audio_chunks)
@@ -163,13 +188,9 @@ async def _turn(s: _Session, utterance: bytes, cfg: RealtimeBenchConfig, interru
         turn.error = repr(exc)
         return turn
     finally:
-        feeder.cancel()
-
-
-async def _keep_silent(s: _Session, silence: bytes, chunk_ms: int) -> None:
-    while True:
-        await s.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(silence).decode()})
-        await asyncio.sleep(chunk_ms / 1000)
+        for speaker in speakers:
+            speaker.cancel()
+        await asyncio.gather(*speakers, return_exceptions=True)
 
 
 async def _session(cfg: RealtimeBenchConfig, model: str, utterance: bytes) -> list[Turn]:
@@ -196,10 +217,13 @@ async def _session(cfg: RealtimeBenchConfig, model: str, utterance: bytes) -> li
 
 
 async def _drain(s: _Session, timeout_s: float) -> None:
+    """Reads up to the end of the response to the interruption (a split's cancelled responses before it)."""
     try:
         async with asyncio.timeout(min(timeout_s, 30)):
-            while (await s.recv())["type"] != "response.done":
-                pass
+            while True:
+                e = await s.recv()
+                if e["type"] == "response.done" and e["response"]["status"] != "cancelled":
+                    return
     except TimeoutError:
         pass
 
@@ -238,6 +262,8 @@ def _summary(label: str, turns: list[Turn], buffer_s: float, wall_s: float) -> d
             "speech_end_to_audio_s": stats([t.speech_end_to_audio_s for t in ok if t.speech_end_to_audio_s]),
             "vad_stop_to_audio_s": stats([t.vad_stop_to_audio_s for t in ok if t.vad_stop_to_audio_s]),
             "barge_in_s": stats([t.barge_in_s for t in ok if t.barge_in_s is not None]),
+            "barge_in_missed": sum(t.barge_in_missed for t in ok),
+            "vad_splits": sum(t.splits for t in turns),
             "playback": heard([t.audio_chunks for t in answered], buffer_s),
             "errors": sorted({t.error for t in turns if t.error})[:5]}
 
@@ -274,14 +300,14 @@ def format_report(report: dict) -> str:
         return "-" if not block else f"{block[key] * 1000:.0f}"
 
     lines = ["run | turns | failed | speech end -> audio p50/p95 ms | VAD stop -> audio p50/p95 ms | "
-             "barge-in p50/p95 ms | stalled streams | gap p95 ms"]
+             "barge-in p50/p95 ms (missed) | VAD splits | stalled streams | gap p95 ms"]
     for r in report["runs"]:
         p = r["playback"] or {}
         lines.append(" | ".join([
             r["run"], str(r["turns"]), str(r["failed"]),
             f"{ms(r['speech_end_to_audio_s'])}/{ms(r['speech_end_to_audio_s'], 'p95')}",
             f"{ms(r['vad_stop_to_audio_s'])}/{ms(r['vad_stop_to_audio_s'], 'p95')}",
-            f"{ms(r['barge_in_s'])}/{ms(r['barge_in_s'], 'p95')}",
+            f"{ms(r['barge_in_s'])}/{ms(r['barge_in_s'], 'p95')} ({r['barge_in_missed']})", str(r["vad_splits"]),
             str(p.get("stalled_streams", "-")), ms(p.get("chunk_gap_s"), "p95")]))
     lines += machine_section(report["machine"])
     lines.append(f"\nwrote {report['path']}")
