@@ -120,7 +120,7 @@ def run_realtime(args) -> int:
         cfg = RealtimeBenchConfig(url=args.url, model=args.model, concurrency=args.concurrency or [1, 4],
                                   turns=args.turns, utterance=args.utterance, max_output_tokens=args.max_tokens,
                                   reference=args.baseline != "none", client_buffer_s=args.client_buffer,
-                                  seed=args.seed, out=args.out, timeout_s=args.timeout)
+                                  seed=args.seed, out=args.out, timeout_s=args.timeout, retry=not args.no_retry)
     except ValidationError as exc:
         return bench_cli.fail(bench_cli.validation_message(exc))
     report = run_realtime_bench(cfg)

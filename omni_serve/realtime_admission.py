@@ -17,6 +17,8 @@ Policies (``settings.policy``):
   ``min_wait_s``. The wait counts in the request's time to first audio, so where admitted streams get their first
   chunk within the target, the streams that waited hear theirs at about the target (later by as much as their own
   first chunk takes longer than the median); the others get their 429 while a retry elsewhere can still start.
+  A realtime session's response waits up to ``session_max_wait_s`` instead (``enter(request_id, max_wait_s)``): the
+  realtime protocol has no ``Retry-After``, and the session is bound to this replica.
 - ``reject``: a request that cannot be admitted now gets a 429 with ``Retry-After`` at once.
 
 The 429's ``Retry-After`` grows with the line: at least ``retry_after_s``, it is what brings the clients refused
@@ -45,7 +47,9 @@ overstates it while a stream ramps up (its first chunks come faster than it play
 chunk moves the rate by the part of it inside the window. Chunks still being produced are not counted yet: the
 estimate leans low by about half a chunk per stream, the safe side. The first estimate waits for 1 s of the period
 (or half the window if shorter), or for the period's end, whichever comes first: a busy period of short streams on
-a fast graph is measured too.
+a fast graph is measured too. A window that holds only streams' first chunks is no measure: it is made of openings
+(prefill and a short first chunk), as when answers are cut at their first audio by a barge-in, and the last
+estimate stands.
 
 Why here and not summed from each stage's step costs: the stages of one node share its cores, so what a stage could
 do alone overstates what the graph does; the delivered rate counts every stage, every replica and the cores they
@@ -91,6 +95,11 @@ class AdmissionSpec(BaseModel):
     min_wait_s: float = Field(0.1, ge=0, description=(
         "queue with max_wait_s unset: the shortest wait, so that a place given back just after a request arrived "
         "still goes to it when admitted streams take about the whole target to their first audio."))
+    session_max_wait_s: float = Field(10.0, ge=0, description=(
+        "queue: the longest a response of a /v1/realtime session waits for admission before it fails with "
+        "rate_limit_exceeded. The realtime protocol has no Retry-After and voice clients do not ask again by "
+        "themselves, and a session cannot go to another replica: its answer waits its turn instead. Longer: fewer "
+        "failed answers, later first audio under overload."))
     max_queued: int = Field(64, ge=0, description="queue: requests waiting at most; beyond, a 429 at once.")
     window_s: float = Field(4.0, gt=0, description=(
         "The capacity is the audio produced per second over the last window_s seconds of the busy period (each "
@@ -139,15 +148,18 @@ class RealtimeAdmission:
         self.rejected = 0
         self._time_to_first_chunk: collections.deque[float] = collections.deque(maxlen=16)  # admission to first chunk
         self._waiters: collections.deque[tuple[str, asyncio.Future]] = collections.deque()
-        # Each chunk as (production began, arrival, seconds), oldest arrival first.
-        self._chunks: collections.deque[tuple[float, float, float]] = collections.deque()
+        # Each chunk as (production began, arrival, seconds, a stream's later chunk), oldest arrival first.
+        self._chunks: collections.deque[tuple[float, float, float, bool]] = collections.deque()
         self._period_start = 0.0  # first admission of the busy period
         self._due_back: list[float] = []  # heap: when each refused client, not yet back, is due back
         self._lifetimes: collections.deque[float] = collections.deque(maxlen=16)  # admission to release
 
     # -- requests ---------------------------------------------------------------------------------------------
-    async def enter(self, request_id: str) -> StreamTicket:
+    async def enter(self, request_id: str, max_wait_s: float | None = None) -> StreamTicket:
+        """Admit ``request_id`` (see the module doc); ``max_wait_s``, under ``queue``, instead of ``self.max_wait_s``
+        (a realtime session's response: ``session_max_wait_s``)."""
         s = self.settings
+        wait_s = self.max_wait_s if max_wait_s is None else max_wait_s
         if s.policy == "none" or (not self._waiters and self.can_admit()):
             return self._admit(request_id)
         if s.policy == "reject" or len(self._waiters) >= s.max_queued:
@@ -156,12 +168,12 @@ class RealtimeAdmission:
         self._waiters.append(entry)
         ticket = None
         try:
-            ticket = await asyncio.wait_for(asyncio.shield(entry[1]), self.max_wait_s)
+            ticket = await asyncio.wait_for(asyncio.shield(entry[1]), wait_s)
             return ticket
         except asyncio.TimeoutError:
             if entry in self._waiters:
                 self._waiters.remove(entry)  # out of the line before its Retry-After counts the line
-            raise self._refusal(f"it waited {self.max_wait_s:g} s") from None
+            raise self._refusal(f"it waited {wait_s:g} s") from None
         finally:
             if entry in self._waiters:
                 self._waiters.remove(entry)
@@ -257,22 +269,26 @@ class RealtimeAdmission:
 
     def _delivered(self, ticket: StreamTicket, seconds: float) -> None:
         now = self.clock()
-        if ticket.playback.first is None:
+        later = ticket.playback.first is not None
+        if not later:
             self._time_to_first_chunk.append(now - ticket.playback.start)
         ticket.playback.add(now, seconds)
-        self._chunks.append((ticket.produced_until, now, seconds))
+        self._chunks.append((ticket.produced_until, now, seconds, later))
         ticket.produced_until = now
         self._measure(now, least_s=min(1.0, self.settings.window_s / 2))
         self._wake()
 
     def _measure(self, now: float, least_s: float) -> None:
-        """The capacity over the window ending now, once it spans at least ``least_s`` of the busy period."""
+        """The capacity over the window ending now, once it spans at least ``least_s`` of the busy period and holds
+        a stream's later chunk: a window of first chunks only (streams cut at their first audio, as a barge-in
+        cuts a realtime answer) measures openings, prefill and a short chunk, not the rate streams are produced
+        at, and would keep the next busy period to one stream at a time."""
         start = max(now - self.settings.window_s, self._period_start)
         while self._chunks and self._chunks[0][1] <= start:
             self._chunks.popleft()
         span = now - start
-        if span >= least_s and span > 0 and self._chunks:
-            self.capacity = sum(_share_after(start, began, arrived, s) for began, arrived, s in self._chunks) / span
+        if span >= least_s and span > 0 and any(later for *_, later in self._chunks):
+            self.capacity = sum(_share_after(start, began, arrived, s) for began, arrived, s, _ in self._chunks) / span
 
     def _left(self, ticket: StreamTicket) -> None:
         self.admitted.discard(ticket)

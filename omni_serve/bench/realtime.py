@@ -12,7 +12,9 @@ arrivals (played back with a ``client_buffer_s`` client: stalls and gaps, ``omni
 ``input_audio_buffer.speech_started`` to ``response.done`` (cancelled) is the barge-in latency (a response that ends
 before VAD hears the interruption is a missed barge-in, counted). A pause inside the utterance that VAD takes for its
 end starts a response that the utterance's rest cancels before any audio: a VAD split, counted; the turn is the
-response to the whole utterance. The reference: each
+response to the whole utterance. An answer refused at the real-time capacity (``rate_limit_exceeded``, under the
+graph's ``playback.admission``) is asked for again a second later with ``response.create``, as a client would
+(``retry``), and counted; the turn's latency counts from the end of speech, the waits included. The reference: each
 utterance as a streamed chat request (``input_audio`` pcm16, text + pcm16 audio out, the same seed and greedy),
 one at a time, timed from sending to the first audio chunk (upload included). Writes
 ``realtime_bench_report.json`` to ``out`` and returns the report (``format_report`` prints it).
@@ -37,6 +39,7 @@ from omni_serve.bench.stats import stats
 
 log = logging.getLogger(__name__)
 RATE = 24000
+RETRY_AFTER_S = 1.0  # an answer refused at the capacity is asked for again this much later (``retry``)
 VOWELS = ((730, 1090, 2440), (270, 2290, 3010), (300, 870, 2240), (530, 1840, 2480), (570, 840, 2410))
 
 
@@ -56,6 +59,9 @@ class RealtimeBenchConfig(BaseModel):
     barge_in: bool = Field(True, description="Interrupt each session's last turn and time the cancel.")
     reference: bool = Field(True, description="Also run the turns as chat requests one at a time.")
     client_buffer_s: float = Field(0.5, ge=0, description="The listening client's buffer (stalls assume it).")
+    retry: bool = Field(True, description=(
+        "Ask again (response.create, 1 s later) for an answer refused at the real-time capacity "
+        "(rate_limit_exceeded), as a client would; counted. Off: the turn fails."))
     seed: int = Field(0, description="Sampling seed of every response.")
     out: str = Field("bench_realtime", description="Report directory.")
     timeout_s: float = Field(300.0, gt=0, description="Per-turn timeout.")
@@ -70,6 +76,7 @@ class Turn:
     barge_in_s: float | None = None  # speech_started -> response.done (cancelled)
     barge_in_missed: bool = False  # the response ended before VAD heard the interruption
     splits: int = 0  # responses the VAD started within the utterance (a pause it took for the end), cut by its rest
+    refused: int = 0  # answers refused at the real-time capacity (and asked for again with ``retry``)
     error: str | None = None
 
 
@@ -137,13 +144,16 @@ class _Session:
 async def _turn(s: _Session, utterance: bytes, cfg: RealtimeBenchConfig, interrupt: bool) -> Turn:
     """One spoken turn, events read while it is spoken. Silero may take a pause inside the utterance for its end and
     start a response that the rest of the utterance then cancels (a barge-in before any audio): that is a split,
-    counted, and the turn waits for the response to the whole utterance. With ``interrupt`` the session speaks
+    counted, and the turn waits for the response to the whole utterance. An answer refused at the real-time capacity (``rate_limit_exceeded``, under the
+graph's ``playback.admission``) is asked for again a second later with ``response.create``, as a client would
+(``retry``), and counted; the turn's latency counts from the end of speech, the waits included. With ``interrupt`` the session speaks
     again at the first audio; a response that ends before VAD hears it is a missed barge-in, not a failure."""
     turn = Turn()
     loop = asyncio.get_running_loop()
     ended = loop.create_future()
     speakers = [asyncio.create_task(s.speak(utterance, cfg.chunk_ms, ended))]
     stopped = start = heard_at = None
+    limited = False
     try:
         async with asyncio.timeout(cfg.timeout_s):
             while True:
@@ -167,6 +177,12 @@ async def _turn(s: _Session, utterance: bytes, cfg: RealtimeBenchConfig, interru
                     heard_at = now
                 elif kind == "response.done":
                     status = e["response"]["status"]
+                    if status == "failed" and limited and not turn.audio_chunks:
+                        turn.refused += 1
+                        limited, start = False, None
+                        if cfg.retry:
+                            speakers.append(asyncio.create_task(_ask_again(s, RETRY_AFTER_S)))
+                            continue
                     if status == "cancelled" and not turn.audio_chunks:
                         turn.splits += 1
                         stopped = start = None
@@ -183,7 +199,9 @@ async def _turn(s: _Session, utterance: bytes, cfg: RealtimeBenchConfig, interru
                         turn.error = None if turn.ok else f"status {status}, {len(turn.audio_chunks)} chunks"
                     return turn
                 elif kind == "error":
-                    log.warning("realtime bench: error event %s", e["error"])
+                    limited = limited or e["error"].get("code") == "rate_limit_exceeded"
+                    if not limited:
+                        log.warning("realtime bench: error event %s", e["error"])
     except Exception as exc:  # noqa: BLE001 - a failed turn is a record
         turn.error = repr(exc)
         return turn
@@ -214,6 +232,11 @@ async def _session(cfg: RealtimeBenchConfig, model: str, utterance: bytes) -> li
             if interrupt:
                 await _drain(s, cfg.timeout_s)
         return turns
+
+
+async def _ask_again(s: _Session, after_s: float) -> None:
+    await asyncio.sleep(after_s)
+    await s.send({"type": "response.create"})
 
 
 async def _drain(s: _Session, timeout_s: float) -> None:
@@ -264,6 +287,7 @@ def _summary(label: str, turns: list[Turn], buffer_s: float, wall_s: float) -> d
             "barge_in_s": stats([t.barge_in_s for t in ok if t.barge_in_s is not None]),
             "barge_in_missed": sum(t.barge_in_missed for t in ok),
             "vad_splits": sum(t.splits for t in turns),
+            "refused": sum(t.refused for t in turns),
             "playback": heard([t.audio_chunks for t in answered], buffer_s),
             "errors": sorted({t.error for t in turns if t.error})[:5]}
 
@@ -300,14 +324,14 @@ def format_report(report: dict) -> str:
         return "-" if not block else f"{block[key] * 1000:.0f}"
 
     lines = ["run | turns | failed | speech end -> audio p50/p95 ms | VAD stop -> audio p50/p95 ms | "
-             "barge-in p50/p95 ms (missed) | VAD splits | stalled streams | gap p95 ms"]
+             "barge-in p50/p95 ms (missed) | VAD splits | refused | stalled streams | gap p95 ms"]
     for r in report["runs"]:
         p = r["playback"] or {}
         lines.append(" | ".join([
             r["run"], str(r["turns"]), str(r["failed"]),
             f"{ms(r['speech_end_to_audio_s'])}/{ms(r['speech_end_to_audio_s'], 'p95')}",
             f"{ms(r['vad_stop_to_audio_s'])}/{ms(r['vad_stop_to_audio_s'], 'p95')}",
-            f"{ms(r['barge_in_s'])}/{ms(r['barge_in_s'], 'p95')} ({r['barge_in_missed']})", str(r["vad_splits"]),
+            f"{ms(r['barge_in_s'])}/{ms(r['barge_in_s'], 'p95')} ({r['barge_in_missed']})", str(r["vad_splits"]), str(r["refused"]),
             str(p.get("stalled_streams", "-")), ms(p.get("chunk_gap_s"), "p95")]))
     lines += machine_section(report["machine"])
     lines.append(f"\nwrote {report['path']}")

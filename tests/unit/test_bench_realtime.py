@@ -19,7 +19,8 @@ def done(status: str) -> dict:
 
 class Scripted:
     """A session whose server sends ``events`` in order once the utterance is spoken (with ``speak_first``; else
-    from the start); what the bench appends is recorded."""
+    from the start), the ones after an ``"after <type>"`` entry once the bench sent that type; what the bench
+    sends is recorded."""
 
     def __init__(self, events: list[dict], speak_first: bool = True):
         self.events, self.speak_first, self.sent = list(events), speak_first, []
@@ -32,6 +33,10 @@ class Scripted:
         if self.speak_first:
             await self.spoken.wait()
         await asyncio.sleep(0.001)
+        if isinstance(self.events[0], str):  # "after <type>": the next events wait for the bench to send it
+            while self.events[0].split()[1] not in self.sent:
+                await asyncio.sleep(0.001)
+            self.events.pop(0)
         return self.events.pop(0)
 
     async def speak(self, pcm: bytes, chunk_ms: int, ended: asyncio.Future) -> None:
@@ -40,9 +45,9 @@ class Scripted:
         await asyncio.Event().wait()  # silence until cancelled
 
 
-def run(events: list[dict], interrupt: bool = False, speak_first: bool = True):
+def run(events: list[dict], interrupt: bool = False, speak_first: bool = True, cfg: RealtimeBenchConfig = CFG):
     async def main():
-        return await _turn(Scripted(events, speak_first), b"\0\0" * 480, CFG, interrupt)
+        return await _turn(Scripted(events, speak_first), b"\0\0" * 480, cfg, interrupt)
     return asyncio.run(main())
 
 
@@ -75,3 +80,18 @@ def test_a_failed_response_or_one_without_audio_fails_the_turn():
     turn = run([{"type": "response.created"}, done("completed")])
     assert not turn.ok and turn.error == "status completed, 0 chunks"
     assert _summary("x", [turn], 0.5, 1.0)["failed"] == 1
+
+
+def test_an_answer_refused_at_the_capacity_is_asked_for_again_and_counted(monkeypatch):
+    monkeypatch.setattr("omni_serve.bench.realtime.RETRY_AFTER_S", 0.01)
+    refusal = {"type": "error", "error": {"type": "rate_limit_error", "code": "rate_limit_exceeded", "message": "x"}}
+    session = Scripted([{"type": "response.created"}, refusal, done("failed"),
+                        "after response.create", {"type": "response.created"}, AUDIO, done("completed")])
+
+    async def main():
+        return await _turn(session, b"\0\0" * 480, CFG, False)
+    turn = asyncio.run(main())
+    assert turn.ok and turn.refused == 1 and "response.create" in session.sent
+    assert _summary("x", [turn], 0.5, 1.0)["refused"] == 1
+    no_retry = run([{"type": "response.created"}, refusal, done("failed")], cfg=CFG.model_copy(update={"retry": False}))
+    assert not no_retry.ok and no_retry.refused == 1 and no_retry.error == "status failed, 0 chunks"

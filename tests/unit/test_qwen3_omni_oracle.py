@@ -177,3 +177,49 @@ def test_code2wav_stream_without_its_state_breaks_the_seams(code2wav, monkeypatc
     monkeypatch.setattr(code2wav, "feed", lambda s, codes: code2wav.streaming.feed(VocoderStream(), codes))
     got, _ = stream(code2wav, frames.tolist(), Code2WavRequest())
     assert got.shape != want.shape or np.abs(got - want).max() > 1e-3 * np.abs(want).max()
+
+
+class _Pace:
+    """A client ``slack`` seconds from running dry; counts the audio sent."""
+
+    def __init__(self, slack: float):
+        self.slack_s, self.audio_s = slack, 0.0
+
+    def slack(self) -> float:
+        return self.slack_s
+
+    def due(self) -> float:
+        return self.slack_s
+
+    def sent(self, seconds: float) -> None:
+        self.audio_s += seconds
+
+
+def test_a_chunk_goes_with_the_frames_here_when_its_client_is_about_to_run_dry(code2wav):
+    """After a 2-frame first chunk the next is 6 frames; with 4 here it waits while the client has a lead, goes
+    with the 4 once the client is within cut_lead_s of running dry, and waits again for its whole chunk once the
+    client is dry. The cut chunks still concatenate to the whole decode."""
+    frames = torch.randint(0, 2048, (40, code2wav.num_quantizers), generator=torch.Generator().manual_seed(3)).tolist()
+    program, compute = Code2WavStream(code2wav, Code2WavRequest(cut_lead_s=0.4)), Code2WavCompute(code2wav)
+    program.pace = pace = _Pace(0.66)
+    program.feed(CodecChunk(frames=frames[:2], end=False))
+    out = program.complete(compute([program.work()[1]])[0])
+    program.feed(CodecChunk(frames=frames[2:6], end=False))
+    assert not program.ready()  # 0.66 s of lead: the 6-frame chunk waits for its frames
+    pace.slack_s = -0.1
+    assert not program.ready()  # dry already: a cut buys it little, the whole chunk goes
+    pace.slack_s = 0.3
+    assert program.ready() and program.work_size() == 4
+    pace.slack_s = -0.05  # the client ran dry between the engine's choice and the call: the chunk stays cut
+    out += program.complete(compute([program.work()[1]])[0])
+    assert [c.num_codes for c in out] == [2, 4]
+    rest = 6
+    for i in range(rest, len(frames), 5):  # the rest in pieces (the client dry: whole chunks, then the end)
+        program.feed(CodecChunk(frames=frames[i:i + 5], end=i + 5 >= len(frames)))
+        while program.ready():
+            out += program.complete(compute([program.work()[1]])[0])
+    assert program.done and pace.audio_s > 0
+    want = code2wav.reference(torch.tensor(frames).T).numpy()
+    got = np.concatenate([c.audio for c in out])
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())

@@ -313,3 +313,47 @@ def test_a_stream_stuck_before_its_first_audio_holds_admission_back_only_while_i
 def test_the_retry_after_bounds_must_be_ordered():
     with pytest.raises(ValueError, match="max_retry_after_s"):
         AdmissionSpec(retry_after_s=5, max_retry_after_s=2)
+
+
+def test_streams_cut_at_their_first_audio_do_not_replace_the_estimate():
+    """A busy period of one stream cancelled just after its first chunk (a barge-in): 0.24 s of audio over 1.9 s of
+    prefill and first chunk is an opening, not the graph's rate; the estimate of the streams before it stands."""
+    clock = FakeClock()
+    admission = _admission("queue", clock)
+
+    async def main():
+        a = await admission.enter("a")
+        _deliver(a, clock, 5, 0.5, 1.0)  # 5 s of audio in 2.5 s
+        a.release()
+        assert admission.capacity == pytest.approx(2.0)
+        cut = await admission.enter("b")
+        _deliver(cut, clock, 1, 1.9, 0.24)
+        clock.t += 0.1
+        cut.release()
+        assert admission.capacity == pytest.approx(2.0)
+        # a later chunk in the window makes it a measure again, the opening included
+        c = await admission.enter("c")
+        _deliver(c, clock, 2, 1.0, 0.5)
+        assert admission.capacity == pytest.approx(0.5)
+        c.release()
+    asyncio.run(main())
+
+
+def test_a_realtime_response_waits_its_own_longer_turn():
+    """Under queue a chat request waits what the first-audio target leaves; a realtime session's response, which
+    no client asks again for, waits ``session_max_wait_s`` and is admitted when a place frees."""
+    clock = FakeClock()
+    admission = _admission("queue", clock, max_wait_s=0.01, session_max_wait_s=5.0)
+
+    async def main():
+        a = await admission.enter("a")
+        with pytest.raises(OpenAIError) as refused:
+            await admission.enter("chat")
+        assert "waited 0.01 s" in refused.value.message
+        session = asyncio.ensure_future(admission.enter("response", admission.settings.session_max_wait_s))
+        await asyncio.sleep(0.05)
+        assert not session.done() and admission.state()["queued"] == 1
+        a.release()
+        (await asyncio.wait_for(session, 1)).release()
+        assert admission.state()["admitted"] == 0 and admission.state()["queued"] == 0
+    asyncio.run(main())

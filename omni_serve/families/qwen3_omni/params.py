@@ -36,6 +36,10 @@ class Code2WavParams(BaseModel):
         "uses: the served audio equals generate's."))
     block_left_context: int = Field(25, ge=0, description="Frames of context before each block after the first "
                                     "(chunked_decode's left_context_size).")
+    cut_lead_s: float = Field(0.4, ge=0, description=(
+        "A later chunk whose client would run dry within this many seconds goes at once with the frames the talker "
+        "has sent (the vocoder decodes frame by frame: exact at any size; 0: chunks are never cut). "
+        "See docs/speech_under_load.md."))
     max_batch: int = Field(16, ge=1, description="Requests' chunks decoded per engine call (one after another).")
 
 

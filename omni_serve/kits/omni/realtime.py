@@ -400,7 +400,7 @@ class RealtimeSession:
             p.clock = clock  # real-time admission's signal, and the route's metrics
             p.timeout_s = self.ctx.timeout_s
             writer.start(p)
-            await self.f.admit_audio(p, ctx)
+            await self.f.admit_audio(p, ctx, self.f.spec.playback.admission.session_max_wait_s)
             async with aclosing(self.f._events(p)) as events:  # a cancel closes every stage call at once
                 async for _, out in events:
                     if isinstance(out, TextDelta):

@@ -12,7 +12,11 @@ that come out are final. ``chunked_decode`` decodes blocks of ``block`` frames i
 ``left_context`` frames before it (whose samples it drops): at a block's first chunk the stream starts afresh on
 that context and drops its samples the same way. Chunks grow from ``first_chunk_codes`` (early first audio)
 threefold up to ``chunk_codes``; nothing waits for look-ahead frames (the vocoder holds back the part of the last
-frame that is not final yet, as the whole decode does).
+frame that is not final yet, as the whole decode does). With a ``pace`` (the client's playback), a later chunk whose
+client would run dry within ``cut_lead_s`` goes at once with the frames here: the vocoder decodes frame by frame, so
+a cut chunk is as exact as a whole one, and a client that started on a 2-frame chunk is not left waiting for a
+chunk three times longer while the talker, shared with other streams, makes its frames (a stream already dry waits
+for its whole chunk: it stalls once instead of again and again).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class Code2WavRequest:
     chunk_codes: int = 25
     block_codes: int = 300
     block_left_context: int = 25
+    cut_lead_s: float = 0.4  # with a pace: a later chunk goes with the frames here this long before its client runs dry
 
 
 @dataclass
@@ -54,6 +59,7 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
         self.emitted = False
         self.done = False
         self._pending_end = 0
+        self._cut_to: int | None = None  # a cut decided by the client's lead, kept until its chunk is computed
 
     def take(self, chunk: CodecChunk) -> None:
         self.frames.extend(chunk.frames)
@@ -61,6 +67,7 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
     def drop_inputs(self) -> None:
         self.frames = []
         self.stream = None
+        self._cut_to = None
 
     def _chunk_end(self) -> int | None:
         """The end of the next chunk, or None while it waits for frames. A chunk never crosses a block."""
@@ -69,6 +76,11 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
         end = min(self.fed + size, (self.fed // r.block_codes + 1) * r.block_codes)
         if self.upstream_done:
             end = min(end, n)
+        if self._cut_to is not None:  # decided when it was found ready: the lead moves on, the chunk does not
+            return self._cut_to
+        if n < end and n > self.fed > 0 and self.pace is not None and 0 < self.pace.slack() <= r.cut_lead_s:
+            self._cut_to = n
+            return n
         return end if n >= end else None
 
     def ready(self) -> bool:
@@ -98,7 +110,7 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
             self.done = True
             return [] if self.emitted else [WaveChunk.empty()]
         n = self._pending_end - self.fed
-        self.fed = self._pending_end
+        self.fed, self._cut_to = self._pending_end, None
         self.emitted = True
         self.done = self.upstream_done and self.fed >= len(self.frames)
         return [self.sent(WaveChunk(result.numpy(), n))]

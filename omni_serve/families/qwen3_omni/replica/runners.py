@@ -60,7 +60,7 @@ class Code2WavRunner(StageRunner):
         p = self.stage_spec.params
         program = Code2WavStream(self.model, Code2WavRequest(
             first_chunk_codes=p.first_chunk_codes, chunk_codes=p.chunk_codes, block_codes=p.block_codes,
-            block_left_context=p.block_left_context))
+            block_left_context=p.block_left_context, cut_lead_s=p.cut_lead_s))
         program.pace = client_pace(self.spec)  # its chunks are due when its client needs them
         async for out in self.drive(engine, call.request_id, program):
             # Audio for the client is the response payload itself (bytes), not a data-plane reference.
