@@ -144,9 +144,8 @@ class _Session:
 async def _turn(s: _Session, utterance: bytes, cfg: RealtimeBenchConfig, interrupt: bool) -> Turn:
     """One spoken turn, events read while it is spoken. Silero may take a pause inside the utterance for its end and
     start a response that the rest of the utterance then cancels (a barge-in before any audio): that is a split,
-    counted, and the turn waits for the response to the whole utterance. An answer refused at the real-time capacity (``rate_limit_exceeded``, under the
-graph's ``playback.admission``) is asked for again a second later with ``response.create``, as a client would
-(``retry``), and counted; the turn's latency counts from the end of speech, the waits included. With ``interrupt`` the session speaks
+    counted, and the turn waits for the response to the whole utterance. An answer refused at the real-time capacity
+    is asked for again ``RETRY_AFTER_S`` later (with ``retry``) and counted. With ``interrupt`` the session speaks
     again at the first audio; a response that ends before VAD hears it is a missed barge-in, not a failure."""
     turn = Turn()
     loop = asyncio.get_running_loop()
@@ -331,7 +330,8 @@ def format_report(report: dict) -> str:
             r["run"], str(r["turns"]), str(r["failed"]),
             f"{ms(r['speech_end_to_audio_s'])}/{ms(r['speech_end_to_audio_s'], 'p95')}",
             f"{ms(r['vad_stop_to_audio_s'])}/{ms(r['vad_stop_to_audio_s'], 'p95')}",
-            f"{ms(r['barge_in_s'])}/{ms(r['barge_in_s'], 'p95')} ({r['barge_in_missed']})", str(r["vad_splits"]), str(r["refused"]),
+            f"{ms(r['barge_in_s'])}/{ms(r['barge_in_s'], 'p95')} ({r['barge_in_missed']})",
+            str(r["vad_splits"]), str(r["refused"]),
             str(p.get("stalled_streams", "-")), ms(p.get("chunk_gap_s"), "p95")]))
     lines += machine_section(report["machine"])
     lines.append(f"\nwrote {report['path']}")
