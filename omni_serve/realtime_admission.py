@@ -10,7 +10,8 @@ is what ``/health`` shows; ``autoscaling_stats()`` what the ingress reports to S
 
 Policies (``settings.policy``):
 - ``none``: every request is admitted (the ingress' ``max_inflight_requests`` still bounds them).
-- ``queue``: a request that cannot be admitted waits, in arrival order, up to ``max_wait_s``, then gets a 429 with
+- ``queue``: a request that cannot be admitted waits, in arrival order (or in the order its client first asked,
+  ``enter(..., since=)``), up to ``max_wait_s``, then gets a 429 with
   ``Retry-After``; beyond ``max_queued`` waiting, a 429 at once. Unset, a request waits only while it can still hear
   its first audio within ``target_ttfp_s``: the target less what an admitted stream takes from admission to its
   first chunk (the median of the last 16; 0, so the whole target, before one was measured), at least
@@ -62,6 +63,7 @@ measured, only one stream is admitted at a time.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import heapq
 import math
@@ -147,7 +149,9 @@ class RealtimeAdmission:
         self.capacity: float | None = None  # audio seconds per second, last measured
         self.rejected = 0
         self._time_to_first_chunk: collections.deque[float] = collections.deque(maxlen=16)  # admission to first chunk
-        self._waiters: collections.deque[tuple[str, asyncio.Future]] = collections.deque()
+        # Requests waiting, in the order their clients first asked: (since, arrival number, request id, its future).
+        self._waiters: list[tuple[float, int, str, asyncio.Future]] = []
+        self._order = 0
         # Each chunk as (production began, arrival, seconds, a stream's later chunk), oldest arrival first.
         self._chunks: collections.deque[tuple[float, float, float, bool]] = collections.deque()
         self._period_start = 0.0  # first admission of the busy period
@@ -155,20 +159,26 @@ class RealtimeAdmission:
         self._lifetimes: collections.deque[float] = collections.deque(maxlen=16)  # admission to release
 
     # -- requests ---------------------------------------------------------------------------------------------
-    async def enter(self, request_id: str, max_wait_s: float | None = None) -> StreamTicket:
+    async def enter(self, request_id: str, max_wait_s: float | None = None,
+                    since: float | None = None) -> StreamTicket:
         """Admit ``request_id`` (see the module doc); ``max_wait_s``, under ``queue``, instead of ``self.max_wait_s``
-        (a realtime session's response: ``session_max_wait_s``)."""
+        (a realtime session's response: ``session_max_wait_s``). ``since`` (this admission's ``clock``) is when the
+        client first asked for what this request asks again for: the line is in that order, so a client refused
+        before keeps its place (a realtime session's answer; default: now)."""
         s = self.settings
         wait_s = self.max_wait_s if max_wait_s is None else max_wait_s
-        if s.policy == "none" or (not self._waiters and self.can_admit()):
+        since = self.clock() if since is None else since
+        first_in_line = not self._waiters or since < self._waiters[0][0]
+        if s.policy == "none" or (first_in_line and self.can_admit()):
             return self._admit(request_id)
         if s.policy == "reject" or len(self._waiters) >= s.max_queued:
             raise self._refusal("it cannot start now")
-        entry = (request_id, asyncio.get_running_loop().create_future())
-        self._waiters.append(entry)
+        self._order += 1
+        entry = (since, self._order, request_id, asyncio.get_running_loop().create_future())
+        bisect.insort(self._waiters, entry, key=lambda e: e[:2])
         ticket = None
         try:
-            ticket = await asyncio.wait_for(asyncio.shield(entry[1]), wait_s)
+            ticket = await asyncio.wait_for(asyncio.shield(entry[3]), wait_s)
             return ticket
         except asyncio.TimeoutError:
             if entry in self._waiters:
@@ -177,7 +187,7 @@ class RealtimeAdmission:
         finally:
             if entry in self._waiters:
                 self._waiters.remove(entry)
-            waiter = entry[1]
+            waiter = entry[3]
             if ticket is None and waiter.done() and not waiter.cancelled():
                 waiter.result().release()  # admitted just as it timed out or its client left
             elif not waiter.done():
@@ -302,7 +312,7 @@ class RealtimeAdmission:
     def _wake(self) -> None:
         """Admit waiting requests, in order, while the capacity allows."""
         while self._waiters and self.can_admit():
-            request_id, waiter = self._waiters.popleft()
+            _, _, request_id, waiter = self._waiters.pop(0)
             if not waiter.done():
                 waiter.set_result(self._admit(request_id))
 

@@ -357,3 +357,33 @@ def test_a_realtime_response_waits_its_own_longer_turn():
         (await asyncio.wait_for(session, 1)).release()
         assert admission.state()["admitted"] == 0 and admission.state()["queued"] == 0
     asyncio.run(main())
+
+
+def test_a_client_refused_before_keeps_its_place_in_the_line():
+    """Two requests wait; one that asks again for what it was first refused earlier goes before both, and a place
+    that frees goes to it, then to the others in their order."""
+    clock = FakeClock()
+    admission = _admission("queue", clock, max_wait_s=5.0)
+
+    async def main():
+        playing = await admission.enter("playing")
+        refused_at = clock.t  # when the session first asked (it was refused then)
+        clock.t += 3.0
+        b = asyncio.ensure_future(admission.enter("b"))
+        await asyncio.sleep(0.01)
+        clock.t += 1.0
+        c = asyncio.ensure_future(admission.enter("c"))
+        await asyncio.sleep(0.01)
+        again = asyncio.ensure_future(admission.enter("again", since=refused_at))
+        await asyncio.sleep(0.01)
+        assert admission.state()["queued"] == 3
+        playing.release()  # one place: the oldest ask
+        first = await asyncio.wait_for(again, 1)
+        assert not b.done() and not c.done()
+        first.release()
+        second = await asyncio.wait_for(b, 1)
+        assert not c.done()
+        second.release()
+        (await asyncio.wait_for(c, 1)).release()
+        assert admission.state()["admitted"] == 0 and admission.state()["queued"] == 0
+    asyncio.run(main())

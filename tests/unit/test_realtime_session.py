@@ -415,3 +415,48 @@ def test_audio_items_are_bounded_and_retrievable(graph):
         assert retrieved["item"]["content"][0]["audio"] == clip
         await _close(ws, task)
     asyncio.run(main())
+
+
+def test_an_answer_refused_at_the_capacity_keeps_its_place_when_asked_for_again(graph):
+    """Admission refuses a spoken answer (another stream holds the graph): an error event (rate_limit_exceeded), the
+    response failed, the session open. Asked for again, the answer enters the line as of when it was first asked
+    for; once admitted, the session's next answer is a new ask."""
+    from omni_serve.realtime_admission import AdmissionSpec, RealtimeAdmission
+
+    async def main():
+        admission = RealtimeAdmission(AdmissionSpec(policy="reject"), buffer_s=0.5)
+        asks = []
+        enter = admission.enter
+
+        async def spy(request_id, max_wait_s=None, since=None):
+            asks.append(since)
+            return await enter(request_id, max_wait_s, since)
+        admission.enter = spy
+        kept, graph.frontend.realtime = graph.frontend.realtime, admission
+        try:
+            held = await enter("another stream")
+            first_ask = admission.clock()
+            ws = FakeWebSocket()
+            task, _ = await _session(graph, ws)
+            ws.send({"type": "session.update", "session": {"max_output_tokens": 4,
+                                                           "audio": {"input": {"turn_detection": None}}}})
+            await ws.until("session.updated")
+            ws.send({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi."}]}})
+            await ws.until("conversation.item.done")
+            ws.send({"type": "response.create"})
+            events = await ws.until("response.done")
+            errors = [e["error"] for e in events if e["type"] == "error"]
+            assert events[-1]["response"]["status"] == "failed" and errors[0]["code"] == "rate_limit_exceeded"
+            held.release()
+            ws.send({"type": "response.create"})
+            events = await ws.until("response.done")
+            assert events[-1]["response"]["status"] in ("completed", "incomplete")
+            ws.send({"type": "response.create"})
+            assert (await ws.until("response.done"))[-1]["response"]["status"] in ("completed", "incomplete")
+            assert asks[0] is None and asks[1] is not None and asks[1] >= first_ask and asks[2] is None
+            assert admission.state()["admitted"] == 0
+            await _close(ws, task)
+        finally:
+            graph.frontend.realtime = kept
+    asyncio.run(main())

@@ -113,13 +113,15 @@ class OmniFrontend(RealtimeEndpoints, AudioEndpoints, CompletionEndpoints, Front
         self._grammars = None  # GrammarCompiler (engines.constraints), made on the first JSON response_format
         self._grammars_lock = threading.Lock()
 
-    async def admit_audio(self, p: "Prepared", ctx: RequestContext, max_wait_s: float | None = None) -> None:
+    async def admit_audio(self, p: "Prepared", ctx: RequestContext, max_wait_s: float | None = None,
+                          since: float | None = None) -> None:
         """Hold a request that asked for audio until the graph's real-time capacity takes it (or raise its 429),
         before any stage is called; its place is given back when the request ends. ``max_wait_s``: its longest
-        wait under ``queue`` (default: the admission's own, ``RealtimeAdmission.max_wait_s``)."""
+        wait under ``queue`` (default: the admission's own, ``RealtimeAdmission.max_wait_s``); ``since``: when its
+        client first asked for it (``RealtimeAdmission.enter``)."""
         if p.voice is None:
             return
-        ticket = await self.realtime.enter(p.request_id, max_wait_s)
+        ticket = await self.realtime.enter(p.request_id, max_wait_s, since)
         ctx.on_end.append(ticket.release)
         p.clock.on_audio = ticket.audio
 

@@ -128,6 +128,7 @@ class RealtimeSession:
         self.detector = None  # SpeechDetector while server_vad is on
         self.speech: tuple[str, int] | None = None  # (item id, start ms) of the speech VAD is hearing
         self.response: Response | None = None
+        self.asked_since: float | None = None  # when an answer refused at the real-time capacity was first asked for
         self._send_lock = asyncio.Lock()
         self.max_buffer_ms = frontend.spec.max_audio_seconds * 1000
 
@@ -400,7 +401,15 @@ class RealtimeSession:
             p.clock = clock  # real-time admission's signal, and the route's metrics
             p.timeout_s = self.ctx.timeout_s
             writer.start(p)
-            await self.f.admit_audio(p, ctx, self.f.spec.playback.admission.session_max_wait_s)
+            asked = self.f.realtime.clock()
+            try:  # a session refused before keeps its place in the line (admission's `since`)
+                await self.f.admit_audio(p, ctx, self.f.spec.playback.admission.session_max_wait_s,
+                                         since=self.asked_since)
+            except OpenAIError as exc:
+                if exc.status_code == 429 and self.asked_since is None:
+                    self.asked_since = asked
+                raise
+            self.asked_since = None
             async with aclosing(self.f._events(p)) as events:  # a cancel closes every stage call at once
                 async for _, out in events:
                     if isinstance(out, TextDelta):
