@@ -119,11 +119,18 @@ class OmniFrontend(RealtimeEndpoints, AudioEndpoints, CompletionEndpoints, Front
         before any stage is called; its place is given back when the request ends. ``max_wait_s``: its longest
         wait under ``queue`` (default: the admission's own, ``RealtimeAdmission.max_wait_s``); ``since``: when its
         client first asked for it (``RealtimeAdmission.enter``)."""
-        if p.voice is None:
-            return
-        ticket = await self.realtime.enter(p.request_id, max_wait_s, since)
+        if p.voice is not None:
+            await self.admit_stream(p.request_id, ctx, p.clock, max_wait_s, since)
+
+    async def admit_stream(self, request_id: str, ctx: RequestContext, clock, max_wait_s: float | None = None,
+                           since: float | None = None):
+        """``admit_audio`` for a stream known to speak before its request is prepared (a realtime answer: a refused
+        one is not prepared for nothing); ``clock`` (its ``RequestClock``) reports its chunks to admission. Returns
+        the ``StreamTicket`` (released when the request ends, or before by the caller)."""
+        ticket = await self.realtime.enter(request_id, max_wait_s, since)
         ctx.on_end.append(ticket.release)
-        p.clock.on_audio = ticket.audio
+        clock.on_audio = ticket.audio
+        return ticket
 
     def _load_checkpoint(self, checkpoint: str) -> None:
         """Set ``inputs`` (the input processor), ``thinker_cfg`` and ``voices`` (name -> what the talker needs)."""

@@ -109,7 +109,7 @@ class Response:
 
 class RealtimeEndpoints:
     """``/v1/realtime`` of a Qwen-Omni frontend (see the module doc). Uses the frontend's ``spec``, ``voices``,
-    ``prepare``, ``admit_audio``, ``_voice`` and ``_events``."""
+    ``prepare``, ``admit_stream``, ``_voice`` and ``_events``."""
 
     websocket_routes = (WebSocketRoute("/v1/realtime", "realtime", "realtime_session"),)
 
@@ -397,19 +397,14 @@ class RealtimeSession:
         status, error = "completed", None
         try:
             await self.send(R.server_event("response.created", response=writer.view("in_progress")))
+            # admitted before its prompt is prepared: a refused answer costs nothing
+            ticket = await self._admit(r, ctx, clock) if "audio" in writer.planned else None
             p = await self._prepared(r)
+            if ticket is not None and p.voice is None:  # it does not speak after all (a forced tool call)
+                ticket.release()
             p.clock = clock  # real-time admission's signal, and the route's metrics
             p.timeout_s = self.ctx.timeout_s
             writer.start(p)
-            asked = self.f.realtime.clock()
-            try:  # a session refused before keeps its place in the line (admission's `since`)
-                await self.f.admit_audio(p, ctx, self.f.spec.playback.admission.session_max_wait_s,
-                                         since=self.asked_since)
-            except OpenAIError as exc:
-                if exc.status_code == 429 and self.asked_since is None:
-                    self.asked_since = asked
-                raise
-            self.asked_since = None
             async with aclosing(self.f._events(p)) as events:  # a cancel closes every stage call at once
                 async for _, out in events:
                     if isinstance(out, TextDelta):
@@ -444,6 +439,20 @@ class RealtimeSession:
             r.finished = True
             if self.response is r:
                 self.response = None
+
+    async def _admit(self, r: Response, ctx: RequestContext, clock: RequestClock):
+        """Real-time admission of a spoken answer (``playback.admission``), its ``StreamTicket``; a session refused
+        before keeps its place in the line when it asks again (admission's ``since``)."""
+        asked = self.f.realtime.clock()
+        try:
+            ticket = await self.f.admit_stream(r.id, ctx, clock, self.f.spec.playback.admission.session_max_wait_s,
+                                               since=self.asked_since)
+        except OpenAIError as exc:
+            if exc.status_code == 429 and self.asked_since is None:
+                self.asked_since = asked
+            raise
+        self.asked_since = None
+        return ticket
 
     async def _prepared(self, r: Response):
         """The chat request of the conversation for response ``r``, prepared: from the oldest item that keeps the
