@@ -44,7 +44,6 @@ GLM_STAGES = ("ar", "text_encoder", "dit", "vae")
 @pytest.fixture(scope="module")
 def fuzz_apps(ray_serve, omni_tiny_dir, qwen_image_tiny_dir, qwen3_omni_tiny_dir, glm_image_tiny_dir):
     from ray import serve
-    from ray.serve.api import RunTarget
 
     from omni_serve.families import glm_image, qwen2_5_omni, qwen3_omni, qwen_image
 
@@ -54,26 +53,21 @@ def fuzz_apps(ray_serve, omni_tiny_dir, qwen_image_tiny_dir, qwen3_omni_tiny_dir
         "stages.talker.params.max_codec_tokens": 16, "max_audio_seconds": 5, "max_image_pixels": 128 * 128,
         "ingress.request_timeout_s": 60, "ingress.enable_docs": True,  # the fuzzer reads /openapi.json
     }
+    serve.run(qwen2_5_omni.build_app({"checkpoint": omni_tiny_dir, **FIXED_TOPOLOGY, **omni_args,
+                                      "stages.code2wav.params.num_steps": 1}), name="fuzz_omni", route_prefix="/fuzz_omni")
+    serve.run(qwen3_omni.build_app({"checkpoint": qwen3_omni_tiny_dir, **omni_args}), name="fuzz_qwen3",
+              route_prefix="/fuzz_qwen3")
     image_args = {  # both image graphs: small sizes and few steps
         "ingress.num_cpus": 0, "stages.dit.engine.torch_threads": 1, "default_size": "32x32", "default_steps": 2,
         "max_steps": 3, "max_side": 64, "max_pixels": 64 * 64, "max_images": 2, "ingress.request_timeout_s": 60,
         "ingress.enable_docs": True,
     }
-    # The four graphs start together (Serve's _run_many): their replicas' start-up keeps both cores busy, where one
-    # graph after another leaves a core idle while each graph's last replica loads.
-    serve._run_many([
-        RunTarget(qwen2_5_omni.build_app({"checkpoint": omni_tiny_dir, **FIXED_TOPOLOGY, **omni_args,
-                                          "stages.code2wav.params.num_steps": 1}),
-                  name="fuzz_omni", route_prefix="/fuzz_omni"),
-        RunTarget(qwen3_omni.build_app({"checkpoint": qwen3_omni_tiny_dir, **omni_args}), name="fuzz_qwen3",
-                  route_prefix="/fuzz_qwen3"),
-        RunTarget(qwen_image.build_app({
-            "checkpoint": qwen_image_tiny_dir, **{f"stages.{s}.num_cpus": 0 for s in IMAGE_STAGES}, **image_args,
-        }), name="fuzz_image", route_prefix="/fuzz_image"),
-        RunTarget(glm_image.build_app({
-            "checkpoint": glm_image_tiny_dir, **{f"stages.{s}.num_cpus": 0 for s in GLM_STAGES}, **image_args,
-        }), name="fuzz_glm", route_prefix="/fuzz_glm"),
-    ])
+    serve.run(qwen_image.build_app({
+        "checkpoint": qwen_image_tiny_dir, **{f"stages.{s}.num_cpus": 0 for s in IMAGE_STAGES}, **image_args,
+    }), name="fuzz_image", route_prefix="/fuzz_image")
+    serve.run(glm_image.build_app({
+        "checkpoint": glm_image_tiny_dir, **{f"stages.{s}.num_cpus": 0 for s in GLM_STAGES}, **image_args,
+    }), name="fuzz_glm", route_prefix="/fuzz_glm")
     yield {"fuzz_omni": (ray_serve + "/fuzz_omni", "qwen2.5-omni", "/v1/chat/completions", OMNI_STAGES),
            "fuzz_qwen3": (ray_serve + "/fuzz_qwen3", "qwen3-omni", "/v1/chat/completions", OMNI_STAGES),
            "fuzz_image": (ray_serve + "/fuzz_image", "qwen-image", "/v1/images/generations", IMAGE_STAGES),

@@ -155,7 +155,10 @@ def _ends_with_an_error_within_the_bound(cluster, cut, http=None, holder: str | 
     with an error event and ``[DONE]`` within ``LOSS_BOUND_S``. With ``holder``, a stage on the node cut: the cut
     waits for a stream that this stage still holds (one whose part there had already ended, e.g. a thinker done
     with its tokens while the talker speaks them on another node, is let finish, and another is sent)."""
-    body = {**oracle_request("text"), "stream": True, "max_tokens": 400, "min_tokens": 400, "temperature": 0.7}
+    # 1200 tokens: the thinker is still writing when the node goes (with 400 it could finish between the holder
+    # check and the cut, leaving the talker to read its last payloads from the node cut off, which is not the case
+    # this bound is about)
+    body = {**oracle_request("text"), "stream": True, "max_tokens": 1200, "min_tokens": 1200, "temperature": 0.7}
     for _ in range(3):
         out: dict = {}
         client = threading.Thread(target=_stream, args=(cluster.url, body, out))
