@@ -113,20 +113,18 @@ class OmniFrontend(RealtimeEndpoints, AudioEndpoints, CompletionEndpoints, Front
         self._grammars = None  # GrammarCompiler (engines.constraints), made on the first JSON response_format
         self._grammars_lock = threading.Lock()
 
-    async def admit_audio(self, p: "Prepared", ctx: RequestContext, max_wait_s: float | None = None,
-                          since: float | None = None) -> None:
+    async def admit_audio(self, p: "Prepared", ctx: RequestContext) -> None:
         """Hold a request that asked for audio until the graph's real-time capacity takes it (or raise its 429),
-        before any stage is called; its place is given back when the request ends. ``max_wait_s``: its longest
-        wait under ``queue`` (default: the admission's own, ``RealtimeAdmission.max_wait_s``); ``since``: when its
-        client first asked for it (``RealtimeAdmission.enter``)."""
+        before any stage is called; its place is given back when the request ends."""
         if p.voice is not None:
-            await self.admit_stream(p.request_id, ctx, p.clock, max_wait_s, since)
+            await self.admit_stream(p.request_id, ctx, p.clock)
 
     async def admit_stream(self, request_id: str, ctx: RequestContext, clock, max_wait_s: float | None = None,
                            since: float | None = None):
         """``admit_audio`` for a stream known to speak before its request is prepared (a realtime answer: a refused
-        one is not prepared for nothing); ``clock`` (its ``RequestClock``) reports its chunks to admission. Returns
-        the ``StreamTicket`` (released when the request ends, or before by the caller)."""
+        one is not prepared for nothing); ``clock`` (its ``RequestClock``) reports its chunks to admission;
+        ``max_wait_s`` and ``since`` as ``RealtimeAdmission.enter`` takes them. Returns the ``StreamTicket``
+        (released when the request ends, or before by the caller)."""
         ticket = await self.realtime.enter(request_id, max_wait_s, since)
         ctx.on_end.append(ticket.release)
         clock.on_audio = ticket.audio
