@@ -41,13 +41,22 @@ class Result:
 
 
 def pipeline_result(pipe, seed: int, pixels: bool = True, **kwargs) -> Result:
-    """diffusers' pipeline on ``seed``: its latents (``output_type="latent"``) and, unless ``pixels`` is False,
-    its uint8 images (a second run on the same seed)."""
-    latents = pipe(**kwargs, generator=torch.Generator().manual_seed(seed), output_type="latent").images
+    """diffusers' pipeline on ``seed``: its final latents (what ``output_type="latent"`` returns) and, unless
+    ``pixels`` is False, its uint8 images, from one run: the final latents are the last the pipelines (Qwen-Image,
+    -Edit, -Edit-Inpaint, GLM-Image) hand ``callback_on_step_end`` (after each denoising step) before decoding them.
+    A run per output type computed the same latents twice, bit for bit: seconds per edit reference on CPU."""
     if not pixels:
-        return Result(latents, None)
-    images = pipe(**kwargs, generator=torch.Generator().manual_seed(seed), output_type="np").images
-    return Result(latents, (images * 255).round().astype(np.uint8))
+        return Result(pipe(**kwargs, generator=torch.Generator().manual_seed(seed), output_type="latent").images,
+                      None)
+    final = {}
+
+    def keep(pipeline, step, timestep, tensors):  # the latents after each step: the last call's are the final ones
+        final["latents"] = tensors["latents"].clone()
+        return {}
+
+    images = pipe(**kwargs, generator=torch.Generator().manual_seed(seed), output_type="np",
+                  callback_on_step_end=keep, callback_on_step_end_tensor_inputs=["latents"]).images
+    return Result(final["latents"], (images * 255).round().astype(np.uint8))
 
 
 def decode_pixels(b64: str) -> np.ndarray:
