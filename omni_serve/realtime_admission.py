@@ -29,11 +29,16 @@ line has every waiting client ask again every second, and on a small machine the
 them take their CPU from the streams playing (docs/benchmarks.md, speech under load).
 
 When a stream can be admitted: when none is admitted; otherwise when the capacity is known, the admitted streams
-with the new one would each still be produced at least ``1 + margin`` times as fast as they play
-(``capacity / (admitted + 1) >= 1 + margin``), and every admitted stream has heard its first audio and has more
-than ``guard_s`` of audio ahead of its client (its buffer, as ``omni_serve.playback`` models it with ``buffer_s``;
-a stream still without audio after twice the median time to a first chunk, at least ``target_ttfp_s``, is stuck
-rather than starting, and no longer holds admission back).
+with the new one would each still be produced at least ``1 + margin`` times as fast as they play, and every
+admitted stream has heard its first audio and has more than ``guard_s`` of audio ahead of its client (its buffer,
+as ``omni_serve.playback`` models it with ``buffer_s``; a stream still without audio after twice the median time to
+a first chunk, at least ``target_ttfp_s``, is stuck rather than starting, and no longer holds admission back).
+Whether the streams would keep ``1 + margin``: by default (``one_more: delivered``) the capacity shared by one more
+stream (``capacity / (admitted + 1) >= 1 + margin``); with ``one_more: auto``, where every stage reports its CPU use
+(``cpu_source``, set by the ingress, read every ``CPU_REFRESH_S`` while streams are admitted), by projecting it to
+the admitted streams at that speed and a new one opening at ``opening_speed`` (``omni_serve.realtime_projection``:
+the fixed part of each step scales with the speed, the rest with the audio made in all; it must fit each replica's
+threads and the cluster's CPUs).
 A new stream's start (its prefill, its first chunks made as fast as the stages go) slows the others for a few
 seconds: streams that just started have no lead to spend on it, so streams start one at a time, each once the
 others have a lead. Two streams started together, when two ended together, ramp with no lead to spare and stall in
@@ -52,12 +57,12 @@ a fast graph is measured too. A window that holds only streams' first chunks is 
 (prefill and a short first chunk), as when answers are cut at their first audio by a barge-in, and the last
 estimate stands.
 
-Why here and not summed from each stage's step costs: the stages of one node share its cores, so what a stage could
-do alone overstates what the graph does; the delivered rate counts every stage, every replica and the cores they
-share. While streams are produced as fast as the stages go (every admitted stream is backlogged), the produced rate
-is the capacity at the current load; batching makes a larger load cheaper per stream, so the estimate is
-conservative and grows as admissions raise the load. It is kept from one busy period to the next; before any was
-measured, only one stream is admitted at a time.
+Why the delivered rate, measured here: it counts every stage, every replica and the cores they share. While streams
+are produced as fast as the stages go (every admitted stream is backlogged), it is the capacity at the current load,
+and with the stages' CPU use it says how fast each stream goes now, which the projection scales from. Alone it
+gets one more stream wrong both ways: batching makes it cheaper than the average stream (the estimate is low), and
+once the stages' shared cores are all busy, dearer (the estimate is high). It is kept from one busy period to the
+next; before any was measured, only one stream is admitted at a time.
 """
 
 from __future__ import annotations
@@ -66,17 +71,24 @@ import asyncio
 import bisect
 import collections
 import heapq
+import logging
 import math
 import statistics
 import time
-from typing import Callable, Literal
+from typing import Awaitable, Callable, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
 from omni_serve.api.errors import too_many_requests
 from omni_serve.playback import Playback
+from omni_serve.realtime_projection import Projection, StageCpu, project
+
+log = logging.getLogger(__name__)
 
 RETRIES_PER_PLACE = 8  # refused clients' retries per place freed: a freed place waits about an eighth of an interval
+CPU_REFRESH_S = 1.0  # how often the stages' CPU use is read while streams are admitted
+# what the stages' CPU use is read from: (each stage's use, or None where one does not report it; the cluster's CPUs)
+CpuSource = Callable[[], Awaitable[tuple[list[StageCpu] | None, float]]]
 
 
 class AdmissionSpec(BaseModel):
@@ -103,6 +115,15 @@ class AdmissionSpec(BaseModel):
         "themselves, and a session cannot go to another replica: its answer waits its turn instead. Longer: fewer "
         "failed answers, later first audio under overload."))
     max_queued: int = Field(64, ge=0, description="queue: requests waiting at most; beyond, a 429 at once.")
+    opening_speed: float = Field(2.0, ge=1, description=(
+        "one_more auto: the speed (audio seconds per second) a new stream is projected at while it opens, the "
+        "others at 1 + margin: its first chunks must come well ahead of real time for a client that starts "
+        "playing half a second after its first audio. Higher: fewer streams at once, fewer stalls as one opens."))
+    one_more: Literal["delivered", "auto"] = Field("delivered", description=(
+        "How admission judges whether one more stream keeps 1 + margin. delivered: the measured capacity shared by "
+        "one more stream. auto: the stages' CPU use projected to one more stream (opening at opening_speed) where "
+        "every stage runs on the CPU and reports it, else as delivered; it admits more streams at once where "
+        "batching pays, and on two cores it stalled more streams in their openings (docs/benchmarks.md)."))
     window_s: float = Field(4.0, gt=0, description=(
         "The capacity is the audio produced per second over the last window_s seconds of the busy period (each "
         "chunk spread over the time since its stream's previous chunk). Longer: steadier, slower to follow."))
@@ -157,6 +178,12 @@ class RealtimeAdmission:
         self._period_start = 0.0  # first admission of the busy period
         self._due_back: list[float] = []  # heap: when each refused client, not yet back, is due back
         self._lifetimes: collections.deque[float] = collections.deque(maxlen=16)  # admission to release
+        # The stages' CPU use and the cluster's CPUs, read every CPU_REFRESH_S while streams are admitted (the
+        # ingress sets ``cpu_source``); None: not known, the delivered rate alone decides.
+        self.cpu_source: CpuSource | None = None
+        self.stage_cpu: list[StageCpu] | None = None
+        self.cores = 0.0
+        self._cpu_task: asyncio.Task | None = None
 
     # -- requests ---------------------------------------------------------------------------------------------
     async def enter(self, request_id: str, max_wait_s: float | None = None,
@@ -205,13 +232,30 @@ class RealtimeAdmission:
     def can_admit(self) -> bool:
         if not self.admitted:
             return True
-        speed = None if self.capacity is None else self.capacity / (len(self.admitted) + 1)
-        if speed is None or speed < 1 + self.settings.margin:
+        if self.capacity is None:
+            return False
+        projection = self.projection()
+        if projection is not None:
+            if not projection.fits:
+                return False
+        elif self.capacity / (len(self.admitted) + 1) < 1 + self.settings.margin:
             return False
         now = self.clock()
         horizon, starting = now + self.settings.guard_s, self._starting_s()
         return all(due > horizon if (due := t.playback.due()) is not None else now - t.playback.start > starting
                    for t in self.admitted)
+
+    def projection(self, streams: int | None = None) -> Projection | None:
+        """The stages' CPU use projected from the admitted streams, at the speed the capacity gives each, to one
+        more (the default; it opens at ``opening_speed``, the others at ``1 + margin`` times real time) or to
+        ``streams`` streams, each at ``1 + margin`` (``omni_serve.realtime_projection``); None when not every
+        stage reports its use, or nothing is measured."""
+        if self.stage_cpu is None or self.capacity is None or not self.admitted:
+            return None
+        n, s = len(self.admitted), self.settings
+        if streams is None:
+            return project(self.stage_cpu, n, self.capacity / n, self.cores, n + 1, 1 + s.margin, s.opening_speed)
+        return project(self.stage_cpu, n, self.capacity / n, self.cores, streams, 1 + s.margin)
 
     def _starting_s(self) -> float:
         """How long a stream without audio holds admission back: twice the median time to a first chunk, at least
@@ -224,17 +268,27 @@ class RealtimeAdmission:
         """The speech load for Serve's autoscaler: ``speech_admitted``; ``speech_waiting``, the requests queued plus
         the clients refused and not yet due back (each comes back after its Retry-After); and ``speech_deficit``,
         the capacity the graph lacks to play all of them at ``1 + margin`` times real time, as a fraction of the
-        capacity it has (0: it lacks none; 1: it needs twice as much). 0 before a capacity was measured: what
-        limits the graph then is the rule of one stream at a time until it is measured, not its capacity."""
+        capacity it has (0: it lacks none; 1: it needs twice as much): with the stages' CPU use, their projection
+        to all of those streams over what fits at its tightest bound (a replica's threads, or the cluster's CPUs);
+        otherwise from the delivered rate. 0 before a capacity was measured: what limits the graph then is the rule
+        of one stream at a time until it is measured, not its capacity."""
         admitted, waiting = len(self.admitted), len(self._waiters) + self._refused_out()
-        need = (admitted + waiting) * (1 + self.settings.margin)
-        deficit = max(0.0, need / self.capacity - 1) if waiting and self.capacity else 0.0
+        deficit = 0.0
+        if waiting and self.capacity:
+            projection = self.projection(admitted + waiting)
+            if projection is not None:
+                deficit = max(0.0, projection.load - 1)
+            else:
+                deficit = max(0.0, (admitted + waiting) * (1 + self.settings.margin) / self.capacity - 1)
         return {"speech_admitted": float(admitted), "speech_waiting": float(waiting), "speech_deficit": deficit}
 
     def state(self) -> dict:
+        projection = self.projection()
         return {"policy": self.settings.policy, "admitted": len(self.admitted), "queued": len(self._waiters),
                 "max_wait_s": round(self.max_wait_s, 3) if self.settings.policy == "queue" else 0.0,
                 "capacity_audio_s_per_s": None if self.capacity is None else round(self.capacity, 3),
+                "one_more": None if projection is None else projection.describe() + (
+                    ": fits" if projection.fits else f": {projection.bound} does not fit"),
                 "rejected": self.rejected}
 
     # -- internals --------------------------------------------------------------------------------------------
@@ -275,7 +329,24 @@ class RealtimeAdmission:
             self._chunks.clear()
         ticket = StreamTicket(self, request_id)
         self.admitted.add(ticket)
+        if self.cpu_source is not None and (self._cpu_task is None or self._cpu_task.done()):
+            self._cpu_task = asyncio.get_running_loop().create_task(self._read_cpu())
         return ticket
+
+    async def _read_cpu(self) -> None:
+        """Read the stages' CPU use every ``CPU_REFRESH_S`` while streams are admitted (a failed read: not known
+        until the next one succeeds); cancelled when the busy period ends."""
+        failing = False
+        while self.admitted:
+            try:
+                self.stage_cpu, self.cores = await self.cpu_source()
+                failing = False
+            except Exception as exc:  # noqa: BLE001 - admission falls back on the delivered rate
+                if not failing:  # once per run of failures, not every second
+                    log.warning("reading the stages' CPU use failed (%s): admission by the delivered rate", exc)
+                self.stage_cpu, failing = None, True
+            self._wake()
+            await asyncio.sleep(CPU_REFRESH_S)
 
     def _delivered(self, ticket: StreamTicket, seconds: float) -> None:
         now = self.clock()
@@ -307,6 +378,8 @@ class RealtimeAdmission:
             self._lifetimes.append(now - ticket.playback.start)
         if not self.admitted:  # the busy period ends: whatever it lasted, what it made is a measure
             self._measure(now, least_s=0.0)
+            if self._cpu_task is not None:  # and nothing is read of the stages until the next one
+                self._cpu_task.cancel()
         self._wake()
 
     def _wake(self) -> None:

@@ -52,6 +52,7 @@ from omni_serve.api.protocol import ModelCard, ModelList
 from omni_serve.deployments.admission import TIMEOUT_HEADER, InflightLimit, Ticket, request_deadline
 from omni_serve.deployments.availability import StageAvailability
 from omni_serve.deployments.health import GraphHealth, directory_state
+from omni_serve.deployments.stage_cpu import StageCpuReader
 from omni_serve.graph.calls import StageCalls
 from omni_serve.graph.frontend import ByteStream, EventStream, RawReply, RequestContext, Route, WebSocketRoute
 from omni_serve.graph.registry import import_path, load_family
@@ -87,6 +88,9 @@ class OpenAIIngress:
         self.availability = StageAvailability(
             handles, {s for s in handles if (spec.stage_spec(s).autoscaling_config or {}).get("min_replicas", 1) == 0})
         self.frontend.stages.missing_stages = self.availability.missing
+        realtime = getattr(self.frontend, "realtime", None)
+        if realtime is not None and realtime.settings.policy != "none" and realtime.settings.one_more == "auto":
+            realtime.cpu_source = StageCpuReader(handles)  # admission projects the stages' CPU use
         self.graph_health = GraphHealth(self.frontend.health, directory_state)
         self.sessions = 0  # open WebSocket sessions (ingress.max_realtime_sessions)
         keep_node_tidy(spec.data_plane)  # this node's shm janitor while a replica runs here

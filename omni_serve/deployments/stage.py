@@ -17,6 +17,9 @@ and builds the stage's declared runner (loading only that stage's weights) and e
 - ``record_autoscaling_stats()``: Ray Serve's custom-metrics hook, the engine's ``load()`` (utilization,
   backlog, queued, KV use, batch occupancy, diffusion steps in flight); the ``omni_serve.autoscaling``
   policies scale the stage on them.
+- ``cpu_use()``: what the replica's process spends of the CPU (``Engine.cpu_use``: CPU seconds per second, the part
+  fixed per step) and its torch threads; None for an engine that does not report it or a stage on an accelerator.
+  The ingress' admission by real-time capacity projects it to more streams (``omni_serve.realtime_projection``).
 - ``parameter_names()``: names of the parameters this replica holds (for tests and operators).
 Ray Serve calls ``check_health`` periodically; a dead engine thread, or a step running longer than the stage's
 ``max_step_s`` (a hung engine), marks the replica unhealthy and Serve replaces it. The
@@ -101,6 +104,7 @@ class StageDeployment:
         nearest = built_connector("nearest")
         return {"stage": self.stage, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
                 "node_ip": ray.util.get_node_ip_address(), **self.engine.stats(), "load": self.engine.load(),
+                "cpu": self.cpu_use(),
                 "abandoned_calls_cancelled": self.abandoned.cancelled,
                 "data_plane": connector_stats(), "routes": list(nearest.recent) if nearest is not None else [],
                 "kernels": {"cpu": cpu_capability().as_dict(), "paths": kernel_paths()},
@@ -108,6 +112,13 @@ class StageDeployment:
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         return self.engine.load()
+
+    def cpu_use(self) -> dict[str, float] | None:
+        spec = self.runner.engine_spec
+        if not str(spec.device).startswith("cpu"):  # its steps are an accelerator's time, not CPU seconds
+            return None
+        use = self.engine.cpu_use()
+        return None if use is None else {**use, "threads": float(spec.torch_threads or 1), "pid": os.getpid()}
 
     def parameter_names(self) -> list[str]:
         return [f"{prefix}.{name}" for prefix, module in self.runner.modules().items()

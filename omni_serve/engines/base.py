@@ -132,6 +132,12 @@ class Engine(abc.ABC):
         replica serves; > 1: saturated, work waiting), ``utilization``, ``backlog``, ``queued`` and ``active``
         (see ``omni_serve.engines.admission``), plus engine-specific ones (KV use, batch occupancy, ...)."""
 
+    def cpu_use(self) -> dict[str, float] | None:
+        """The replica process' CPU use (``omni_serve.engines.load.CpuUse``): ``per_s``, CPU seconds per second;
+        ``engine_per_s``, of it the steps' own; ``fixed_per_s``, of those the part fixed per step; None when unknown (an engine that computes in other processes, like
+        vLLM's). Admission by real-time capacity projects it to more streams."""
+        return None
+
     @abc.abstractmethod
     def stats(self) -> dict[str, Any]:
         """Counters and state for ``/health`` and metrics (JSON-serializable): at least ``active``."""

@@ -150,13 +150,14 @@ class BatchEngine(LoopEngine):
             for slot, _, _ in items:
                 self.finish(slot, exc)
             return
-        seconds = time.perf_counter() - start
-        self.cost.add(sum(size for _, _, size in items), seconds)
+        seconds, cpu_s = time.perf_counter() - start, time.thread_time() - start_cpu
+        size = sum(size for _, _, size in items)
+        self.cost.add(size, seconds)
         self.counters["calls"] += 1
         self.counters["items"] += len(items)
         self.counters["compute_s"] += seconds
-        self.counters["compute_cpu_s"] += time.thread_time() - start_cpu
-        self.stepped(len(items), seconds)
+        self.counters["compute_cpu_s"] += cpu_s
+        self.stepped(len(items), seconds, size, cpu_s)
         for (slot, _, _), result in zip(items, results):
             self.advance(slot, lambda program, r=result: program.complete(r))
 

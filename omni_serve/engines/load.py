@@ -4,9 +4,11 @@ Contract: ``BusyMeter`` measures the fraction of wall time the engine's worker s
 the last ``window_s`` seconds (exponentially weighted, so it needs no sample history): ``start()`` /
 ``stop()`` bracket a busy period (``discard()`` drops one that was only a wait), ``value()`` reads the
 fraction in [0, 1], including a period still in progress (a long batch shows up while it runs). ``DecayingMean`` is a time-weighted average of samples over
-the same kind of window. Both are thread-safe: the worker writes, the replica's event loop reads.
+the same kind of window. ``CpuUse`` is the replica process' CPU seconds per second and the part of it that is
+fixed per step (admission by real-time capacity projects it to more streams). All are thread-safe: the worker
+writes, the replica's event loop reads.
 
-These feed ``LoopEngine.load()`` -> ``StageDeployment.record_autoscaling_stats()`` -> Ray Serve's
+The first two feed ``LoopEngine.load()`` -> ``StageDeployment.record_autoscaling_stats()`` -> Ray Serve's
 autoscaler, where ``omni_serve.autoscaling`` policies turn them into replica counts.
 """
 
@@ -16,6 +18,8 @@ import math
 import threading
 import time
 from typing import Callable
+
+from omni_serve.engines.deadlines import CostModel
 
 
 class BusyMeter:
@@ -87,3 +91,53 @@ class DecayingMean:
     def value(self) -> float:
         with self._lock:
             return self._mean
+
+
+class CpuUse:
+    """What a replica's process spends of the CPU, for admission by real-time capacity
+    (``omni_serve.realtime_projection``): ``per_s``, the process' CPU seconds per wall second over roughly the last
+    ``window_s`` (every thread: the engine's, its torch threads, the event loop moving payloads), and ``fixed_per_s``,
+    the part of it that does not grow with the requests in a step: the steps per second times the fixed CPU cost
+    of a step (``CostModel`` over the steps' sizes and their CPU seconds). What grows with the streams is the rest.
+
+    ``step(size, cpu_s)`` from the engine's worker after each batched computation (``cpu_s``: the worker thread's);
+    ``value()`` from anywhere."""
+
+    def __init__(self, window_s: float = 5.0, clock: Callable[[], float] = time.monotonic,
+                 cpu_clock: Callable[[], float] = time.process_time):
+        self.window_s, self._clock, self._cpu_clock = window_s, clock, cpu_clock
+        self._lock = threading.Lock()
+        self.cost = CostModel()  # CPU seconds of a step by its size
+        self._rate = 0.0  # decayed process CPU seconds per second
+        self._steps = 0.0  # decayed steps per second
+        self._engine = 0.0  # decayed CPU seconds per second of the steps themselves (the engine's thread)
+        self._at = clock()
+        self._cpu_at = cpu_clock()
+
+    def _advance(self, now: float) -> None:
+        """Fold the process CPU spent since the last sample into the rate (lock held)."""
+        dt = now - self._at
+        if dt <= 0:
+            return
+        cpu = self._cpu_clock()
+        keep = math.exp(-dt / self.window_s)
+        self._rate = self._rate * keep + (cpu - self._cpu_at) / dt * (1.0 - keep)
+        self._steps *= keep
+        self._engine *= keep
+        self._at, self._cpu_at = now, cpu
+
+    def step(self, size: float, cpu_s: float) -> None:
+        with self._lock:
+            self._advance(self._clock())
+            self.cost.add(size, cpu_s)
+            self._steps += 1.0 / self.window_s  # one step, spread over the window: a rate once decayed
+            self._engine += cpu_s / self.window_s
+
+    def value(self) -> dict[str, float]:
+        """``{"per_s", "engine_per_s", "fixed_per_s"}`` (before the first step: the process' idle use, nothing else)."""
+        with self._lock:
+            self._advance(self._clock())
+            c = self.cost.coefficients()
+            engine = min(self._engine, self._rate)
+            fixed = 0.0 if c is None else min(c[0] * self._steps, engine)
+            return {"per_s": self._rate, "engine_per_s": engine, "fixed_per_s": fixed}

@@ -33,6 +33,7 @@ import torch
 
 from omni_serve.engines.admission import AdmittingEngine
 from omni_serve.engines.base import StageProgram
+from omni_serve.engines.load import CpuUse
 
 log = logging.getLogger(__name__)
 END = object()
@@ -77,6 +78,7 @@ class LoopEngine(AdmittingEngine):
         self.error: BaseException | None = None  # why the worker died, if it did
         self._tick_since: float | None = None  # monotonic start of the step running now (None: between steps)
         self._hang_s = 0.0  # test hook (``hang_next_step``): the next step first sleeps this long
+        self.cpu = CpuUse(load_window_s)
 
     # -- subclass hooks (worker thread) -------------------------------------------------------------------
     def has_work(self) -> bool:
@@ -87,8 +89,11 @@ class LoopEngine(AdmittingEngine):
     def tick(self) -> bool | None:
         """Advance the requests in flight by one unit (one batched forward); ``False``: nothing to run yet."""
 
-    def stepped(self, batch: int, seconds: float) -> None:
-        """Report one batched computation to ``on_step`` (worker thread)."""
+    def stepped(self, batch: int, seconds: float, size: float | None = None, cpu_s: float | None = None) -> None:
+        """Report one batched computation (worker thread): to ``on_step``, and with its size in the engine's cost
+        units (rows, frames; default ``batch``) and the worker thread's CPU seconds in it to ``cpu``."""
+        if cpu_s is not None:
+            self.cpu.step(batch if size is None else size, cpu_s)
         if self.on_step is not None:
             self.on_step(batch, seconds)
 
@@ -122,6 +127,9 @@ class LoopEngine(AdmittingEngine):
 
     def stats(self) -> dict:
         return {"active": self.num_active}
+
+    def cpu_use(self) -> dict[str, float]:
+        return self.cpu.value()
 
     @property
     def alive(self) -> bool:

@@ -26,10 +26,10 @@ class StepEngine(LoopEngine):
         return ready
 
     def tick(self) -> None:
-        start, ready = time.perf_counter(), self._ready_slots()
+        start, start_cpu, ready = time.perf_counter(), time.thread_time(), self._ready_slots()
         for slot in ready:
             self.advance(slot, lambda program: program.step())
-        self.stepped(len(ready), time.perf_counter() - start)
+        self.stepped(len(ready), time.perf_counter() - start, cpu_s=time.thread_time() - start_cpu)
 
 
 def build_engine(site: "EngineSite") -> StepEngine:

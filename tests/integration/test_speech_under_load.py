@@ -30,8 +30,9 @@ def admitting_app(ray_serve, omni_tiny_dir):
     serve.run(build_app({
         "checkpoint": omni_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in OMNI_STAGES},
         "stages.talker.params.max_codec_tokens": 200, **ORACLE_CODE2WAV,
-        # a margin no capacity meets: one stream at a time, the rest refused at once
-        "playback.admission.policy": "reject", "playback.admission.margin": 1000,
+        # a margin no capacity meets: one stream at a time, the rest refused at once (projected from the stages'
+        # CPU use, which the ingress reads while a stream plays)
+        "playback.admission.policy": "reject", "playback.admission.margin": 1000, "playback.admission.one_more": "auto",
         "playback.admission.retry_after_s": 2, "playback.client_buffer_s": BUFFER_S,
     }), name="omni_admission", route_prefix="/admission")
     yield ray_serve + "/admission"
@@ -94,3 +95,31 @@ def test_the_default_graph_is_sized_to_the_cluster(admitting_app):
     deployments = serve.status().applications["omni_admission"].deployments
     assert deployments["code2wav"].replica_states.get("RUNNING") == 2, deployments["code2wav"]
     assert deployments["talker"].replica_states.get("RUNNING") == 1
+
+
+def test_the_stages_report_the_cpu_use_admission_projects(admitting_app):
+    """What the ingress' admission reads of the served stages (``StageCpuReader`` over their handles, as the ingress
+    builds it): every stage's CPU use from one replica with the replicas its handle routes to, and the cluster's
+    CPUs; the engines that computed the streams above show CPU spent in their steps, within their process'."""
+    from ray import serve
+
+    from omni_serve.deployments.stage_cpu import StageCpuReader
+
+    handles = {s: serve.get_deployment_handle(s, "omni_admission") for s in OMNI_STAGES}
+    asyncio.run(_speak_alone(admitting_app, 11))  # the stages' CPU is read over their last seconds
+
+    async def read():
+        for _ in range(100):  # until every handle has heard its replicas from Serve (the ingress' have long since)
+            await asyncio.gather(*(h.ready.remote() for h in handles.values()))
+            if all(h.running_replicas_populated() for h in handles.values()):
+                break
+            await asyncio.sleep(0.1)
+        return await StageCpuReader(handles)()
+
+    stages, cores = asyncio.run(read())
+    assert cores == 2 and [s.stage for s in stages] == list(OMNI_STAGES)
+    by_stage = {s.stage: s for s in stages}
+    assert by_stage["code2wav"].replicas == 2 and by_stage["talker"].replicas == 1
+    for s in stages:
+        assert 0 <= s.fixed_per_s <= s.engine_per_s <= s.per_s and s.threads == 1, s
+    assert by_stage["talker"].engine_per_s > 0 and by_stage["thinker"].engine_per_s > 0, stages

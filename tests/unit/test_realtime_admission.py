@@ -72,7 +72,7 @@ def test_reject_admits_while_every_stream_keeps_real_time_with_the_new_one():
         with pytest.raises(OpenAIError):  # a third would get 0.83x: under 1 + margin
             await admission.enter("c")
         assert admission.state() == {"policy": "reject", "admitted": 2, "queued": 0, "max_wait_s": 0.0,
-                                     "capacity_audio_s_per_s": 2.496, "rejected": 2}
+                                     "capacity_audio_s_per_s": 2.496, "one_more": None, "rejected": 2}
         first.release()
         second.release()
     asyncio.run(main())

@@ -134,9 +134,10 @@ class AREngine(LoopEngine):
             with self._cv:
                 self._cv.wait(timeout=0.01)
             return False
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         self._execute(plan)
-        self.stepped(len(plan), time.perf_counter() - start)
+        self.stepped(len(plan), time.perf_counter() - start, sum(w.end - w.start for w in plan),
+                     time.thread_time() - start_cpu)
         self._occupancy.add(len(plan) / self.config.max_num_seqs)
         return True
 
