@@ -269,15 +269,17 @@ class RealtimeAdmission:
         the clients refused and not yet due back (each comes back after its Retry-After); and ``speech_deficit``,
         the capacity the graph lacks to play all of them at ``1 + margin`` times real time, as a fraction of the
         capacity it has (0: it lacks none; 1: it needs twice as much): with the stages' CPU use, their projection
-        to all of those streams over what fits at its tightest bound (a replica's threads, or the cluster's CPUs);
-        otherwise from the delivered rate. 0 before a capacity was measured: what limits the graph then is the rule
-        of one stream at a time until it is measured, not its capacity."""
+        to all of those streams over what fits at its tightest bound (an engine thread, or the cluster's CPUs), and
+        at least what keeps the next one out; otherwise from the delivered rate. 0 before a capacity was measured:
+        what limits the graph then is the rule of one stream at a time until it is measured, not its capacity."""
         admitted, waiting = len(self.admitted), len(self._waiters) + self._refused_out()
         deficit = 0.0
         if waiting and self.capacity:
-            projection = self.projection(admitted + waiting)
-            if projection is not None:
-                deficit = max(0.0, projection.load - 1)
+            every, next_one = self.projection(admitted + waiting), self.projection()
+            if every is not None and next_one is not None:
+                # at least what keeps the next one out (it opens faster than the others play), so that the streams
+                # refused by admission are never a deficit of 0 to the autoscaler
+                deficit = max(0.0, every.load - 1, next_one.load - 1)
             else:
                 deficit = max(0.0, (admitted + waiting) * (1 + self.settings.margin) / self.capacity - 1)
         return {"speech_admitted": float(admitted), "speech_waiting": float(waiting), "speech_deficit": deficit}
@@ -330,7 +332,10 @@ class RealtimeAdmission:
         ticket = StreamTicket(self, request_id)
         self.admitted.add(ticket)
         if self.cpu_source is not None and (self._cpu_task is None or self._cpu_task.done()):
-            self._cpu_task = asyncio.get_running_loop().create_task(self._read_cpu())
+            try:
+                self._cpu_task = asyncio.get_running_loop().create_task(self._read_cpu())
+            except RuntimeError:  # admitted from outside the event loop: read from the next admission on
+                pass
         return ticket
 
     async def _read_cpu(self) -> None:
@@ -343,9 +348,12 @@ class RealtimeAdmission:
                 failing = False
             except Exception as exc:  # noqa: BLE001 - admission falls back on the delivered rate
                 if not failing:  # once per run of failures, not every second
-                    log.warning("reading the stages' CPU use failed (%s): admission by the delivered rate", exc)
+                    log.warning("reading the stages' CPU use failed (%r): admission by the delivered rate", exc)
                 self.stage_cpu, failing = None, True
-            self._wake()
+            try:
+                self._wake()
+            except Exception:  # noqa: BLE001 - the reader outlives a failed admission
+                log.exception("admitting after reading the stages' CPU use failed")
             await asyncio.sleep(CPU_REFRESH_S)
 
     def _delivered(self, ticket: StreamTicket, seconds: float) -> None:
@@ -380,6 +388,8 @@ class RealtimeAdmission:
             self._measure(now, least_s=0.0)
             if self._cpu_task is not None:  # and nothing is read of the stages until the next one
                 self._cpu_task.cancel()
+                self._cpu_task = None  # the next period (maybe admitted just below) starts its own reader
+            self.stage_cpu = None  # nor is this period's reading the next one's
         self._wake()
 
     def _wake(self) -> None:

@@ -1,9 +1,9 @@
 """Real-time capacity projected from what the stages spend of the CPU: would the graph still produce every admitted
 stream, and one more, at least ``1 + margin`` times as fast as they play?
 
-Contract: ``StageCpu`` is one stage as its replicas report it (``StageDeployment.cpu_use``: a replica's CPU seconds
-per second and the part of it fixed per step, its torch threads) with its running replicas. ``project(stages,
-streams, speed, cores, new_streams, new_speed)`` returns a ``Projection``: the CPU each stage and the graph would
+Contract: ``StageCpu`` is one stage as its replicas report it (``StageDeployment.cpu_use``: their CPU seconds per
+second, the part of it in the engines' steps and the part of those fixed per step) with its running replicas.
+``project(stages, streams, speed, cores, new_streams, new_speed, opening_speed)`` returns a ``Projection``: the CPU each stage and the graph would
 use with ``new_streams`` streams each produced at ``new_speed`` audio seconds per second, from ``streams`` at
 ``speed`` now, and whether that fits ``cores``. ``RealtimeAdmission`` admits by it where every stage reports its
 use (docs/speech_under_load.md).
@@ -18,10 +18,10 @@ replicas, each replica with a stream paying its own fixed part):
     cpu' = fixed / B * (v' / v) * B' + rest * (n' * v') / (n * v)
 
 with ``n``, ``v`` the streams and their speed now, ``n'``, ``v'`` the projected ones (with a stream that opens at
-``o``: the steps at ``max(v', o)``, the audio ``(n' - 1) * v' + o``), ``B`` and ``B'`` the replicas
-with a stream now and then (at most one per stream). It fits when every replica's engine (the CPU of its steps, projected the same way) needs at
-most its torch threads (an engine computes one step at a time: it cannot use more; the rest of the process, moving
-payloads on its event loop, runs beside it) and the stages' in all at most the cluster's CPUs less
+``o``: the steps at ``max(v', o)``, the audio ``(n' - 1) * v' + o``), ``B`` and ``B'`` the replicas with a stream now
+and then (at most one per stream). It fits when every replica's engine thread (the CPU of its steps, projected the
+same way) needs at most one CPU (an engine computes one step at a time on that thread; the rest of the process, moving payloads
+on its event loop, and torch's other threads run beside it) and the stages' in all at most the cluster's CPUs less
 ``RESERVE_CPUS`` (the processes no stage reports: the ingress, Serve's proxy and controller, Ray's own).
 
 Why CPU seconds, not the steps' wall time: the stages of a node share its cores, and a step timed while another
@@ -49,17 +49,16 @@ class StageCpu:
     per_s: float  # its replicas' process CPU seconds per second now, in all
     fixed_per_s: float  # of it, the part fixed per step
     replicas: int = 1
-    threads: float = 1.0  # a replica's torch threads: the most CPU seconds per second its engine can use
-    engine_per_s: float | None = None  # of per_s, the engines' steps (what ``threads`` bounds); None: all of it
+    engine_per_s: float | None = None  # of per_s, the engines' worker threads in their steps; None: all of it
 
 
 @dataclass
 class Projection:
-    load: float  # the projected need over what fits, at the tightest bound (a replica's threads or the cores): <= 1 fits
+    load: float  # the projected need over what fits at the tightest bound (an engine thread, or the cores): <= 1 fits
     total_cpus: float  # the stages' projected CPU seconds per second in all
     cores: float  # what they may use
     per_replica: dict[str, float] = field(default_factory=dict)  # stage -> one replica's projected CPU
-    bound: str = "cores"  # the tightest bound: a stage's name (its replicas' threads), or "cores"
+    bound: str = "cores"  # the tightest bound: a stage's name (its replicas' engine threads), or "cores"
 
     @property
     def fits(self) -> bool:
@@ -74,15 +73,17 @@ def project(stages: list[StageCpu], streams: int, speed: float, cores: float, ne
             new_speed: float, opening_speed: float | None = None) -> Projection | None:
     """The projection of ``stages`` from ``streams`` produced at ``speed`` each to ``new_streams`` at ``new_speed``
     on ``cores`` CPUs (the module docstring's model); with ``opening_speed``, one of them is produced at that speed
-    instead (a stream that opens: its first chunks must come well ahead of real time, and the shared steps go at
-    its pace). None when there is nothing to project from (no stream, or streams produced slower than
-    ``MIN_SPEED``)."""
-    if streams <= 0 or speed < MIN_SPEED or new_streams <= 0:
+    instead, or at ``new_speed`` if faster (a stream that opens: its first chunks must come well ahead of real time,
+    and the shared steps go at its pace). None when there is nothing to project from (no stream, streams produced
+    slower than ``MIN_SPEED``) or the cluster's CPUs are unknown (no more than ``RESERVE_CPUS``)."""
+    budget = cores - RESERVE_CPUS
+    if streams <= 0 or speed < MIN_SPEED or new_streams <= 0 or budget <= 0:  # budget: the cluster's CPUs unknown
         return None
     per_replica, total, tightest = {}, 0.0, (0.0, "cores")
     fastest, audio = new_speed, new_streams * new_speed
     if opening_speed is not None:
-        fastest, audio = max(new_speed, opening_speed), audio - new_speed + opening_speed
+        opening = max(new_speed, opening_speed)  # a stream that opens goes at least as fast as the others
+        fastest, audio = opening, audio - new_speed + opening
     more_speed, more_audio = fastest / speed, audio / (streams * speed)
     for s in stages:
         replicas = max(1, s.replicas)
@@ -95,7 +96,6 @@ def project(stages: list[StageCpu], streams: int, speed: float, cores: float, ne
         engine_each = fixed_each + (engine - fixed) * more_audio / busy
         per_replica[s.stage] = cpu / busy
         total += cpu
-        tightest = max(tightest, (engine_each / max(s.threads, 1e-9), s.stage))
-    budget = max(0.0, cores - RESERVE_CPUS)
-    tightest = max(tightest, (total / budget if budget > 0 else float("inf"), "cores"))
+        tightest = max(tightest, (engine_each, s.stage))  # an engine thread spends at most one CPU second per second
+    tightest = max(tightest, (total / budget, "cores"))
     return Projection(tightest[0], total, budget, per_replica, tightest[1])

@@ -18,7 +18,8 @@ and builds the stage's declared runner (loading only that stage's weights) and e
   backlog, queued, KV use, batch occupancy, diffusion steps in flight); the ``omni_serve.autoscaling``
   policies scale the stage on them.
 - ``cpu_use()``: what the replica's process spends of the CPU (``Engine.cpu_use``: CPU seconds per second, the part
-  fixed per step) and its torch threads; None for an engine that does not report it or a stage on an accelerator.
+  in the engine's steps, the part fixed per step) with its node and process; None for an engine that does not
+  report it, a stage on an accelerator, or a stage on several ranks (the others compute in their own processes).
   The ingress' admission by real-time capacity projects it to more streams (``omni_serve.realtime_projection``).
 - ``parameter_names()``: names of the parameters this replica holds (for tests and operators).
 Ray Serve calls ``check_health`` periodically; a dead engine thread, or a step running longer than the stage's
@@ -113,12 +114,17 @@ class StageDeployment:
     def record_autoscaling_stats(self) -> dict[str, float]:
         return self.engine.load()
 
-    def cpu_use(self) -> dict[str, float] | None:
-        spec = self.runner.engine_spec
-        if not str(spec.device).startswith("cpu"):  # its steps are an accelerator's time, not CPU seconds
+    def cpu_use(self) -> dict[str, Any] | None:
+        if not str(self.runner.engine_spec.device).startswith("cpu"):  # steps on an accelerator: not CPU seconds
+            return None
+        if self.runner.ranked is not None:  # its other ranks compute in processes of their own, not counted here
             return None
         use = self.engine.cpu_use()
-        return None if use is None else {**use, "threads": float(spec.torch_threads or 1), "pid": os.getpid()}
+        if use is None:
+            return None
+        import ray
+
+        return {**use, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
     def parameter_names(self) -> list[str]:
         return [f"{prefix}.{name}" for prefix, module in self.runner.modules().items()

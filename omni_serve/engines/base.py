@@ -134,8 +134,9 @@ class Engine(abc.ABC):
 
     def cpu_use(self) -> dict[str, float] | None:
         """The replica process' CPU use (``omni_serve.engines.load.CpuUse``): ``per_s``, CPU seconds per second;
-        ``engine_per_s``, of it the steps' own; ``fixed_per_s``, of those the part fixed per step; None when unknown (an engine that computes in other processes, like
-        vLLM's). Admission by real-time capacity projects it to more streams."""
+        ``engine_per_s``, of it the steps' own (the worker thread's); ``fixed_per_s``, of those the part fixed per
+        step; None when unknown (an engine that computes in other processes, like vLLM's). Admission by real-time
+        capacity projects it to more streams."""
         return None
 
     @abc.abstractmethod

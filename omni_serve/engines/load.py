@@ -100,8 +100,18 @@ class CpuUse:
     the part of it that does not grow with the requests in a step: the steps per second times the fixed CPU cost
     of a step (``CostModel`` over the steps' sizes and their CPU seconds). What grows with the streams is the rest.
 
+    ``engine_per_s`` and the steps' fixed cost are the engine's worker thread's CPU (``thread_time``): what one thread
+    computing one step at a time can spend at most one CPU second per second of.
+
+    An average over a window that began before the replica got busy reads low for its first seconds (the idle time
+    is in it): about a third of the rate two seconds in, with a 5 s window, when admission decides on a second stream.
+    So the rates are divided by the weight the active time has in the window (an exponential average's bias
+    correction), from the first step after ``window_s`` without one, and at most ``1 / MIN_WEIGHT``.
+
     ``step(size, cpu_s)`` from the engine's worker after each batched computation (``cpu_s``: the worker thread's);
     ``value()`` from anywhere."""
+
+    MIN_WEIGHT = 0.2  # the correction's cap: in the first second of activity the rates are noisy anyway
 
     def __init__(self, window_s: float = 5.0, clock: Callable[[], float] = time.monotonic,
                  cpu_clock: Callable[[], float] = time.process_time):
@@ -113,6 +123,8 @@ class CpuUse:
         self._engine = 0.0  # decayed CPU seconds per second of the steps themselves (the engine's thread)
         self._at = clock()
         self._cpu_at = cpu_clock()
+        self._active_since: float | None = None  # first step after window_s without one
+        self._last_step: float | None = None
 
     def _advance(self, now: float) -> None:
         """Fold the process CPU spent since the last sample into the rate (lock held)."""
@@ -128,7 +140,11 @@ class CpuUse:
 
     def step(self, size: float, cpu_s: float) -> None:
         with self._lock:
-            self._advance(self._clock())
+            now = self._clock()
+            self._advance(now)
+            if self._last_step is None or now - self._last_step > self.window_s:
+                self._active_since = now
+            self._last_step = now
             self.cost.add(size, cpu_s)
             self._steps += 1.0 / self.window_s  # one step, spread over the window: a rate once decayed
             self._engine += cpu_s / self.window_s
@@ -136,8 +152,13 @@ class CpuUse:
     def value(self) -> dict[str, float]:
         """``{"per_s", "engine_per_s", "fixed_per_s"}`` (before the first step: the process' idle use, nothing else)."""
         with self._lock:
-            self._advance(self._clock())
+            now = self._clock()
+            self._advance(now)
+            weight = 1.0
+            if self._active_since is not None:
+                weight = max(self.MIN_WEIGHT, 1.0 - math.exp(-(now - self._active_since) / self.window_s))
+            rate, steps = self._rate / weight, self._steps / weight
             c = self.cost.coefficients()
-            engine = min(self._engine, self._rate)
-            fixed = 0.0 if c is None else min(c[0] * self._steps, engine)
-            return {"per_s": self._rate, "engine_per_s": engine, "fixed_per_s": fixed}
+            engine = min(self._engine / weight, rate)
+            fixed = 0.0 if c is None else min(c[0] * steps, engine)
+            return {"per_s": rate, "engine_per_s": engine, "fixed_per_s": fixed}

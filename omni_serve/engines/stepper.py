@@ -29,7 +29,8 @@ class StepEngine(LoopEngine):
         start, start_cpu, ready = time.perf_counter(), time.thread_time(), self._ready_slots()
         for slot in ready:
             self.advance(slot, lambda program: program.step())
-        self.stepped(len(ready), time.perf_counter() - start, cpu_s=time.thread_time() - start_cpu)
+        if ready:  # a tick that found nothing ready (an abort raced it) is no step
+            self.stepped(len(ready), time.perf_counter() - start, cpu_s=time.thread_time() - start_cpu)
 
 
 def build_engine(site: "EngineSite") -> StepEngine:

@@ -121,5 +121,5 @@ def test_the_stages_report_the_cpu_use_admission_projects(admitting_app):
     by_stage = {s.stage: s for s in stages}
     assert by_stage["code2wav"].replicas == 2 and by_stage["talker"].replicas == 1
     for s in stages:
-        assert 0 <= s.fixed_per_s <= s.engine_per_s <= s.per_s and s.threads == 1, s
+        assert 0 <= s.fixed_per_s <= s.engine_per_s <= s.per_s, s
     assert by_stage["talker"].engine_per_s > 0 and by_stage["thinker"].engine_per_s > 0, stages

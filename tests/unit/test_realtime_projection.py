@@ -23,7 +23,8 @@ def test_cpu_use_is_the_process_cpu_rate_and_the_steps_fixed_part():
         cpu.t += 0.014
         use.step(2 if i % 2 else 6, 0.004 + 0.001 * (2 if i % 2 else 6))
     value = use.value()
-    assert value["per_s"] == pytest.approx(0.7, rel=1e-4) and value["engine_per_s"] == pytest.approx(50 * 0.008, rel=0.01)
+    assert value["per_s"] == pytest.approx(0.7, rel=1e-4)
+    assert value["engine_per_s"] == pytest.approx(50 * 0.008, rel=0.01)
     assert value["fixed_per_s"] == pytest.approx(50 * 0.004, rel=0.02)  # steps per second times the fixed cost
     wall.t += 30  # idle: nothing spent, nothing fixed
     assert use.value()["per_s"] < 0.01 and use.value()["fixed_per_s"] < 0.01
@@ -35,7 +36,7 @@ def test_the_fixed_part_scales_with_the_speed_the_rest_with_the_audio_made():
     p = project([talker], streams=1, speed=2.4, cores=2, new_streams=2, new_speed=1.2)
     assert p.per_replica["talker"] == pytest.approx(0.4 / 2 + 0.2)
     assert p.fits and p.total_cpus == pytest.approx(0.4) and p.cores == 2 - RESERVE_CPUS
-    # the delivered rate alone would refuse the second stream: 2.4 / 2 = 1.2 is at 1 + margin, not above it
+    # the same as the delivered rate's 2.4 / 2 = 1.2 here; the difference is in what follows
     # batching pays: four streams at 1.2x cost less than four times one
     p4 = project([talker], 1, 2.4, 2, 4, 1.2)
     assert p4.total_cpus == pytest.approx(0.2 + 0.2 * 4 * 1.2 / 2.4) and p4.fits
@@ -49,7 +50,7 @@ def test_a_stream_that_opens_sets_the_pace_of_the_shared_steps_and_adds_its_own_
     assert project([talker], 1, 2.4, 2, 2, 1.2, opening_speed=1.2).per_replica["talker"] == pytest.approx(0.4)
 
 
-def test_a_replica_cannot_use_more_than_its_threads_and_the_stages_not_more_than_the_cores():
+def test_a_replicas_engine_thread_cannot_use_more_than_a_cpu_and_the_stages_not_more_than_the_cores():
     """A stage's use is its replicas' in all; each replica with a stream pays its own fixed part."""
     stages = [StageCpu("talker", 0.5, 0.1), StageCpu("code2wav", 0.9, 0.3)]
     p = project(stages, 1, 2.0, cores=4, new_streams=2, new_speed=1.2)
@@ -116,16 +117,42 @@ def test_admission_admits_by_the_projection_where_every_stage_reports_its_cpu():
                 await admission.enter("b")
             assert refused.value.status_code == 429
             assert admission.state()["one_more"].endswith("cores does not fit")
+        reader = admission._cpu_task
         first.release()
-        await asyncio.sleep(0)  # the reader stops with the busy period
-        assert admission._cpu_task.done() and len(readings) == 1
+        await asyncio.sleep(0)  # the reader stops with the busy period, and its reading goes with it
+        assert reader.done() and admission._cpu_task is None and admission.stage_cpu is None
+        assert len(readings) == 1
 
     stages = [StageCpu("talker", 0.5, 0.3), StageCpu("code2wav", 0.8, 0.4)]  # two streams at 1.2x: 1.04 CPU
     asyncio.run(main(expect_second=True))
     readings.clear()
-    # nothing fixed, two threads each: 1.96 > 1.75
-    stages = [StageCpu("talker", 0.8, 0.0, threads=2), StageCpu("code2wav", 1.0, 0.0, threads=2)]
+    # nothing fixed, two replicas each (no engine thread over one CPU): 1.96 > 1.75
+    stages = [StageCpu("talker", 0.8, 0.0, replicas=2), StageCpu("code2wav", 1.0, 0.0, replicas=2)]
     asyncio.run(main(expect_second=False))
+
+
+def test_a_stream_admitted_as_the_last_one_leaves_gets_a_reader_of_its_own():
+    clock = FakeClock()
+    reads = []
+
+    async def source():
+        reads.append(clock.t)
+        return [StageCpu("code2wav", 1.0, 0.0, engine_per_s=1.0)], 8.0  # one more never fits: 2.4 / 2.2 > 1
+
+    async def main():
+        admission = RealtimeAdmission(AdmissionSpec(policy="queue", margin=0.2, max_wait_s=60), buffer_s=0.5,
+                                      clock=clock)
+        admission.cpu_source = source
+        first = await _stream(admission, clock)("a")
+        waiting = asyncio.ensure_future(admission.enter("b"))
+        await asyncio.sleep(0)
+        assert not waiting.done() and len(reads) == 1
+        first.release()  # the next busy period starts at once with the waiting stream
+        second = await waiting
+        await asyncio.sleep(0)
+        assert len(reads) == 2 and admission._cpu_task is not None and not admission._cpu_task.done()
+        second.release()
+    asyncio.run(main())
 
 
 def test_without_a_report_from_every_stage_the_delivered_rate_decides():
@@ -183,7 +210,7 @@ class _Replicas:
         self.in_flight[i] += 1
         await asyncio.sleep(0)
         self.in_flight[i] -= 1
-        return None if self.uses[i] is None else {**self.uses[i], "pid": i, "threads": 1.0}
+        return None if self.uses[i] is None else {**self.uses[i], "node_id": "n1", "pid": i}
 
 
 def test_the_reader_adds_up_every_replica_of_a_stage_not_only_the_idle_one_the_router_prefers():
@@ -197,10 +224,14 @@ def test_the_reader_adds_up_every_replica_of_a_stage_not_only_the_idle_one_the_r
     reader._cores, reader._cores_at = 2.0, time.monotonic()  # Ray's count, as read last
     stages, cores = asyncio.run(reader())
     assert cores == 2.0 and [s.stage for s in stages] == ["talker", "code2wav"]
-    assert stages[0] == StageCpu("talker", 0.9, 0.2, 1, 1.0, 0.8)
-    assert stages[1] == StageCpu("code2wav", 1.0, 0.2, 2, 1.0, 0.8)  # both replicas, not the idle one alone
+    assert stages[0] == StageCpu("talker", 0.9, 0.2, 1, 0.8)
+    assert stages[1] == StageCpu("code2wav", 1.0, 0.2, 2, 0.8)  # both replicas, not the idle one alone
     reader.handles["thinker"] = _Replicas([None])  # a stage that does not report (vLLM): nothing is projected
     assert asyncio.run(reader())[0] is None
+    reader.handles["thinker"] = _Replicas([busy])
+    reader.handles["thinker"]._router._asyncio_router._active_request_router.curr_replicas = []  # scaled to zero
+    stages, _ = asyncio.run(reader())
+    assert stages[2] == StageCpu("thinker", 0.0, 0.0, 0, 0.0)  # not called: nothing spent
 
 
 def test_the_autoscaler_hears_the_projected_deficit_of_every_stream_waiting():
@@ -223,3 +254,20 @@ def test_the_autoscaler_hears_the_projected_deficit_of_every_stream_waiting():
         await asyncio.gather(*waiting, return_exceptions=True)
         first.release()
     asyncio.run(main())
+
+
+def test_cpu_use_reads_the_rate_since_the_replica_got_busy_not_diluted_by_the_idle_time_before():
+    wall, cpu = FakeClock(), FakeClock()
+    use = CpuUse(window_s=5.0, clock=wall, cpu_clock=cpu)
+    wall.t += 60  # idle
+    assert use.value()["per_s"] == 0.0
+    for _ in range(100):  # two seconds at 0.8 CPU s/s, 50 steps per second of 10 ms each
+        wall.t += 0.02
+        cpu.t += 0.016
+        use.step(1, 0.01)
+    value = use.value()
+    # an uncorrected 5 s average would read about a third of each (1 - e^(-2/5) = 0.33)
+    assert value["per_s"] == pytest.approx(0.8, rel=0.02)
+    assert value["engine_per_s"] == pytest.approx(0.5, rel=0.02)
+    wall.t += 60  # idle again: nothing is read into the quiet
+    assert use.value()["per_s"] < 0.01
