@@ -3,9 +3,10 @@ stream, and one more, at least ``1 + margin`` times as fast as they play?
 
 Contract: ``StageCpu`` is one stage as its replicas report it (``StageDeployment.cpu_use``: their CPU seconds per
 second, the part of it in the engines' steps and the part of those fixed per step) with its running replicas.
-``project(stages, streams, speed, cores, new_streams, new_speed, opening_speed)`` returns a ``Projection``: the CPU each stage and the graph would
-use with ``new_streams`` streams each produced at ``new_speed`` audio seconds per second, from ``streams`` at
-``speed`` now, and whether that fits ``cores``. ``RealtimeAdmission`` admits by it where every stage reports its
+``project(stages, streams, speed, cores, new_streams, new_speed, opening_speed)`` returns a ``Projection``: the CPU
+each stage and the graph would use with ``new_streams`` streams each produced at ``new_speed`` audio seconds per
+second (one of them opening at ``opening_speed``), from ``streams`` at ``speed`` now, and whether that fits
+``cores``. ``RealtimeAdmission`` admits by it where every stage reports its
 use (docs/speech_under_load.md).
 
 The model. A stage's CPU use splits into a part fixed per step (a step's fixed cost times the steps per second:
@@ -20,9 +21,10 @@ replicas, each replica with a stream paying its own fixed part):
 with ``n``, ``v`` the streams and their speed now, ``n'``, ``v'`` the projected ones (with a stream that opens at
 ``o``: the steps at ``max(v', o)``, the audio ``(n' - 1) * v' + o``), ``B`` and ``B'`` the replicas with a stream now
 and then (at most one per stream). It fits when every replica's engine thread (the CPU of its steps, projected the
-same way) needs at most one CPU (an engine computes one step at a time on that thread; the rest of the process, moving payloads
-on its event loop, and torch's other threads run beside it) and the stages' in all at most the cluster's CPUs less
-``RESERVE_CPUS`` (the processes no stage reports: the ingress, Serve's proxy and controller, Ray's own).
+same way) needs at most one CPU (an engine computes one step at a time on that thread; the rest of the process,
+moving payloads on its event loop, and torch's other threads run beside it) and the stages' in all at most the
+cluster's CPUs less ``RESERVE_CPUS`` (the processes no stage reports: the ingress, Serve's proxy and controller,
+Ray's own).
 
 Why CPU seconds, not the steps' wall time: the stages of a node share its cores, and a step timed while another
 stage computes reads longer than its cost; CPU seconds add up across stages to what the cores must give. Why this
@@ -30,9 +32,9 @@ and not the audio delivered per second alone: batching makes one more stream cos
 (the fixed part does not grow), and the cores the stages share make it cost more than the delivered rate suggests
 once they are all busy; the delivered rate divided by one more stream gets both wrong.
 
-What it does not see: a stream's start (prefill, its first chunks made as fast as the stages go; admission's
-``guard_s`` covers it), and steps that are not shared (streams whose chunks fall in separate calls pay the fixed
-part more than once: the estimate leans optimistic there, which the margin covers).
+What it does not see: a stream's start beyond ``opening_speed`` (its prefill, its first chunks made as fast as the
+stages go; admission's ``guard_s`` covers part of it), and steps that are not shared (streams whose chunks fall in
+separate calls pay the fixed part more than once: the estimate leans optimistic there, which the margin covers).
 """
 
 from __future__ import annotations

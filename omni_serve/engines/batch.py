@@ -151,13 +151,13 @@ class BatchEngine(LoopEngine):
                 self.finish(slot, exc)
             return
         seconds, cpu_s = time.perf_counter() - start, time.thread_time() - start_cpu
-        size = sum(size for _, _, size in items)
-        self.cost.add(size, seconds)
+        work = sum(size for _, _, size in items)
+        self.cost.add(work, seconds)
         self.counters["calls"] += 1
         self.counters["items"] += len(items)
         self.counters["compute_s"] += seconds
         self.counters["compute_cpu_s"] += cpu_s
-        self.stepped(len(items), seconds, size, cpu_s)
+        self.stepped(len(items), seconds, work, cpu_s)
         for (slot, _, _), result in zip(items, results):
             self.advance(slot, lambda program, r=result: program.complete(r))
 
