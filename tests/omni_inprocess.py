@@ -35,13 +35,13 @@ class Result:
 
 class InProcessOmni:
     def __init__(self, checkpoint: str, ar: ARConfig | None = None, steps: int = 3, talker_tokens: int = 20,
-                 thinker_layout: str = "aggregated", first_chunk: int = 1):
+                 thinker_layout: str = "aggregated", first_chunk: int = 1, overrides: dict | None = None):
         ar = (ar or ARConfig()).model_dump()
         self.graph = LocalGraph(FAMILY, {
             "checkpoint": checkpoint, "thinker_layout": thinker_layout,
             **{f"stages.{s}.engine.ar": ar for s in AR_STAGES},
             "stages.talker.params.max_codec_tokens": talker_tokens, "stages.code2wav.params.num_steps": steps,
-            "edges.thinker_talker.first_chunk_size": first_chunk,
+            "edges.thinker_talker.first_chunk_size": first_chunk, **(overrides or {}),
         })
         engines = self.graph.engines
         self.thinker = engines[self.graph.spec.text_stage()]
@@ -57,11 +57,13 @@ class InProcessOmni:
 
     async def run(self, rid: str, x, thinker_tokens: int, seed: int, audio: bool = True,
                   forced_reply: list[int] | None = None, penalties: dict[str, float] | None = None,
-                  logprobs: int | None = None, json_schema: str | None = None, grammar: str | None = None) -> Result:
+                  logprobs: int | None = None, json_schema: str | None = None, grammar: str | None = None,
+                  paced: bool = False) -> Result:
         """One greedy request for the preprocessed prompt ``x`` (``OmniInputProcessor`` output). ``forced_reply``: the
         thinker's reply is forced (speech). ``penalties``: the thinker's presence and frequency penalties (and logit_bias).
         ``logprobs``: each text token's log-probability with this many alternatives. ``json_schema``: the reply is
-        constrained to JSON the schema accepts; ``grammar``: to this Lark grammar."""
+        constrained to JSON the schema accepts; ``grammar``: to this Lark grammar. ``paced``: the talker paces the
+        reply as for a client that plays it (``playback.talker_lead_s``)."""
         spec, stages = self.graph.spec, self.graph.stages
         media = x.has_media
         calls = {}
@@ -77,7 +79,7 @@ class InProcessOmni:
             forced_reply=forced_reply)
         calls.update({stage: thinker for stage in spec.thinker_stages()})
         if audio:
-            calls["talker"] = TalkerCall(request_id=rid, seed=seed, temperature=0.0)
+            calls["talker"] = TalkerCall(request_id=rid, seed=seed, temperature=0.0, paced=paced)
             calls["code2wav"] = Code2WavCall(request_id=rid, voice="Chelsie", seed=seed)
         tokens, codes, wavs, lps = [], [], [], []
         async for _, out in stages.stream(rid, calls, timeout_s=300):

@@ -24,6 +24,7 @@ No module is subclassed or patched; ``MropeIndex`` borrows transformers' own pos
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +35,7 @@ from omni_serve.models.paged_decoder import PagedDecoder
 from omni_serve.models.prepared_paths import use_prepared
 from omni_serve.models.qwen2_5_omni_dit import LibraryDiT, PreparedDiT, WindowPack
 from omni_serve.models.qwen2_5_omni_vocoder import PreparedBigVGAN
-from omni_serve.models.qwen2_5_omni_layout import load_config, load_speakers
+from omni_serve.models.qwen2_5_omni_layout import SAMPLE_RATE, load_config, load_speakers
 
 
 class MropeIndex:
@@ -153,7 +154,8 @@ class OmniTalker(PagedDecoder):
     """``prepared_layers``: as ``OmniThinker``'s."""
 
     def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu", prepared_layers: bool = True):
-        self.config = load_config(checkpoint_dir).talker_config
+        full = load_config(checkpoint_dir)
+        self.config = full.talker_config
         self.model = load_component(checkpoint_dir, hf.Qwen2_5OmniTalkerForConditionalGeneration, self.config,
                                     {"talker.": ""}, dtype, device)
         self.use_paged_attention(self.model.model.config, dtype, device)
@@ -167,6 +169,8 @@ class OmniTalker(PagedDecoder):
         self.stop_ids = (c.tts_codec_pad_token_id, c.tts_codec_end_token_id)
         self.embedding_size = c.embedding_size
         self.position_rows = 3
+        wav = full.token2wav_config  # the codes' rate, to pace the talker by the audio it has made
+        self.codes_per_s = SAMPLE_RATE / (wav.dit_config.repeats * math.prod(wav.bigvgan_config.upsample_rates))
 
     def prompt_codec_ids(self, prompt_len: int) -> list[int]:
         """The talker's input ids for its prompt: mask per thinker prompt token, then pad and bos."""

@@ -29,6 +29,7 @@ No module is subclassed or patched; ``RopeIndex`` borrows transformers' own posi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +39,7 @@ from omni_serve.engines.sampling import Sampler, select_rows
 from omni_serve.models.loading import load_component
 from omni_serve.models.paged_decoder import PagedDecoder
 from omni_serve.models.qwen2_5_omni import MropeIndex, OmniEncoder, ThinkerDecoder
-from omni_serve.models.qwen3_omni_layout import load_config
+from omni_serve.models.qwen3_omni_layout import SAMPLE_RATE, load_config
 from omni_serve.models.qwen3_omni_vocoder import StreamingCode2Wav, VocoderStream
 
 # What Qwen3OmniMoeForConditionalGeneration.generate hard-codes for the talker and code2wav.
@@ -182,6 +183,8 @@ class Qwen3OmniTalker(ExpertSplit, PagedDecoder):
         self.voices = dict(c.speaker_id)
         self.rope = RopeIndex(talker_rope_config(full), c.spatial_merge_size)
         self.tts_pad_token_id = full.tts_pad_token_id
+        wav = full.code2wav_config  # the frames' rate, to pace the talker by the audio it has made
+        self.codes_per_s = SAMPLE_RATE / (math.prod(wav.upsample_rates) * math.prod(wav.upsampling_ratios))
 
     @property
     def moe_decoder(self):

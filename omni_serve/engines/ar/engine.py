@@ -6,7 +6,9 @@ Contract (see ``omni_serve.engines.loop.LoopEngine`` for the request lifecycle):
    growth, so a request can never be handed blocks after it was freed);
 2. schedules up to ``max_batch_tokens`` new rows: running requests first, in admission order (one row
    each when decoding, a chunk of the budget when prefilling), then waiting requests FIFO while there is
-   room (``max_num_seqs``, free blocks above a small watermark), reusing cached prompt-prefix blocks;
+   room (``max_num_seqs``, free blocks above a small watermark), reusing cached prompt-prefix blocks; a
+   running sequence that paces itself (``ARSequence.pace``) is left out while it holds, and joins only a step
+   that other rows make run while it rides;
 3. when a running request needs a block and none is free, preempts the most recently admitted request
    (frees its blocks; it is recomputed later, with identical outputs) — nothing is dropped; a request that
    could never fit in the whole cache is refused with a clear error at admission;
@@ -37,7 +39,7 @@ from omni_serve.engines.ar.attention import PagedBatch
 from omni_serve.engines.ar.config import ARConfig
 from omni_serve.engines.ar.decode_kv import DecodeKV
 from omni_serve.engines.ar.kv_cache import BlockAllocator, PagedKVCache
-from omni_serve.engines.ar.sequence import ARSequence, KVTransfer
+from omni_serve.engines.ar.sequence import ARSequence, KVTransfer, Pace
 from omni_serve.engines.load import DecayingMean
 from omni_serve.engines.loop import END, LoopEngine, Slot, log_failure
 
@@ -102,7 +104,8 @@ class AREngine(LoopEngine):
         self.waiting: deque[Slot] = deque()
         self._known: set[str] = set()
         self._released: list[Slot] = []
-        self.counters = {"steps": 0, "batched_rows": 0, "preemptions": 0, "followup_calls": 0, "followups": 0}
+        self.counters = {"steps": 0, "batched_rows": 0, "preemptions": 0, "followup_calls": 0, "followups": 0,
+                         "paced_waits": 0}  # scheduling passes that left a paced sequence's rows out
         self._occupancy = DecayingMean()  # sequences per step / max_num_seqs
         self._blocked = 0  # waiting requests with work ready at the last step
         log.info("%s: KV cache %d blocks x %d tokens (%.1f MiB)", name, c.num_kv_blocks, c.block_size,
@@ -192,10 +195,16 @@ class AREngine(LoopEngine):
         log.debug("%s: preempted %s (KV cache full)", self.name, slot.request_id)
 
     # -- scheduling ---------------------------------------------------------------------------------------
-    def _poll(self, slot: Slot) -> int:
-        """Rows ``slot`` could compute now (its upstream inputs were turned into rows by ``_poll_all``)."""
+    def _poll(self, slot: Slot, now: float | None = None, riding: bool = False) -> int:
+        """Rows ``slot`` could compute now (its upstream inputs were turned into rows by ``_poll_all``); with
+        ``now``, 0 for a sequence that paces itself out of this step (``riding``: the step runs anyway)."""
         with slot.lock:
-            return slot.program.num_pending()
+            n = slot.program.num_pending()
+            if n and now is not None:
+                pace = slot.program.pace(now)
+                if pace is Pace.HOLD or (pace is Pace.RIDE and not riding):
+                    return 0
+            return n
 
     def _poll_all(self) -> None:
         """Let every sequence turn arrived inputs into rows; one that raises fails alone (not the engine)."""
@@ -215,29 +224,11 @@ class AREngine(LoopEngine):
 
     def _schedule(self) -> list[_Work]:
         self._poll_all()
-        budget, plan = self.config.max_batch_tokens, []
-        i = 0
-        while i < len(self.running) and budget > 0:
-            slot = self.running[i]
-            seq: ARSequence = slot.program
-            n = min(self._poll(slot), budget)
-            if n == 0:
-                i += 1
-                continue
-            start = seq.num_computed
-            end = start + n
-            while not self.blocks.allocate(slot.request_id, end):
-                victim = self.running[-1]
-                self._preempt(victim)
-                if victim is slot:
-                    break
-            if slot not in self.running:
-                continue  # preempted itself: back in the queue
-            plan.append(_Work(slot, start, end, seq.needs_logits(end)))
-            budget -= n
-            i += 1
+        now = time.monotonic()
+        plan = self._schedule_running(now, self.config.max_batch_tokens, riding=False)
+        budget = self.config.max_batch_tokens - sum(w.end - w.start for w in plan)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            slot = next((s for s in self.waiting if self._poll(s) > 0), None)
+            slot = next((s for s in self.waiting if self._poll(s, now) > 0), None)
             if slot is None:
                 break
             need = self.blocks.blocks_for(max(slot.program.max_rows, slot.program.num_rows))
@@ -253,8 +244,51 @@ class AREngine(LoopEngine):
             if work.end > work.start:  # an imported request may have nothing left to compute this step
                 plan.append(work)
                 budget -= work.end - work.start
+        if plan and budget > 0:  # the step runs: sequences that ride along join it
+            planned = {id(w.slot) for w in plan}
+            plan += self._schedule_running(now, budget, riding=True, skip=planned)
+        planned = {id(w.slot) for w in plan}
+        if any(id(s) not in planned and self._poll(s) > 0 and s.program.pace(now) is not Pace.DUE
+               for s in self.running):
+            self.counters["paced_waits"] += 1
         # ready to compute but left waiting (no batch slot, token budget or blocks): the backlog
-        self._blocked = sum(1 for s in self.waiting if self._poll(s) > 0)
+        self._blocked = sum(1 for s in self.waiting if self._poll(s, now) > 0)
+        return plan
+
+    def _schedule_running(self, now: float, budget: int, riding: bool, skip: set[int] = frozenset()) -> list[_Work]:
+        """Rows of running sequences within ``budget`` tokens, in admission order: those due (``riding``: those
+        riding along instead; ``skip``: ids of slots already planned). A due sequence that needs a block when none
+        is free preempts the most recently admitted one (possibly itself); a rider is left out instead."""
+        plan = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            slot = self.running[i]
+            seq: ARSequence = slot.program
+            if id(slot) in skip:
+                i += 1
+                continue
+            n = self._poll(slot, now, riding)
+            if riding and n and seq.pace(now) is not Pace.RIDE:
+                n = 0  # due ones were scheduled in the first pass (or left out of the budget)
+            n = min(n, budget)
+            if n == 0:
+                i += 1
+                continue
+            start = seq.num_computed
+            end = start + n
+            if riding and not self.blocks.allocate(slot.request_id, end):
+                i += 1  # a rider never preempts (the victim could be in this step already)
+                continue
+            while not self.blocks.allocate(slot.request_id, end):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is slot:
+                    break
+            if slot not in self.running:
+                continue  # preempted itself: back in the queue
+            plan.append(_Work(slot, start, end, seq.needs_logits(end)))
+            budget -= n
+            i += 1
         return plan
 
     def _admit(self, slot: Slot, budget: int) -> _Work | None:

@@ -21,6 +21,11 @@ Batched follow-up (optional): a sequence whose sampled token needs more model wo
 follow-up's inputs) and returns no outputs for it yet. After the step's forward the engine hands the follow-ups
 of every sequence in the step to the model's ``run_followups`` in one call, clears ``followup``, and calls
 ``on_followup(result)``, which appends the next row and returns the outputs, as ``on_computed`` would have.
+Pacing (optional): ``pace(now)`` says whether the sequence's pending rows are due (``Pace.DUE``, the default: the
+engine schedules them as above), may ride along in a step that runs anyway (``Pace.RIDE``: computed only when
+other rows are due, where a row costs little more than the step's fixed part) or wait (``Pace.HOLD``). A sequence
+whose output is consumed at a known rate (a talker feeding audio a client plays in real time) uses it to stay a
+bounded lead ahead instead of taking the cores from streams that need them now.
 ``prefix_hashes`` (chained block hashes of prompt rows, or empty) lets the engine share cached prompt
 blocks; ``max_rows`` is the most rows the request can reach (prompt + generation limit).
 
@@ -39,6 +44,7 @@ KV hand-off between engines (prefill/decode disaggregation), both optional:
 from __future__ import annotations
 
 import abc
+import enum
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +64,14 @@ class KVTransfer:
     @property
     def num_rows(self) -> int:
         return self.k.shape[1]
+
+
+class Pace(enum.Enum):
+    """Whether a sequence's pending rows go in the next step (see the module doc)."""
+
+    DUE = "due"  # schedule them
+    RIDE = "ride"  # only in a step other rows make run
+    HOLD = "hold"  # not now
 
 
 class ARSequence(StageProgram):
@@ -104,6 +118,10 @@ class ARSequence(StageProgram):
 
     def preempted(self) -> None:
         self.num_computed = 0
+
+    def pace(self, now: float) -> Pace:
+        """Whether the pending rows are due at ``now`` (``time.monotonic()``); see the module doc."""
+        return Pace.DUE
 
     # -- engine hooks ---------------------------------------------------------------------------------------
     def poll(self) -> None:  # noqa: B027 - sequences fed only by their own samples need nothing here

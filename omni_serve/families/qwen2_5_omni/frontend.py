@@ -32,7 +32,8 @@ class Qwen25OmniFrontend(OmniFrontend):
                             tts_pad_token=self.talker_cfg.tts_text_pad_token_id)
 
     def _talker_call(self, p: Prepared) -> Message:
-        return TalkerCall(request_id=p.request_id, seed=p.seed, temperature=p.thinker.sampling.temperature)
+        return TalkerCall(request_id=p.request_id, seed=p.seed, temperature=p.thinker.sampling.temperature,
+                          paced=p.plays)
 
     @staticmethod
     def _codec_ids(out: Message) -> list[int] | None:

@@ -25,6 +25,7 @@ class TalkerCall(Message):
     request_id: str
     seed: int
     temperature: float = Field(ge=0)  # the request's; a greedy request decodes codes greedily too
+    paced: bool = False  # its client plays the audio as it comes: the talker keeps playback.talker_lead_s ahead
 
 
 class CodecDelta(Message):

@@ -36,7 +36,7 @@ class Qwen3OmniFrontend(OmniFrontend):
     def _talker_call(self, p: Prepared) -> Message:
         return TalkerCall(request_id=p.request_id, voice=p.voice.lower(), seed=p.seed,
                           temperature=p.thinker.sampling.temperature, media_layout=p.thinker.media_layout,
-                          return_frames=p.return_token_ids)
+                          return_frames=p.return_token_ids, paced=p.plays)
 
     @staticmethod
     def _codec_ids(out: Message) -> list[int] | None:

@@ -32,6 +32,7 @@ class TalkerCall(Message):
     voice: str  # a key of the checkpoint's talker_config.speaker_id
     seed: int
     temperature: float = Field(ge=0)  # the request's; a greedy request decodes codes greedily too
+    paced: bool = False  # its client plays the audio as it comes: the talker keeps playback.talker_lead_s ahead
     media_layout: MediaLayout | None = None  # the prompt's media, for the talker's M-RoPE
     return_frames: bool = False  # send the frames to the ingress too (CodecDelta: return_token_ids)
 

@@ -59,6 +59,7 @@ class AudioEndpoints:
                            audio_format=req.response_format, forced_reply=forced, param="input",
                            sampling=dict(temperature=1.0 if req.temperature is None else req.temperature))
         p.clock, p.timeout_s = ctx.clock, ctx.timeout_s
+        p.plays = req.response_format != "flac"  # every other format streams as the audio comes (below)
         await self.admit_audio(p, ctx)
         # A FLAC's header holds its length: it is sent whole, once complete (a streamed FLAC, whose header says
         # "unknown length", is valid but many readers, libsndfile among them, refuse it). Every other format streams.

@@ -70,6 +70,7 @@ class Prepared:
     seed: int
     return_token_ids: bool = False  # the talker also returns its codec ids
     tool_calls: bool = False  # the reply's tool calls are parsed out of its text (a chat request with tools)
+    plays: bool = False  # its client plays the audio as it arrives (streamed): the talker paces it (talker_lead_s)
     created: int = field(default_factory=lambda: int(time.time()))
     clock: RequestClock = field(default_factory=RequestClock)  # the ingress sets its own (from arrival)
     timeout_s: float | None = None  # the request's deadline (the ingress sets it; None: the spec's)
@@ -162,7 +163,7 @@ class OmniFrontend(RealtimeEndpoints, AudioEndpoints, CompletionEndpoints, Front
         if shape == "vllm_omni" and not body.transcript_in_content:  # vLLM-Omni's reply: text in content
             body = body.model_copy(update={"transcript_in_content": True})
         p = await self.prepare(body)
-        p.clock, p.timeout_s = ctx.clock, ctx.timeout_s
+        p.clock, p.timeout_s, p.plays = ctx.clock, ctx.timeout_s, bool(body.stream)
         await self.admit_audio(p, ctx)
         if body.stream and shape == "vllm_omni":
             return EventStream(vllm_omni_chunks(p, self._events(p), self.spec.model_name, self.sample_rate))

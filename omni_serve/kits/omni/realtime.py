@@ -403,7 +403,7 @@ class RealtimeSession:
             if ticket is not None and p.voice is None:  # it does not speak after all (a forced tool call)
                 ticket.release()
             p.clock = clock  # real-time admission's signal, and the route's metrics
-            p.timeout_s = self.ctx.timeout_s
+            p.timeout_s, p.plays = self.ctx.timeout_s, True
             writer.start(p)
             async with aclosing(self.f._events(p)) as events:  # a cancel closes every stage call at once
                 async for _, out in events:

@@ -69,6 +69,13 @@ class PlaybackSpec(BaseModel):
         "Seconds a client waits after its first audio before it starts playing (its jitter buffer). A stream's "
         "next chunk is due when the audio sent so far would have played out; the served stall metrics assume "
         "the same client. Larger lets the server batch more, at the cost of the listener's delay."))
+    talker_lead_s: float | None = Field(None, gt=0, description=(
+        "How far ahead of its client's playback the talker keeps a stream its client plays as it comes (a streamed "
+        "reply, speech, a realtime answer): below this lead the stream's talker steps are due, up to twice it they "
+        "only join steps other streams run, beyond it they wait. Lower leaves more CPU to new streams' openings "
+        "and code2wav; too low starves code2wav's next chunk (it needs a chunk and its right context ahead). Off "
+        "(null) by default: admission by the delivered rate reads a paced stream's pace as the graph's capacity. "
+        "null: the talker runs every stream as fast as it can. Replies that are not streamed are never paced."))
     admission: AdmissionSpec = Field(default_factory=AdmissionSpec, description=(
         "Whether a new audio stream waits, or gets a 429, while the graph's measured real-time capacity cannot "
         "take it without slowing the streams it plays."))

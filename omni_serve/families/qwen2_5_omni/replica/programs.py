@@ -121,4 +121,5 @@ class TalkerSequence(StreamedSequence):
             return []
         chunk = CodecChunk(codes=self.unsent, end=self.done)
         self.unsent, self.sent_any = [], True
+        self.codes_sent(len(chunk.codes))
         return [chunk, CodecDelta(codes=chunk.codes)]

@@ -24,7 +24,7 @@ from omni_serve.families.qwen2_5_omni.replica.code2wav import (
     Code2WavCompute, Code2WavRequest, Code2WavStream, check_chunking,
 )
 from omni_serve.graph.runner import StageRunner
-from omni_serve.kits.omni.replica.streams import client_pace
+from omni_serve.kits.omni.replica.streams import client_pace, talker_lead
 from omni_serve.kits.omni.replica import runners as omni
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,7 @@ class TalkerRunner(PreparedLayers, StageRunner):
         program = P.TalkerSequence(self.model, P.TalkerRequest(
             max_new_tokens=p.max_codec_tokens, sampling=sampling, chunk_size=edge.chunk_size,
             first_chunk_size=edge.first_chunk_size))
+        program.lead = talker_lead(self.spec, call.paced, self.model.codes_per_s)
         async for out in self.drive(engine, call.request_id, program):
             yield out
 

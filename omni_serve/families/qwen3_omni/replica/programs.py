@@ -216,4 +216,5 @@ class Qwen3TalkerSequence(StreamedSequence):
             return []
         chunk = CodecChunk(frames=self.unsent, end=self.done)
         self.unsent, self.sent_any = [], True
+        self.codes_sent(len(chunk.frames))
         return [chunk, CodecDelta(frames=chunk.frames)] if self.req.return_frames else [chunk]

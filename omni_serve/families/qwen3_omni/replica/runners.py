@@ -17,7 +17,7 @@ from omni_serve.families.qwen3_omni.messages import AudioDelta, Code2WavCall, Ta
 from omni_serve.families.qwen3_omni.replica.code2wav import Code2WavCompute, Code2WavRequest, Code2WavStream
 from omni_serve.families.qwen3_omni.replica.programs import Qwen3TalkerSequence, Qwen3ThinkerSequence, TalkerRequest
 from omni_serve.graph.runner import StageRunner
-from omni_serve.kits.omni.replica.streams import client_pace
+from omni_serve.kits.omni.replica.streams import client_pace, talker_lead
 from omni_serve.kits.omni.replica import runners as omni
 
 class ThinkerRunner(omni.ThinkerRunner):
@@ -48,6 +48,7 @@ class TalkerRunner(StageRunner):
             voice_id=voices[call.voice], max_new_tokens=p.max_codec_tokens, sampling=sampling,
             predictor_sampling=predictor, chunk_size=edge.chunk_size, first_chunk_size=edge.first_chunk_size,
             media_layout=call.media_layout, return_frames=call.return_frames))
+        program.lead = talker_lead(self.spec, call.paced, self.model.codes_per_s)
         async for out in self.drive(engine, call.request_id, program):
             yield out
 
