@@ -64,9 +64,9 @@ class _Model:
 class _Scripted(ARSequence):
     """Decodes up to ``max_rows`` rows, one per step, at the pace the test sets."""
 
-    def __init__(self):
+    def __init__(self, max_rows=16):
         super().__init__(4, 1)
-        self.max_rows = 16
+        self.max_rows = max_rows
         self.next_pace = Pace.DUE
         self._row()
 
@@ -82,16 +82,20 @@ class _Scripted(ARSequence):
         return []
 
 
-@pytest.fixture
-def engine():
-    e = AREngine("talker", _Model(), ARConfig(packed_linear=False, decode_kv_copy_mib=0, num_kv_blocks=32,
-                                              block_size=4, prepared_layers=False))
+def _engine(num_kv_blocks=32, block_size=4):
+    e = AREngine("talker", _Model(), ARConfig(packed_linear=False, decode_kv_copy_mib=0, num_kv_blocks=num_kv_blocks,
+                                              block_size=block_size, prepared_layers=False))
     e.emit = lambda slot, outputs: None
     return e
 
 
-def _start(engine, names):
-    seqs = {n: _Scripted() for n in names}
+@pytest.fixture
+def engine():
+    return _engine()
+
+
+def _start(engine, names, max_rows=16):
+    seqs = {n: _Scripted(max_rows) for n in names}
     for n, seq in seqs.items():
         slot = Slot(n, seq, None, None)
         engine._known.add(n)
@@ -112,9 +116,10 @@ def test_riders_join_a_step_that_due_rows_make_run_and_holders_wait(engine):
     seqs = _start(engine, "abc")
     seqs["b"].next_pace, seqs["c"].next_pace = Pace.RIDE, Pace.HOLD
     assert _planned(engine) == ["a", "b"]
+    assert engine.stats()["paced_waits"] == 1  # c was left out
     seqs["a"].next_pace = Pace.HOLD
     assert _planned(engine) == []  # a rider alone runs no step
-    assert engine.backlog() == 0  # paced sequences are not a backlog
+    assert engine.stats()["paced_waits"] == 2
     seqs["c"].next_pace = Pace.DUE
     assert _planned(engine) == ["c", "b"]  # due first, riders after, in admission order
     seqs["b"].next_pace = Pace.DUE
@@ -167,3 +172,24 @@ def test_a_paced_talker_speaks_exactly_what_an_unpaced_one_does(omni_tiny_dir):
     scale = float(np.abs(fast.wav).max())
     assert paced.wav.shape == fast.wav.shape and scale > 0
     np.testing.assert_allclose(paced.wav, fast.wav, rtol=1e-4, atol=scale * 1e-5)
+
+
+def test_a_full_cache_preempts_a_stream_that_is_ahead_and_riders_never_preempt():
+    engine = _engine(num_kv_blocks=4, block_size=1)  # a block per row: three 1-row prompts leave one free
+    seqs = _start(engine, "abc", max_rows=4)
+    seqs["b"].next_pace = Pace.HOLD
+    # a takes the last block; c, due, needs one: b is ahead, so b gives its blocks back, not c (the newest)
+    assert _planned(engine) == ["a", "c"]
+    assert [s.request_id for s in engine.waiting] == ["b"] and engine.stats()["preemptions"] == 1
+    assert engine.backlog() > 0  # a preempted sequence is due again whatever its pace: its rows are gone
+    seqs["a"].next_pace = seqs["c"].next_pace = Pace.RIDE
+    assert _planned(engine) == []  # b is not readmitted: no free block above the watermark
+    assert engine.stats()["preemptions"] == 1  # and riders never preempt
+
+
+def test_a_rider_without_a_free_block_is_left_out():
+    engine = _engine(num_kv_blocks=3, block_size=1)
+    seqs = _start(engine, "ab", max_rows=3)
+    seqs["b"].next_pace = Pace.RIDE
+    assert _planned(engine) == ["a"]  # a takes the last block; b would need one
+    assert [s.request_id for s in engine.running] == ["a", "b"] and engine.stats()["preemptions"] == 0

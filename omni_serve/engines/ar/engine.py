@@ -105,7 +105,7 @@ class AREngine(LoopEngine):
         self._known: set[str] = set()
         self._released: list[Slot] = []
         self.counters = {"steps": 0, "batched_rows": 0, "preemptions": 0, "followup_calls": 0, "followups": 0,
-                         "paced_waits": 0}  # scheduling passes that left a paced sequence's rows out
+                         "paced_waits": 0}  # scheduling passes (every 10 ms while idle) leaving paced rows out
         self._occupancy = DecayingMean()  # sequences per step / max_num_seqs
         self._blocked = 0  # waiting requests with work ready at the last step
         log.info("%s: KV cache %d blocks x %d tokens (%.1f MiB)", name, c.num_kv_blocks, c.block_size,
@@ -228,7 +228,8 @@ class AREngine(LoopEngine):
         plan = self._schedule_running(now, self.config.max_batch_tokens, riding=False)
         budget = self.config.max_batch_tokens - sum(w.end - w.start for w in plan)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            slot = next((s for s in self.waiting if self._poll(s, now) > 0), None)
+            # pace is not asked here: a new sequence has its prompt to compute, a preempted one its rows again
+            slot = next((s for s in self.waiting if self._poll(s) > 0), None)
             if slot is None:
                 break
             need = self.blocks.blocks_for(max(slot.program.max_rows, slot.program.num_rows))
@@ -248,17 +249,17 @@ class AREngine(LoopEngine):
             planned = {id(w.slot) for w in plan}
             plan += self._schedule_running(now, budget, riding=True, skip=planned)
         planned = {id(w.slot) for w in plan}
-        if any(id(s) not in planned and self._poll(s) > 0 and s.program.pace(now) is not Pace.DUE
-               for s in self.running):
+        if any(id(s) not in planned and self._poll(s, now) == 0 < self._poll(s) for s in self.running):
             self.counters["paced_waits"] += 1
         # ready to compute but left waiting (no batch slot, token budget or blocks): the backlog
-        self._blocked = sum(1 for s in self.waiting if self._poll(s, now) > 0)
+        self._blocked = sum(1 for s in self.waiting if self._poll(s) > 0)
         return plan
 
     def _schedule_running(self, now: float, budget: int, riding: bool, skip: set[int] = frozenset()) -> list[_Work]:
         """Rows of running sequences within ``budget`` tokens, in admission order: those due (``riding``: those
         riding along instead; ``skip``: ids of slots already planned). A due sequence that needs a block when none
-        is free preempts the most recently admitted one (possibly itself); a rider is left out instead."""
+        is free preempts the most recently admitted one that is ahead (holds or rides), else the most recently
+        admitted (possibly itself); a rider is left out instead."""
         plan = []
         i = 0
         while i < len(self.running) and budget > 0:
@@ -280,8 +281,11 @@ class AREngine(LoopEngine):
                 i += 1  # a rider never preempts (the victim could be in this step already)
                 continue
             while not self.blocks.allocate(slot.request_id, end):
-                victim = self.running[-1]
+                k = self._victim(slot, now)
+                victim = self.running[k]
                 self._preempt(victim)
+                if k < i:
+                    i -= 1  # a held sequence before this one (not in this step: it was left out)
                 if victim is slot:
                     break
             if slot not in self.running:
@@ -290,6 +294,15 @@ class AREngine(LoopEngine):
             budget -= n
             i += 1
         return plan
+
+    def _victim(self, slot: Slot, now: float) -> int:
+        """The index in ``running`` of the sequence to preempt for ``slot``'s blocks: the most recently admitted one
+        that holds or rides (it is ahead; none of them is in the step yet), else the most recently admitted."""
+        for k in range(len(self.running) - 1, -1, -1):
+            s = self.running[k]
+            if s is not slot and s.program.pace(now) is not Pace.DUE:
+                return k
+        return len(self.running) - 1
 
     def _admit(self, slot: Slot, budget: int) -> _Work | None:
         seq: ARSequence = slot.program

@@ -59,7 +59,9 @@ class AudioEndpoints:
                            audio_format=req.response_format, forced_reply=forced, param="input",
                            sampling=dict(temperature=1.0 if req.temperature is None else req.temperature))
         p.clock, p.timeout_s = ctx.clock, ctx.timeout_s
-        p.plays = req.response_format != "flac"  # every other format streams as the audio comes (below)
+        # every format but FLAC streams as the audio comes (below); a client playing it faster than the talker's
+        # codes' rate would outrun the talker's pace, so only speed <= 1 is paced
+        p.plays = req.response_format != "flac" and req.speed <= 1
         await self.admit_audio(p, ctx)
         # A FLAC's header holds its length: it is sent whole, once complete (a streamed FLAC, whose header says
         # "unknown length", is valid but many readers, libsndfile among them, refuse it). Every other format streams.

@@ -96,7 +96,8 @@ class TalkerLead:
         self.codes += codes
 
     def ahead_s(self, now: float) -> float:
-        """The most the codes sent can be ahead of the client's playback at ``now``."""
+        """The least the codes sent are ahead of the client's playback at ``now`` (it cannot have played more than
+        the time since the first codes were sent)."""
         if self.since is None:
             return 0.0
         return self.codes / self.codes_per_s - (now - self.since)
