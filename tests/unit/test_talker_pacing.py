@@ -1,6 +1,6 @@
 """Talker pacing: ``TalkerLead``'s bound on a played stream's lead, and the AR engine's scheduling of sequences that
-are due, ride along or hold (``ARSequence.pace``), on a fake model (the wiring; the served graphs run it on the real
-talkers in ``tests/integration/test_speech_under_load.py``)."""
+are due, ride along or hold (``ARSequence.pace``) on a fake model (the wiring), and a paced reply on the real tiny
+Qwen2.5-Omni graph in-process (``tests/omni_inprocess.py``: its runners and engines, no Ray)."""
 
 from __future__ import annotations
 

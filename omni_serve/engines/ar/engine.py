@@ -195,16 +195,10 @@ class AREngine(LoopEngine):
         log.debug("%s: preempted %s (KV cache full)", self.name, slot.request_id)
 
     # -- scheduling ---------------------------------------------------------------------------------------
-    def _poll(self, slot: Slot, now: float | None = None, riding: bool = False) -> int:
-        """Rows ``slot`` could compute now (its upstream inputs were turned into rows by ``_poll_all``); with
-        ``now``, 0 for a sequence that paces itself out of this step (``riding``: the step runs anyway)."""
+    def _poll(self, slot: Slot) -> int:
+        """Rows ``slot`` could compute now (its upstream inputs were turned into rows by ``_poll_all``)."""
         with slot.lock:
-            n = slot.program.num_pending()
-            if n and now is not None:
-                pace = slot.program.pace(now)
-                if pace is Pace.HOLD or (pace is Pace.RIDE and not riding):
-                    return 0
-            return n
+            return slot.program.num_pending()
 
     def _poll_all(self) -> None:
         """Let every sequence turn arrived inputs into rows; one that raises fails alone (not the engine)."""
@@ -225,7 +219,8 @@ class AREngine(LoopEngine):
     def _schedule(self) -> list[_Work]:
         self._poll_all()
         now = time.monotonic()
-        plan = self._schedule_running(now, self.config.max_batch_tokens, riding=False)
+        paced_out: list[Slot] = []  # running sequences with rows that hold or ride, in admission order
+        plan = self._schedule_due(now, paced_out)
         budget = self.config.max_batch_tokens - sum(w.end - w.start for w in plan)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             # pace is not asked here: a new sequence has its prompt to compute, a preempted one its rows again
@@ -245,47 +240,39 @@ class AREngine(LoopEngine):
             if work.end > work.start:  # an imported request may have nothing left to compute this step
                 plan.append(work)
                 budget -= work.end - work.start
-        if plan and budget > 0:  # the step runs: sequences that ride along join it
-            planned = {id(w.slot) for w in plan}
-            plan += self._schedule_running(now, budget, riding=True, skip=planned)
-        planned = {id(w.slot) for w in plan}
-        if any(id(s) not in planned and self._poll(s, now) == 0 < self._poll(s) for s in self.running):
-            self.counters["paced_waits"] += 1
+        if paced_out:
+            riders = self._riders(now, paced_out, budget) if plan else []  # they join a step that runs anyway
+            plan += riders
+            if len(riders) < sum(1 for s in paced_out if s in self.running):
+                self.counters["paced_waits"] += 1
         # ready to compute but left waiting (no batch slot, token budget or blocks): the backlog
         self._blocked = sum(1 for s in self.waiting if self._poll(s) > 0)
         return plan
 
-    def _schedule_running(self, now: float, budget: int, riding: bool, skip: set[int] = frozenset()) -> list[_Work]:
-        """Rows of running sequences within ``budget`` tokens, in admission order: those due (``riding``: those
-        riding along instead; ``skip``: ids of slots already planned). A due sequence that needs a block when none
-        is free preempts the most recently admitted one that is ahead (holds or rides), else the most recently
-        admitted (possibly itself); a rider is left out instead."""
-        plan = []
+    def _schedule_due(self, now: float, paced_out: list[Slot]) -> list[_Work]:
+        """Rows of the running sequences that are due, within the step's token budget, in admission order; those
+        that hold or ride go to ``paced_out``. One that needs a block when none is free preempts the most recently
+        admitted sequence that is ahead (holds or rides), else the most recently admitted (possibly itself)."""
+        budget, plan = self.config.max_batch_tokens, []
         i = 0
         while i < len(self.running) and budget > 0:
             slot = self.running[i]
             seq: ARSequence = slot.program
-            if id(slot) in skip:
-                i += 1
-                continue
-            n = self._poll(slot, now, riding)
-            if riding and n and seq.pace(now) is not Pace.RIDE:
-                n = 0  # due ones were scheduled in the first pass (or left out of the budget)
-            n = min(n, budget)
+            n = min(self._poll(slot), budget)
+            if n and seq.pace(now) is not Pace.DUE:
+                paced_out.append(slot)
+                n = 0
             if n == 0:
                 i += 1
                 continue
             start = seq.num_computed
             end = start + n
-            if riding and not self.blocks.allocate(slot.request_id, end):
-                i += 1  # a rider never preempts (the victim could be in this step already)
-                continue
             while not self.blocks.allocate(slot.request_id, end):
                 k = self._victim(slot, now)
                 victim = self.running[k]
                 self._preempt(victim)
                 if k < i:
-                    i -= 1  # a held sequence before this one (not in this step: it was left out)
+                    i -= 1  # a sequence before this one that is ahead (not in this step: it was left out)
                 if victim is slot:
                     break
             if slot not in self.running:
@@ -293,6 +280,21 @@ class AREngine(LoopEngine):
             plan.append(_Work(slot, start, end, seq.needs_logits(end)))
             budget -= n
             i += 1
+        return plan
+
+    def _riders(self, now: float, paced_out: list[Slot], budget: int) -> list[_Work]:
+        """Rows of the sequences in ``paced_out`` that ride (not preempted since), within ``budget`` tokens. A rider
+        never preempts: it is left out when no block is free (the victim could be in this step already)."""
+        plan = []
+        for slot in paced_out:
+            seq: ARSequence = slot.program
+            n = min(self._poll(slot), budget)
+            if n == 0 or slot not in self.running or seq.pace(now) is not Pace.RIDE:
+                continue
+            start = seq.num_computed
+            if self.blocks.allocate(slot.request_id, start + n):
+                plan.append(_Work(slot, start, start + n, seq.needs_logits(start + n)))
+                budget -= n
         return plan
 
     def _victim(self, slot: Slot, now: float) -> int:
