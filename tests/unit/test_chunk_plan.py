@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from omni_serve.kits.omni.replica.chunk_plan import ChunkPlanner
+from omni_serve.kits.omni.replica.chunk_plan import ChunkPlanner, CodeArrivals, OpeningRates
 from omni_serve.playback import Playback
 
 AUDIO_PER_CODE = 0.02  # Qwen2.5-Omni: 50 codes a second
@@ -20,18 +20,26 @@ def planner(fixed_per_code, margin=0.0, timed=True):
                         context_first=12, context_later=24, margin=margin)
 
 
-def play(plan: ChunkPlanner, fixed_per_code, first: int, buffer_s: float = 0.5, total: int = 600):
-    """Produce ``total`` codes of audio one call at a time (codes always there, as from a talker ahead of real
-    time), chunks sized by ``plan.fit`` after a ``first``-code first chunk; a client with ``buffer_s`` plays them."""
+def play(plan: ChunkPlanner, fixed_per_code, first: int, buffer_s: float = 0.5, total: int = 600,
+         rate: float | None = None, here: int = 24):
+    """Produce ``total`` codes of audio one call at a time, chunks sized by ``plan.fit`` after a ``first``-code
+    first chunk; a client with ``buffer_s`` plays them. The codes are always there (a talker far ahead of real time)
+    or, with ``rate``, ``here`` of them at time 0 and the rest at ``rate`` a second, each call waiting for its
+    chunk's codes and 12 more (its right context)."""
     fixed, per_code = fixed_per_code
-    t = fixed + per_code * (first + 12)
+
+    def come(end: int) -> float:  # when the codes a chunk ending at ``end`` needs are here
+        return 0.0 if rate is None else max(0.0, (min(end + 12, total) - here) / rate)
+    t = come(first) + fixed + per_code * (first + 12)
     client = Playback(buffer_s, 0.0)
     client.add(t, first * AUDIO_PER_CODE)
     sent, sizes = first, [first]
     while sent < total:
-        codes = plan.fit(client.due() - t) or 96  # none fits: a whole chunk (it stalls once)
+        def ready_in(codes: int) -> float:
+            return max(0.0, come(sent + codes) - t)
+        codes = plan.fit(client.due() - t, ready_in=ready_in) or 96  # none fits: a whole chunk (it stalls once)
         codes = min(codes, total - sent)
-        t += fixed + per_code * (codes + 24)
+        t = max(t, come(sent + codes)) + fixed + per_code * (codes + 24)
         client.add(t, codes * AUDIO_PER_CODE)
         sent += codes
         sizes.append(codes)
@@ -123,3 +131,31 @@ def test_whether_a_lead_keeps_up_can_be_asked_with_calls_as_estimated():
     assert not plan.keeps_playing(1.0)  # with calls 25% longer, 1 s of lead runs out ...
     assert plan.keeps_playing(1.0, margin=0.0)  # ... with calls as estimated it is above the 0.95 s that keeps up
     assert not plan.keeps_playing(0.9, margin=0.0)
+
+
+def test_a_talker_barely_faster_than_real_time_gets_a_longer_first_chunk():
+    """A chat reply's talker shares the CPU with the thinker: its codes come at 1.15x real time (57.5 a second),
+    so every later chunk waits for its codes and the lead grows only by what the talker gains on real time. The
+    first chunk planned for a talker far ahead leaves the client dry a few chunks in; the one planned with the
+    arrivals never does, and is the least that does not."""
+    plan, rate = planner(SLOW), 57.5
+    arrivals = CodeArrivals(here=24, rate=rate, lookahead=12)
+    first, ahead = plan.first(0.5, 12, arrivals=arrivals), plan.first(0.5, 12)
+    assert first > ahead == 24
+    assert play(plan, SLOW, first, rate=rate)[0].stalls == 0
+    assert play(plan, SLOW, ahead, rate=rate)[0].stalls > 0
+    assert play(plan, SLOW, first - 12, rate=rate)[0].stalls > 0
+    # a talker far ahead of real time: the first chunk planned without arrivals
+    assert plan.first(0.5, 12, arrivals=CodeArrivals(here=24, rate=5000, lookahead=12)) == ahead
+    # a talker slower than real time: no first chunk keeps its client playing, and the first audio stays early
+    slower = CodeArrivals(here=24, rate=45, lookahead=12)
+    assert plan.first(0.5, 12, arrivals=slower) == 12
+    assert not plan.keeps_playing(5.0, arrivals=slower, sent=24)
+
+
+def test_opening_rates_are_the_median_of_the_recent_ones():
+    rates = OpeningRates(keep=3)
+    assert rates.median() is None
+    for rate in (80.0, 50.0, 60.0, 200.0):
+        rates.add(rate)
+    assert rates.rates == [50.0, 60.0, 200.0] and rates.median() == 60.0

@@ -10,6 +10,7 @@ from omni_serve.families.qwen2_5_omni.messages import CodecChunk
 from omni_serve.families.qwen2_5_omni.replica.code2wav import (
     Code2WavCompute, Code2WavRequest, Code2WavStream, check_chunking,
 )
+from omni_serve.kits.omni.replica.chunk_plan import OpeningRates
 from omni_serve.models.qwen2_5_omni import OmniCode2Wav
 
 STEPS = 3
@@ -213,7 +214,7 @@ class _Planned:
     """A stream planned by a slow machine's cost model (0.2 s a call + 0.0105 s a window code: code2wav on one core
     of machine E), its client paced by ``clock`` (0.5 s buffer), and what ``run_one`` emitted."""
 
-    def __init__(self, c2w, clock):
+    def __init__(self, c2w, clock, openings=None):
         from omni_serve.engines.deadlines import CostModel
         from omni_serve.playback import StreamDeadline
 
@@ -223,7 +224,7 @@ class _Planned:
         self.stream = Code2WavStream(c2w, Code2WavRequest("Chelsie", 7, STEPS, chunk_codes=96, chunk_growth=2.0,
                                                           plan_margin=0.0))
         self.stream.pace = StreamDeadline(target_ttfp_s=1.0, buffer_s=0.5, clock=clock)
-        self.stream.plan_with(slow)
+        self.stream.plan_with(slow, openings)
         self.compute = Code2WavCompute(c2w, STEPS, 0.5, -1.0)
         self.out = []
 
@@ -283,6 +284,44 @@ def test_planned_chunks_follow_the_machine_s_cost_and_keep_exact_seams(c2w):
     quick.plan_with(fast)
     quick.feed(CodecChunk(codes=cs[:24], end=False))
     assert quick.ready() and quick.work_size() == 24 * rep
+    # a talker whose first codes came at 1.15x real time (its rate on the first chunk): every later chunk will wait
+    # for its codes, so the slow machine's stream waits for a longer first chunk than the 24 codes above
+    talking = _Planned(c2w, clock).stream
+    talking.feed(CodecChunk(codes=cs[:24], end=False, codes_per_s=57.5))
+    talking.feed(CodecChunk(codes=cs[24:36], end=False))
+    assert not talking.ready()
+    talking.feed(CodecChunk(codes=cs[36:48], end=False))
+    assert talking.ready() and talking.work_size() == (36 + 12) * rep  # 36 codes and their right context
+    # a talker that reports 500 codes a second, on a replica whose recent openings came at 1.15x real time: the
+    # lower rate is planned for (a talker slows once code2wav shares the cores with it)
+    openings = OpeningRates()
+    openings.add(57.5)
+    recent = _Planned(c2w, clock, openings).stream
+    recent.feed(CodecChunk(codes=cs[:36], end=False, codes_per_s=500.0))
+    assert not recent.ready()
+    recent.feed(CodecChunk(codes=cs[36:48], end=False))
+    assert recent.ready() and recent.work_size() == (36 + 12) * rep
+
+
+def test_a_stream_adds_the_rate_of_its_opening_to_its_replica_s(c2w):
+    """The rate codes came at from the first chunk until 96 more came, once per stream."""
+    from tests.unit.test_autoscaling import FakeClock
+
+    clock, openings = FakeClock(), OpeningRates()
+    planned = _Planned(c2w, clock, openings)
+    cs = codes(240, 5)
+    with torch.inference_mode():
+        planned.stream.feed(CodecChunk(codes=cs[:48], end=False))
+        assert planned.run_one() == [24]  # at 100.0
+        clock.t += 0.6
+        planned.stream.feed(CodecChunk(codes=cs[48:96], end=False))
+        assert openings.median() is None  # 48 codes since: not yet
+        clock.t += 0.6
+        planned.stream.feed(CodecChunk(codes=cs[96:144], end=False))
+        assert openings.rates == [pytest.approx(96 / 1.2)]
+        clock.t += 0.1
+        planned.stream.feed(CodecChunk(codes=cs[144:240], end=True))
+        assert openings.rates == [pytest.approx(96 / 1.2)]  # once
 
 
 def _ramped(c2w) -> tuple["_Planned", list[int]]:

@@ -196,10 +196,14 @@ def test_speech_during_a_response_cancels_it_and_cancel_frees_the_stages(graph):
         ws.send({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Talk."}]}})
         await ws.until("conversation.item.done")
-        # speech while the response is generated (a 3000-token reply takes far longer than VAD needs to hear it;
-        # waiting for its first delta instead would race the stage outputs already queued for the socket)
+        # speech while the response is generated: its first 0.15 s before response.create (VAD hears speech from
+        # 224 ms: nothing yet, and Silero's first judgements are made), the rest right after, so VAD hears it in the
+        # event after the one that started the response, whatever the machine's speed (waiting for the response's
+        # first delta instead would race the stage outputs already queued for the socket)
+        speech = speechlike(0.6)
+        ws.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(speech[:7200]).decode()})
         ws.send({"type": "response.create"})
-        ws.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(speechlike(0.6)).decode()})
+        ws.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(speech[7200:]).decode()})
         events = await ws.until("response.done")
         assert "input_audio_buffer.speech_started" in [e["type"] for e in events], [e["type"] for e in events][-8:]
         done = events[-1]["response"]

@@ -47,3 +47,6 @@ class ThinkerStates(StreamChunk):
 
 class CodecChunk(StreamChunk):
     codes: list[int]
+    # The talker's rate for this stream so far: codes per second since its first code (None before a second code).
+    # Code2wav sizes a stream's first audio chunk by it (a talker barely faster than real time needs a longer one).
+    codes_per_s: float | None = None

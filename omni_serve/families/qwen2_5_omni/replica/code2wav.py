@@ -22,9 +22,10 @@ with a ``pace`` (its client's deadlines) cuts a later chunk short, to the whole 
 client is within ``cut_lead_s`` of running dry, and the batch engine shortens a chunk (``limit``, whole blocks) when
 its whole length would keep another stream's client waiting past its deadline. With the engine's cost model
 (``plan_with``), chunk sizes also follow what the machine can do (``omni_serve.kits.omni.replica.chunk_plan``): the
-first chunk is as long as the client needs to never run dry afterwards (the short first chunk where the machine is
-fast enough), and a later chunk no longer than lands before its client runs dry, counting the wait for codes still
-to come at the rate the stream's codes have come so far (a chunk of the codes here then goes at once instead of a
+first chunk is as long as the client needs to never run dry afterwards, later chunks waiting for codes that come at
+the rate the talker reported with the first ones (the short first chunk where the machine and the talker are fast
+enough), and a later chunk no longer than lands before its client runs dry, counting the wait for codes still to
+come at the rate the stream's codes have come so far (a chunk of the codes here then goes at once instead of a
 longer one that would start too late).
 """
 
@@ -38,7 +39,7 @@ import torch
 from omni_serve.engines.batch import BatchProgram
 from omni_serve.engines.deadlines import CostModel
 from omni_serve.families.qwen2_5_omni.messages import CodecChunk
-from omni_serve.kits.omni.replica.chunk_plan import ChunkPlanner
+from omni_serve.kits.omni.replica.chunk_plan import ChunkPlanner, CodeArrivals, OpeningRates
 from omni_serve.kits.omni.replica.streams import PacedAudio, StreamedInput, WaveChunk
 from omni_serve.models.qwen2_5_omni import DiTWindow, OmniCode2Wav
 
@@ -94,9 +95,15 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
         self.planner: ChunkPlanner | None = None
         self._first_codes: int | None = None  # the planned first chunk (None: not planned yet)
         self._arrivals: tuple[float, int] | None = None  # (time by _now, codes) of the first codes that came
+        self._producer_rate: float | None = None  # the talker's codes per second when it sent the first codes
+        self.openings: OpeningRates | None = None  # the replica's recent streams' opening rates (plan_with)
+        self._opening: tuple[float, int] | None = None  # (time, codes here) when the first chunk went
+        self._opening_measured = False
 
-    def plan_with(self, cost: CostModel) -> None:
-        """Size chunks by what the engine's calls cost (``cost``: seconds per mel frame solved) and the pace."""
+    def plan_with(self, cost: CostModel, openings: OpeningRates | None = None) -> None:
+        """Size chunks by what the engine's calls cost (``cost``: seconds per mel frame solved), the pace, and the
+        rate codes came at in recent streams' openings (``openings``, which this stream adds its own to)."""
+        self.openings = openings
         r, model = self.req, self.model
         self.planner = ChunkPlanner(
             lambda codes: cost.estimate(codes * model.repeats), model.samples_per_code / self.sample_rate,
@@ -106,7 +113,21 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
     def take(self, chunk: CodecChunk) -> None:
         if self._arrivals is None:
             self._arrivals = (self._now(), len(chunk.codes))
+            self._producer_rate = chunk.codes_per_s
         self.codes.extend(chunk.codes)
+        self._measure_opening(chunk.end)
+
+    def _measure_opening(self, ended: bool) -> None:
+        """Once ``OPENING_CODES`` codes came after the first chunk went (or the stream ended), add the rate they came
+        at to the replica's openings (once)."""
+        if self.openings is None or self._opening is None or self._opening_measured:
+            return
+        since, here = self._opening
+        came, elapsed = len(self.codes) - here, self._now() - since
+        if came >= OpeningRates.OPENING_CODES or (ended and came >= self.req.chunk_codes // 4):
+            self._opening_measured = True
+            if elapsed > 0:
+                self.openings.add(came / elapsed)
 
     def _now(self) -> float:
         return self.pace.clock() if self.pace is not None else time.monotonic()  # the deadlines' clock
@@ -129,8 +150,12 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
     def _chunk_size(self) -> int:
         r, planned = self.req, self.planner is not None and self.pace is not None
         if not self.start:
-            if planned and self._first_codes is None:  # planned once: ready() asks on every engine tick
-                self._first_codes = self.planner.first(self.pace.playback.buffer_s, r.first_chunk_codes)
+            if planned and self._first_codes is None and self.codes:  # once: ready() asks on every engine tick
+                rate, recent = self._producer_rate, self.openings.median() if self.openings is not None else None
+                rate = min(rate, recent) if rate and recent else rate
+                arrivals = CodeArrivals(len(self.codes), rate, r.right_context_codes) if rate else None
+                self._first_codes = self.planner.first(self.pace.playback.buffer_s, r.first_chunk_codes,
+                                                       arrivals=arrivals)
             return self._first_codes or r.first_chunk_codes
         size = r.chunk_codes
         if r.chunk_growth:
@@ -234,6 +259,8 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
         wav, chunk_mel = result
         self.mel_tail = torch.cat([self.mel_tail, chunk_mel], dim=1)[:, -self.req.vocoder_context_frames:]
         n = self._pending_end - self.start
+        if not self.start and self._opening is None:
+            self._opening = (self._now(), len(self.codes))
         self.start = self._pending_end
         self.emitted = True
         self.done = self.upstream_done and self.start >= len(self.codes)

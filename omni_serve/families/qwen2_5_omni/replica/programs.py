@@ -10,6 +10,7 @@ prefill, preemption, the prefill -> decode hand-off) emitting Qwen2.5-Omni's thi
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +58,7 @@ class TalkerSequence(StreamedSequence):
         self.unsent: list[int] = []
         self.sent_any = False
         self.steps = 0  # codec tokens sampled
+        self.first_code_at: float | None = None  # time.monotonic() of the first code sampled
 
     def take(self, chunk: ThinkerStates) -> None:
         if chunk.head is not None:
@@ -103,6 +105,11 @@ class TalkerSequence(StreamedSequence):
                 row = self.model.embed_codes([self.history[-1]]) + reply.view(1, -1).to(self.model.device)
                 self.append(row, self.model.positions(self.num_rows, 1))
 
+    def _rate(self) -> float | None:
+        """Codes per second since the first code (None before a second one)."""
+        elapsed = time.monotonic() - self.first_code_at if self.first_code_at is not None else 0.0
+        return (len(self.codes) - 1) / elapsed if len(self.codes) > 1 and elapsed > 0 else None
+
     def on_computed(self, start, end, hidden, logits) -> list[CodecChunk | CodecDelta]:
         if logits is None:
             return []
@@ -113,13 +120,15 @@ class TalkerSequence(StreamedSequence):
         if not stop:
             self.codes.append(code)
             self.unsent.append(code)
+            if self.first_code_at is None:
+                self.first_code_at = time.monotonic()
         self.done = stop or self.steps >= self.req.max_new_tokens
         if not self.done:
             self.poll()
         size = self.req.chunk_size if self.sent_any else self.req.first_chunk_size
         if not self.done and len(self.unsent) < size:
             return []
-        chunk = CodecChunk(codes=self.unsent, end=self.done)
+        chunk = CodecChunk(codes=self.unsent, end=self.done, codes_per_s=self._rate())
         self.unsent, self.sent_any = [], True
         self.codes_sent(len(chunk.codes))
         return [chunk, CodecDelta(codes=chunk.codes)]

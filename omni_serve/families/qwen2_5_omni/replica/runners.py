@@ -24,6 +24,7 @@ from omni_serve.families.qwen2_5_omni.replica.code2wav import (
     Code2WavCompute, Code2WavRequest, Code2WavStream, check_chunking,
 )
 from omni_serve.graph.runner import StageRunner
+from omni_serve.kits.omni.replica.chunk_plan import OpeningRates
 from omni_serve.kits.omni.replica.streams import client_pace, talker_lead
 from omni_serve.kits.omni.replica import runners as omni
 
@@ -80,6 +81,7 @@ class Code2WavRunner(StageRunner):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         check_chunking(self.model, self._request("", 0))
+        self.openings = OpeningRates()  # the rate codes came at in this replica's recent streams' openings
 
     def adapter_options(self):
         p = self.stage_spec.params
@@ -132,7 +134,7 @@ class Code2WavRunner(StageRunner):
         program = Code2WavStream(self.model, self._request(call.voice, call.seed))
         program.pace = client_pace(self.spec)  # its chunks are due when its client needs them
         if p.plan_chunks and getattr(engine, "cost", None) is not None:
-            program.plan_with(engine.cost)  # ... and as long as this machine's calls allow
+            program.plan_with(engine.cost, self.openings)  # ... and as long as this machine's calls allow
         async for out in self.drive(engine, call.request_id, program):
             # Audio for the client is the response payload itself (bytes), not a data-plane reference.
             yield AudioDelta(samples=np.asarray(out.audio, dtype="<f4").tobytes(), num_codes=out.num_codes)

@@ -13,14 +13,16 @@ codes (every later one) of context; the plan assumes calls cost ``1 + margin`` t
   codes can start (its codes and whatever context the caller's windows need have come; 0 when they are here),
   never decreasing in ``codes``: that wait counts against the lead, so a chunk of the codes here, which can start
   now, is preferred to a longer one that would start too late.
-- ``keeps_playing(lead_s, margin)``: whether chunks of ``fit`` sizes from a lead of ``lead_s`` never let the client
-  run dry. A stream for which even ``margin=0`` (calls as estimated) says no will run dry whatever is sent: a full
-  chunk then stalls it once, whereas shorter ones would stall it again and again.
-- ``first(buffer_s, least)``: the smallest first chunk (whole units, at least ``least``, at most ``cap``) after
-  which chunks of ``fit`` sizes, each started as the one before lands, never let the client run dry: its lead
-  when the first chunk lands is ``buffer_s`` plus that chunk's audio. ``least`` while nothing was timed, and
-  when no size keeps the client playing (the stage is slower than real time at its load: the stream will run dry
-  whatever its first chunk, so its first audio stays early; admission is what keeps such streams out).
+- ``keeps_playing(lead_s, margin, *, arrivals=None)``: whether chunks of ``fit`` sizes from a lead of ``lead_s``
+  never let the client run dry. A stream for which even ``margin=0`` (calls as estimated) says no will run dry
+  whatever is sent: a full chunk then stalls it once, whereas shorter ones would stall it again and again.
+  ``arrivals`` (``CodeArrivals``: the codes here and the rate more come at) makes each chunk wait for its codes.
+- ``first(buffer_s, least, *, arrivals=None)``: the smallest first chunk (whole units, at least ``least``, at most
+  ``cap``) after which chunks of ``fit`` sizes, each started as the one before lands (and its codes have come, with
+  ``arrivals``), never let the client run dry: its lead when the first chunk lands is ``buffer_s`` plus that chunk's
+  audio. ``least`` while nothing was timed, and when no size keeps the client playing (the stage, or the codes'
+  producer, is slower than real time at its load: the stream will run dry whatever its first chunk, so its first
+  audio stays early; admission is what keeps such streams out).
 
 Why: a window costs a fixed amount plus its context, so on a machine that produces a stream barely faster than
 real time a short chunk costs more time than the audio it carries. A client that starts with a short first chunk
@@ -28,16 +30,57 @@ and a small buffer then always runs dry once, and cutting later chunks shorter o
 Below a certain lead no chunk size keeps up; above it, the largest chunk that fits grows the lead. The first chunk
 is therefore as long as it must be to start above that lead on this machine and no longer: a fast machine (a GPU,
 AMX) keeps the short first chunk and its early first audio, a slow one trades some first-audio time for no gap.
-``first`` and ``keeps_playing`` assume the codes come as fast as the chunks need them (the talker runs ahead of real
-time); a later chunk's ``fit`` counts how long its codes are still to come (``ready_in``), and a chunk whose codes
-come later than planned is cut to the codes here (the code2wav program's ``cut_lead_s``).
+``OpeningRates`` keeps the rates recent streams' codes came at in their openings (the rate a plan expects is the
+lower of the talker's own and their median).
+
+Without ``arrivals``, ``first`` and ``keeps_playing`` assume the codes come as fast as the chunks need them (a talker
+far ahead of real time). With them, a producer barely faster than real time (the talker of a chat reply, sharing
+the CPU with the thinker that feeds it) asks for a longer first chunk: each later chunk then waits for its codes, so
+the lead grows only by what the producer gains on real time, and a short first chunk would leave the client dry a
+few chunks in. A later chunk's ``fit`` counts how long its codes are still to come (``ready_in``), and a chunk whose
+codes come later than planned is cut to the codes here (the code2wav program's ``cut_lead_s``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 MAX_PLANNED_CHUNKS = 32  # chunks simulated before a first chunk is judged unable to keep its client playing
+
+
+class OpeningRates:
+    """The rates (codes per second) at which recent streams' codes came in their openings, from their first chunk
+    until ``OPENING_CODES`` more came: the median of the last ``keep``. A talker measures its own rate before
+    code2wav starts on its stream, and slows once code2wav shares the cores with it; a replica's recent openings
+    say how much."""
+
+    OPENING_CODES = 96
+
+    def __init__(self, keep: int = 16):
+        self.keep, self.rates = keep, []
+
+    def add(self, rate: float) -> None:
+        self.rates = (self.rates + [rate])[-self.keep:]
+
+    def median(self) -> float | None:
+        ordered = sorted(self.rates)
+        return ordered[len(ordered) // 2] if ordered else None
+
+
+@dataclass(frozen=True)
+class CodeArrivals:
+    """Codes as a plan expects them: ``here`` codes have come (counted from the stream's first), and more come at
+    ``rate`` codes per second; a chunk's call also waits for ``lookahead`` codes past its end (its right context)."""
+
+    here: int
+    rate: float
+    lookahead: int = 0
+
+    def wait(self, end: int, at: float) -> float:
+        """Seconds after ``at`` (seconds from when ``here`` was counted) until codes up to ``end`` (and the
+        lookahead) have come; 0 when they have."""
+        return max(0.0, (end + self.lookahead - self.here) / self.rate - at)
 
 
 class ChunkPlanner:
@@ -66,25 +109,33 @@ class ChunkPlanner:
             best = codes
         return best
 
-    def keeps_playing(self, lead_s: float, margin: float | None = None) -> bool:
+    def keeps_playing(self, lead_s: float, margin: float | None = None, *, arrivals: CodeArrivals | None = None,
+                      sent: int = 0, at: float = 0.0) -> bool:
         """Whether a client with ``lead_s`` of audio buffered as the next call starts never runs dry, with calls
-        ``margin`` (default: the planner's) longer than estimated."""
+        ``margin`` (default: the planner's) longer than estimated. With ``arrivals``, a chunk also waits for its
+        codes: ``sent`` codes were chunked before this call, which starts ``at`` seconds into ``arrivals``' clock."""
         margin = self.margin if margin is None else margin
         for _ in range(MAX_PLANNED_CHUNKS):
-            codes = self.fit(lead_s, margin)
+            def ready_in(codes: int, sent=sent, at=at) -> float:
+                return arrivals.wait(sent + codes, at) if arrivals is not None else 0.0
+            codes = self.fit(lead_s, margin, ready_in=ready_in)
             if not codes:
                 return False
-            after = lead_s - self._cost(codes + self.context_later, margin) + codes * self.audio_per_code
+            spent = ready_in(codes) + self._cost(codes + self.context_later, margin)
+            after = lead_s - spent + codes * self.audio_per_code
             if codes == self.cap and after >= lead_s:
                 return True  # full chunks from here on, each adding lead
-            lead_s = after
+            lead_s, sent, at = after, sent + codes, at + spent
         return False
 
-    def first(self, buffer_s: float, least: int) -> int:
+    def first(self, buffer_s: float, least: int, *, arrivals: CodeArrivals | None = None) -> int:
         if self._cost(least + self.context_first, 0.0) is None:
             return least
         least = max(self.unit, least // self.unit * self.unit)
         for codes in range(least, self.cap + 1, self.unit):
-            if self.keeps_playing(buffer_s + codes * self.audio_per_code):
+            # the first call starts when its codes have come; the client's lead starts when it lands
+            at = arrivals.wait(codes, 0.0) if arrivals is not None else 0.0
+            at += self._cost(codes + self.context_first, 0.0)
+            if self.keeps_playing(buffer_s + codes * self.audio_per_code, arrivals=arrivals, sent=codes, at=at):
                 return codes
         return least
