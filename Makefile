@@ -43,8 +43,7 @@ $(VLLM_VENV)/.packages: pyproject.toml
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchaudio torchcodec
 	touch $@
 
-# This project itself goes in after the main environment's editable install (both build in the source tree).
-$(VLLM_VENV)/.installed: $(VLLM_VENV)/.packages | $(VENV)/.installed
+$(VLLM_VENV)/.installed: $(VLLM_VENV)/.packages
 	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	$(VLLM_VENV)/bin/python -m omni_serve.torchvision_compat
 	touch $@
@@ -68,18 +67,19 @@ run: setup checkpoint
 run-image: setup checkpoint
 	$(VENV)/bin/omni-serve serve --graph qwen_image --port $(PORT) checkpoint=$(IMAGE_CHECKPOINT)
 
-# The two environments install side by side (pip mostly waits on downloads and unpacking), then the suite runs.
+# The two environments' packages install side by side (pip mostly waits on downloads and unpacking); this project's
+# editable installs (both build in the source tree) and the checkpoints follow, then the suite runs.
 test:
-	$(MAKE) -j2 setup vllm-env
-	$(MAKE) checkpoint
+	$(MAKE) -j2 setup $(VLLM_VENV)/.packages
+	$(MAKE) vllm-env checkpoint
 	$(TEST_ENV) OMNI_SERVE_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/pytest tests --durations=40
 
 unit: setup checkpoint
 	$(TEST_ENV) $(VENV)/bin/pytest tests/unit
 
 integration:
-	$(MAKE) -j2 setup vllm-env
-	$(MAKE) checkpoint
+	$(MAKE) -j2 setup $(VLLM_VENV)/.packages
+	$(MAKE) vllm-env checkpoint
 	$(TEST_ENV) OMNI_SERVE_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/pytest tests/integration
 
 # The GPU check (docs/gpu.md). A lent GPU machine has CUDA torch and little else of ours (and no room for Ray):

@@ -151,6 +151,9 @@ def test_a_talker_barely_faster_than_real_time_gets_a_longer_first_chunk():
     slower = CodeArrivals(here=24, rate=45, lookahead=12)
     assert plan.first(0.5, 12, arrivals=slower) == 12
     assert not plan.keeps_playing(5.0, arrivals=slower, sent=24)
+    # ... even with many of its codes here already: full chunks gain lead only until those run out
+    piled = CodeArrivals(here=200, rate=45, lookahead=12)
+    assert not plan.keeps_playing(5.0, arrivals=piled, sent=24) and plan.first(0.5, 12, arrivals=piled) == 12
 
 
 def test_opening_rates_are_the_median_of_the_recent_ones():

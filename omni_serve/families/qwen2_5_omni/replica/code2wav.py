@@ -23,10 +23,10 @@ client is within ``cut_lead_s`` of running dry, and the batch engine shortens a 
 its whole length would keep another stream's client waiting past its deadline. With the engine's cost model
 (``plan_with``), chunk sizes also follow what the machine can do (``omni_serve.kits.omni.replica.chunk_plan``): the
 first chunk is as long as the client needs to never run dry afterwards, later chunks waiting for codes that come at
-the rate the talker reported with the first ones (the short first chunk where the machine and the talker are fast
-enough), and a later chunk no longer than lands before its client runs dry, counting the wait for codes still to
-come at the rate the stream's codes have come so far (a chunk of the codes here then goes at once instead of a
-longer one that would start too late).
+the rate the talker reported with the first ones or, if lower, the median rate of the replica's recent streams'
+openings (the short first chunk where the machine and the talker are fast enough), and a later chunk no longer
+than lands before its client runs dry, counting the wait for codes still to come at the rate the stream's codes
+have come so far (a chunk of the codes here then goes at once instead of a longer one that would start too late).
 """
 
 from __future__ import annotations
@@ -151,8 +151,8 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
         r, planned = self.req, self.planner is not None and self.pace is not None
         if not self.start:
             if planned and self._first_codes is None and self.codes:  # once: ready() asks on every engine tick
-                rate, recent = self._producer_rate, self.openings.median() if self.openings is not None else None
-                rate = min(rate, recent) if rate and recent else rate
+                known = [x for x in (self._producer_rate, self.openings and self.openings.median()) if x]
+                rate = min(known) if known and not self.upstream_done else None  # (all here: nothing to wait for)
                 arrivals = CodeArrivals(len(self.codes), rate, r.right_context_codes) if rate else None
                 self._first_codes = self.planner.first(self.pace.playback.buffer_s, r.first_chunk_codes,
                                                        arrivals=arrivals)
@@ -264,6 +264,7 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
         self.start = self._pending_end
         self.emitted = True
         self.done = self.upstream_done and self.start >= len(self.codes)
+        self._measure_opening(self.upstream_done)
         return [self.sent(WaveChunk(wav.numpy(), n))]
 
 

@@ -134,7 +134,9 @@ class Code2WavRunner(StageRunner):
         program = Code2WavStream(self.model, self._request(call.voice, call.seed))
         program.pace = client_pace(self.spec)  # its chunks are due when its client needs them
         if p.plan_chunks and getattr(engine, "cost", None) is not None:
-            program.plan_with(engine.cost, self.openings)  # ... and as long as this machine's calls allow
+            # ... and as long as this machine's calls allow; a paced talker's codes come at its pace, not at what
+            # it can do, so paced graphs neither count nor use the openings' rates
+            program.plan_with(engine.cost, None if self.spec.playback.talker_lead_s else self.openings)
         async for out in self.drive(engine, call.request_id, program):
             # Audio for the client is the response payload itself (bytes), not a data-plane reference.
             yield AudioDelta(samples=np.asarray(out.audio, dtype="<f4").tobytes(), num_codes=out.num_codes)

@@ -50,10 +50,10 @@ MAX_PLANNED_CHUNKS = 32  # chunks simulated before a first chunk is judged unabl
 
 
 class OpeningRates:
-    """The rates (codes per second) at which recent streams' codes came in their openings, from their first chunk
-    until ``OPENING_CODES`` more came: the median of the last ``keep``. A talker measures its own rate before
-    code2wav starts on its stream, and slows once code2wav shares the cores with it; a replica's recent openings
-    say how much."""
+    """The rates (codes per second) at which recent streams' codes came in their openings, from when their first
+    chunk went until ``OPENING_CODES`` more came (or the stream ended): the median of the last ``keep``. A talker
+    measures its own rate before code2wav starts on its stream, and slows once code2wav shares the cores with it; a
+    replica's recent openings say how much."""
 
     OPENING_CODES = 96
 
@@ -65,7 +65,7 @@ class OpeningRates:
 
     def median(self) -> float | None:
         ordered = sorted(self.rates)
-        return ordered[len(ordered) // 2] if ordered else None
+        return ordered[(len(ordered) - 1) // 2] if ordered else None  # the lower middle of an even count
 
 
 @dataclass(frozen=True)
@@ -123,8 +123,9 @@ class ChunkPlanner:
                 return False
             spent = ready_in(codes) + self._cost(codes + self.context_later, margin)
             after = lead_s - spent + codes * self.audio_per_code
-            if codes == self.cap and after >= lead_s:
-                return True  # full chunks from here on, each adding lead
+            if codes == self.cap and after >= lead_s and (arrivals is None or
+                                                          arrivals.rate * self.audio_per_code >= 1):
+                return True  # full chunks from here on, each adding lead (codes come at least as fast as they play)
             lead_s, sent, at = after, sent + codes, at + spent
         return False
 
