@@ -53,13 +53,16 @@ def _rank(rank: int, port: int, checkpoint: str, wrong: bool, stage: str, queue)
         adapter = _adapter(checkpoint, stage)
         adapter.shard(0 if wrong else rank, 2)
         hidden = _hidden(adapter)
-        queue.put((rank, (adapter.num_kv_heads, [h.clone() for h in hidden])))
+        # numpy arrays travel by value: a tensor would travel as a file descriptor this process shares, which is
+        # gone if it exits before the parent reads the queue
+        queue.put((rank, (adapter.num_kv_heads, [h.numpy().copy() for h in hidden])))
     finally:
         dist.destroy_process_group()
 
 
 def on_two_ranks(checkpoint: str, wrong: bool = False, stage: str = "thinker") -> dict[int, tuple]:
-    return spawn_ranks(_rank, checkpoint, wrong, stage)
+    return {rank: (kv, [torch.from_numpy(h) for h in hidden])
+            for rank, (kv, hidden) in spawn_ranks(_rank, checkpoint, wrong, stage).items()}
 
 
 @pytest.fixture(scope="module")
