@@ -97,8 +97,7 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
         self._arrivals: tuple[float, int] | None = None  # (time by _now, codes) of the first codes that came
         self._producer_rate: float | None = None  # the talker's codes per second when it sent the first codes
         self.openings: OpeningRates | None = None  # the replica's recent streams' opening rates (plan_with)
-        self._opening: tuple[float, int] | None = None  # (time, codes here) when the first chunk went
-        self._opening_measured = False
+        self._opening: tuple[float, int] | None = None  # (time, codes here) as the first chunk went; None: measured
 
     def plan_with(self, cost: CostModel, openings: OpeningRates | None = None) -> None:
         """Size chunks by what the engine's calls cost (``cost``: seconds per mel frame solved), the pace, and the
@@ -120,12 +119,12 @@ class Code2WavStream(PacedAudio, StreamedInput, BatchProgram):
     def _measure_opening(self, ended: bool) -> None:
         """Once ``OPENING_CODES`` codes came after the first chunk went (or the stream ended), add the rate they came
         at to the replica's openings (once)."""
-        if self.openings is None or self._opening is None or self._opening_measured:
+        if self.openings is None or self._opening is None:
             return
         since, here = self._opening
         came, elapsed = len(self.codes) - here, self._now() - since
         if came >= OpeningRates.OPENING_CODES or (ended and came >= self.req.chunk_codes // 4):
-            self._opening_measured = True
+            self._opening = None  # measured: complete() sets it only while the first chunk goes
             if elapsed > 0:
                 self.openings.add(came / elapsed)
 
