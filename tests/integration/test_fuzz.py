@@ -1,4 +1,4 @@
-"""Hostile input: requests generated from the served OpenAPI schema (schemathesis) against both graphs.
+"""Hostile input: requests generated from the served OpenAPI schema (schemathesis) against the four served graphs.
 
 Every operation of the ingress's ``/openapi.json`` (the Omni graphs': chat, speech, transcriptions) is fuzzed
 with schema-valid (positive) and schema-violating (negative) requests, a few thousand in all. Half of the bodies
@@ -8,8 +8,11 @@ small limits (short outputs, small images, few steps) so a valid request is chea
 fuzzed too.
 
 Passes when: no answer is a 5xx; every 4xx carries an OpenAI error body; every stream ends in ``[DONE]`` (chat)
-or a ``*.done`` event (speech, transcriptions) and carries no server error event; no replica of either graph
-crashed or was replaced; and afterwards both graphs still serve a normal request and hold no request state.
+or a ``*.done`` event (speech, transcriptions) and carries no server error event; no replica of any graph
+crashed or was replaced; generations succeeded; and afterwards every graph holds no request state.
+
+Every graph's runs (its positive and its negative one) go at once, each a client process of its own, so the
+graphs are fuzzed side by side on the shared cores (``_Runs`` says why).
 
 ``OMNI_SERVE_FUZZ_EXAMPLES`` (per graph and generation mode, default 800) and ``OMNI_SERVE_FUZZ_SEED``
 (default 0; runs are reproducible) tune a run; failures print a curl command that reproduces each. GLM-Image gets
@@ -41,11 +44,25 @@ IMAGE_STAGES = ("text_encoder", "dit", "vae")
 GLM_STAGES = ("ar", "text_encoder", "dit", "vae")
 
 
+APPS = ("fuzz_omni", "fuzz_qwen3", "fuzz_image", "fuzz_glm")
+
+
+def _selected(request) -> list[str]:
+    """The graphs whose test this session runs (all four unless ``-k`` chose fewer)."""
+    chosen = {item.callspec.params.get("app") for item in request.session.items
+              if item.module is request.module and hasattr(item, "callspec")}
+    return [app for app in APPS if app in chosen]
+
+
 @pytest.fixture(scope="module")
-def fuzz_apps(ray_serve, omni_tiny_dir, qwen_image_tiny_dir, qwen3_omni_tiny_dir, glm_image_tiny_dir):
+def fuzz_apps(request, ray_serve, omni_tiny_dir, qwen_image_tiny_dir, qwen3_omni_tiny_dir, glm_image_tiny_dir):
+    """The selected graphs, deployed with small limits, and every one's fuzz started at once: app -> (base URL,
+    model, route, stages, replicas before the fuzz, the run's future)."""
     from ray import serve
 
     from omni_serve.families import glm_image, qwen2_5_omni, qwen3_omni, qwen_image
+
+    selected = _selected(request)
 
     omni_args = {
         "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in OMNI_STAGES},
@@ -53,29 +70,37 @@ def fuzz_apps(ray_serve, omni_tiny_dir, qwen_image_tiny_dir, qwen3_omni_tiny_dir
         "stages.talker.params.max_codec_tokens": 16, "max_audio_seconds": 5, "max_image_pixels": 128 * 128,
         "ingress.request_timeout_s": 60, "ingress.enable_docs": True,  # the fuzzer reads /openapi.json
     }
-    serve.run(qwen2_5_omni.build_app({"checkpoint": omni_tiny_dir, **FIXED_TOPOLOGY, **omni_args,
-                                      "stages.code2wav.params.num_steps": 1}), name="fuzz_omni", route_prefix="/fuzz_omni")
-    serve.run(qwen3_omni.build_app({"checkpoint": qwen3_omni_tiny_dir, **omni_args}), name="fuzz_qwen3",
-              route_prefix="/fuzz_qwen3")
     image_args = {  # both image graphs: small sizes and few steps
         "ingress.num_cpus": 0, "stages.dit.engine.torch_threads": 1, "default_size": "32x32", "default_steps": 2,
         "max_steps": 3, "max_side": 64, "max_pixels": 64 * 64, "max_images": 2, "ingress.request_timeout_s": 60,
         "ingress.enable_docs": True,
     }
-    serve.run(qwen_image.build_app({
-        "checkpoint": qwen_image_tiny_dir, **{f"stages.{s}.num_cpus": 0 for s in IMAGE_STAGES}, **image_args,
-    }), name="fuzz_image", route_prefix="/fuzz_image")
-    serve.run(glm_image.build_app({
-        "checkpoint": glm_image_tiny_dir, **{f"stages.{s}.num_cpus": 0 for s in GLM_STAGES}, **image_args,
-    }), name="fuzz_glm", route_prefix="/fuzz_glm")
-    yield {"fuzz_omni": (ray_serve + "/fuzz_omni", "qwen2.5-omni", "/v1/chat/completions", OMNI_STAGES),
-           "fuzz_qwen3": (ray_serve + "/fuzz_qwen3", "qwen3-omni", "/v1/chat/completions", OMNI_STAGES),
-           "fuzz_image": (ray_serve + "/fuzz_image", "qwen-image", "/v1/images/generations", IMAGE_STAGES),
-           "fuzz_glm": (ray_serve + "/fuzz_glm", "glm-image", "/v1/images/generations", GLM_STAGES)}
-    serve.delete("fuzz_omni")
-    serve.delete("fuzz_qwen3")
-    serve.delete("fuzz_image")
-    serve.delete("fuzz_glm")
+    builds = {
+        "fuzz_omni": lambda: qwen2_5_omni.build_app({"checkpoint": omni_tiny_dir, **FIXED_TOPOLOGY, **omni_args,
+                                                     "stages.code2wav.params.num_steps": 1}),
+        "fuzz_qwen3": lambda: qwen3_omni.build_app({"checkpoint": qwen3_omni_tiny_dir, **omni_args}),
+        "fuzz_image": lambda: qwen_image.build_app({
+            "checkpoint": qwen_image_tiny_dir, **{f"stages.{s}.num_cpus": 0 for s in IMAGE_STAGES}, **image_args}),
+        "fuzz_glm": lambda: glm_image.build_app({
+            "checkpoint": glm_image_tiny_dir, **{f"stages.{s}.num_cpus": 0 for s in GLM_STAGES}, **image_args}),
+    }
+    served = {"fuzz_omni": ("qwen2.5-omni", "/v1/chat/completions", OMNI_STAGES),
+              "fuzz_qwen3": ("qwen3-omni", "/v1/chat/completions", OMNI_STAGES),
+              "fuzz_image": ("qwen-image", "/v1/images/generations", IMAGE_STAGES),
+              "fuzz_glm": ("glm-image", "/v1/images/generations", GLM_STAGES)}
+    for app in selected:
+        serve.run(builds[app](), name=app, route_prefix=f"/{app}")
+    before = {app: _replicas(app) for app in selected}  # before any fuzz starts
+    with _Runs() as runs:
+        apps = {}
+        for app in selected:
+            model, route, stages = served[app]
+            positive = max(1, int(EXAMPLES * POSITIVE_SHARE.get(app, 1.0)))
+            apps[app] = (ray_serve + f"/{app}", model, route, stages, before[app], positive,
+                         runs.start(ray_serve + f"/{app}", model, route, positive, EXAMPLES))
+        yield apps
+    for app in selected:
+        serve.delete(app)
 
 
 def _replicas(app: str) -> set[str]:
@@ -143,32 +168,47 @@ def _aim(body: dict, model: str) -> None:
         body["voice"] = "Chelsie"
 
 
-def _fuzz(base_url: str, model: str, route: str, positive: int, negative: int) -> tuple[Counter, list[str]]:
-    """Run ``positive`` schema-valid and ``negative`` schema-violating cases, about half of them on the graph's
-    own ``route`` and the rest on any operation; (status counts per operation, problems with a curl command each).
+class _Runs:
+    """Fuzz runs, each a process of its own, all in flight at once: every selected graph's positive and negative
+    run start together, so the graphs meet eight hostile clients at once and their engines batch the runs'
+    generations. One run at a time left a third of the two cores idle (GLM's fuzz, the CPU sampled every 5 s:
+    67% busy): each client waits on its answers one at a time. Processes, not threads: on CPython 3.11, ``compile``
+    in two threads at once (Hypothesis and schemathesis parse source as they go) can fail with "AST constructor
+    recursion depth mismatch"."""
 
-    The positive and the negative run go at once: the graph meets two hostile clients in flight together, and its
-    engines batch the two runs' generations (GLM's fuzz: 195 s one after the other, 153 s at once). The negative
-    run is a process of its own, not a thread: on CPython 3.11, ``compile`` in two threads at once (Hypothesis
-    and schemathesis parse source as they go) can fail with "AST constructor recursion depth mismatch"."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    def __enter__(self):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        negative_run = pool.submit(_fuzz_mode, "negative", base_url, model, route, negative)
-        runs = [_fuzz_mode("positive", base_url, model, route, positive), negative_run.result()]
-    statuses, codes, problems = Counter(), Counter(), []
-    for run_statuses, run_codes, run_problems in runs:
+        self.pool = ProcessPoolExecutor(2 * len(APPS), mp_context=multiprocessing.get_context("spawn"))
+        return self
+
+    def __exit__(self, *exc):
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def start(self, base_url: str, model: str, route: str, positive: int, negative: int) -> list:
+        """``positive`` schema-valid and ``negative`` schema-violating cases, about half of them on the graph's
+        own ``route`` and the rest on any operation: the two runs' futures."""
+        return [self.pool.submit(_fuzz_mode, mode, base_url, model, route, examples)
+                for mode, examples in (("positive", positive), ("negative", negative))]
+
+
+def _collect(runs: list) -> tuple[Counter, list[str], float]:
+    """The runs' status counts per operation, problems with a curl command each, and the longest run's seconds."""
+    statuses, codes, problems, took = Counter(), Counter(), [], 0.0
+    for run in runs:
+        run_statuses, run_codes, run_problems, seconds = run.result()
         statuses.update(run_statuses)
         codes.update(run_codes)
         problems.extend(run_problems)
+        took = max(took, seconds)
     print("4xx codes:", dict(codes.most_common(20)))
-    return statuses, problems
+    return statuses, problems, took
 
 
 def _fuzz_mode(mode: str, base_url: str, model: str, route: str, examples: int):
     """One generation mode's run (``positive`` or ``negative``), on the schema the graph serves: (status counts
-    per operation, 4xx codes, problems)."""
+    per operation, 4xx codes, problems, seconds it took)."""
     import requests
     import schemathesis
     from hypothesis import HealthCheck, given, seed, settings
@@ -202,19 +242,16 @@ def _fuzz_mode(mode: str, base_url: str, model: str, route: str, examples: int):
         if problem:
             problems.append(f"{problem} <- {case.as_curl_command()}")
 
-    run()
-    return statuses, codes, problems
-
-
-@pytest.mark.parametrize("app", ["fuzz_omni", "fuzz_qwen3", "fuzz_image", "fuzz_glm"])
-def test_fuzzed_requests_get_no_5xx_and_crash_no_replica(fuzz_apps, app):
-    base_url, model, route, stages = fuzz_apps[app]
-    before = _replicas(app)
-    assert len(before) == len(stages) + 1, before
     start = time.monotonic()
-    positive = max(1, int(EXAMPLES * POSITIVE_SHARE.get(app, 1.0)))
-    statuses, problems = _fuzz(base_url, model, route, positive, EXAMPLES)
-    took = time.monotonic() - start
+    run()
+    return statuses, codes, problems, time.monotonic() - start
+
+
+@pytest.mark.parametrize("app", APPS)
+def test_fuzzed_requests_get_no_5xx_and_crash_no_replica(fuzz_apps, app):
+    base_url, model, route, stages, before, positive, runs = fuzz_apps[app]
+    assert len(before) == len(stages) + 1, before
+    statuses, problems, took = _collect(runs)
     print(f"\n{app}: {sum(statuses.values())} requests in {took:.0f} s: {dict(sorted(statuses.items()))}")
     assert not problems, f"{len(problems)} bad answers, e.g.:\n" + "\n".join(problems[:10])
     assert sum(statuses.values()) >= (positive + EXAMPLES) * 0.9  # hypothesis may stop early on a tiny space; not here
