@@ -57,14 +57,16 @@ LAST_WRITTEN = {"qwen2_5_omni": "spk_dict.pt"}
 
 
 def tiny_checkpoint(family: str) -> str:
-    """The tiny checkpoint of a registered family, at its environment variable's path or checkpoints/<family>-tiny,
-    written by the family's checkpoint writer if it is missing."""
+    """The tiny checkpoint of a registered family (or of a model whose writer is in ``UNSERVED_WRITERS``), at its
+    environment variable's path or checkpoints/<family>-tiny, written by its checkpoint writer if it is missing."""
+    from omni_serve.checkpoints import UNSERVED_WRITERS
     from omni_serve.graph.registry import families, import_path
 
     env = CHECKPOINT_ENV.get(family, f"OMNI_SERVE_TEST_{family.upper()}_CHECKPOINT")
     path = os.environ.get(env, os.path.join(REPO, "checkpoints", f"{family}-tiny"))
     if not os.path.exists(os.path.join(path, LAST_WRITTEN.get(family, "omni_serve_checkpoint.json"))):
-        import_path(families()[family].checkpoint_writer)(path, "tiny")
+        writer = UNSERVED_WRITERS.get(family) or families()[family].checkpoint_writer
+        import_path(writer)(path, "tiny")
     return path
 
 
@@ -84,6 +86,11 @@ def qwen_image_tiny_dir() -> str:
 def qwen3_omni_tiny_dir() -> str:
     """Path of the tiny Qwen3-Omni checkpoint (made here if missing)."""
     return tiny_checkpoint("qwen3_omni")
+
+
+@pytest.fixture(scope="session")
+def wan_tiny_dir() -> str:
+    return tiny_checkpoint("wan")
 
 
 @pytest.fixture(scope="session")

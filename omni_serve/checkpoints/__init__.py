@@ -2,4 +2,13 @@
 graph is not served yet (``omni-serve make-checkpoint`` offers them too; a served family names its writer in its
 ``FAMILY`` instead, and its entry moves there)."""
 
-UNSERVED_WRITERS: dict[str, str] = {}
+import json
+import os
+
+UNSERVED_WRITERS: dict[str, str] = {"wan": "omni_serve.checkpoints.wan:make_checkpoint"}
+
+
+def write_marker(out_dir: str, family: str, size: str, seed: int) -> None:
+    """``omni_serve_checkpoint.json``, written last: what wrote the directory (and that it is complete)."""
+    with open(os.path.join(out_dir, "omni_serve_checkpoint.json"), "w") as f:
+        json.dump({"family": family, "size": size, "seed": seed}, f, indent=2)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from omni_serve.checkpoints.qwen_image import write_marker
+from omni_serve.checkpoints import write_marker
 from omni_serve.checkpoints.tokenizer import _corpus
 from omni_serve.models.glm_image_layout import GRID_FACTOR
 

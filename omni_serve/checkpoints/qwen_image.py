@@ -23,10 +23,11 @@ and the assistant header reach the transformer, as with the real model. Sizes:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass
+
+from omni_serve.checkpoints import write_marker
 
 log = logging.getLogger(__name__)
 
@@ -182,12 +183,6 @@ def build_components(s: QwenImageSize, tokenizer, seed: int) -> dict:
     ).eval()
     return {"scheduler": FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG), "vae": vae,
             "text_encoder": text_encoder, "tokenizer": tokenizer, "transformer": transformer}
-
-
-def write_marker(out_dir: str, family: str, size: str, seed: int) -> None:
-    """``omni_serve_checkpoint.json``, written last: what wrote the directory (and that it is complete)."""
-    with open(os.path.join(out_dir, "omni_serve_checkpoint.json"), "w") as f:
-        json.dump({"family": family, "size": size, "seed": seed}, f, indent=2)
 
 
 def make_checkpoint(out_dir: str, size: str = "tiny", seed: int = 0) -> str:

@@ -22,9 +22,8 @@ import dataclasses
 import json
 import os
 
-from omni_serve.checkpoints.qwen_image import (
-    CHAT_TEMPLATE, SIZES as IMAGE_SIZES, SPECIAL_TOKENS, build_components, write_marker,
-)
+from omni_serve.checkpoints import write_marker
+from omni_serve.checkpoints.qwen_image import CHAT_TEMPLATE, SIZES as IMAGE_SIZES, SPECIAL_TOKENS, build_components
 
 SIZES = {
     "tiny": dataclasses.replace(IMAGE_SIZES["tiny"], vocab=1024, vae_base_dim=4),

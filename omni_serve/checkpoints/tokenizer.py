@@ -1,9 +1,11 @@
-"""Build a small byte-level BPE tokenizer locally (no hub access) for random-weight checkpoints.
+"""Build small tokenizers locally (no hub access) for random-weight checkpoints.
 
 Contract: ``build_qwen_tokenizer(special_tokens, vocab_size)`` returns a ``Qwen2TokenizerFast`` whose
 special tokens occupy ids ``0..len(special_tokens)-1`` in the given order, followed by the 256 byte-level
-symbols and learned merges. Byte-level pre-tokenization means any UTF-8 text encodes; the corpus is
-deterministic, so the same arguments always give the same tokenizer.
+symbols and learned merges. Byte-level pre-tokenization means any UTF-8 text encodes. ``build_t5_tokenizer(
+vocab_size)`` returns a ``T5Tokenizer`` (a Unigram model with T5's whitespace and metaspace pre-tokenization, as
+UMT5's: ``<pad>`` 0, ``</s>`` 1, ``<unk>`` 2, ``</s>`` appended to every text). The corpus is deterministic, so the
+same arguments always give the same tokenizer.
 """
 
 from __future__ import annotations
@@ -66,6 +68,23 @@ def build_qwen_tokenizer(
         chat_template=chat_template,
         model_max_length=32768,
     )
+
+
+def build_t5_tokenizer(vocab_size: int, model_max_length: int = 512):
+    """Train a Unigram tokenizer with T5's pre-tokenization and wrap it as a transformers ``T5Tokenizer`` (backed by
+    ``tokenizers`` in transformers 5: no sentencepiece model file), the special tokens in UMT5's ids."""
+    import json
+
+    from transformers import T5Tokenizer
+
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")])
+    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "</s>", "<unk>"],
+                                      unk_token="<unk>", show_progress=False)
+    tok.train_from_iterator(_corpus(4000), trainer=trainer)
+    vocab = [tuple(piece) for piece in json.loads(tok.to_str())["model"]["vocab"]]
+    return T5Tokenizer(vocab=vocab, extra_ids=0, model_max_length=model_max_length)
 
 
 # The tool-calling part of Qwen's chat templates (Qwen2.5/Qwen3 and Qwen3-Omni's): the tools go at the end of the

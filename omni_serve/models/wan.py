@@ -1,0 +1,159 @@
+"""Adapters over diffusers' Wan 2.1 text-to-video components; each stage loads only its own part of the checkpoint.
+
+Contract (a checkpoint directory in the diffusers layout, as ``WanPipeline.from_pretrained`` reads):
+
+- ``WanTextEncoder(dir)``: ``token_count(text)`` (the cleaned prompt's UMT5 tokens, ``</s>`` included: the grouping
+  key for batching; at most ``max_tokens``) and ``encode(texts) -> list[Tensor[L_i, D]]``: diffusers' own
+  ``_get_t5_prompt_embeds``, called on texts of equal token count so no padding enters the encoder. The pipeline pads
+  every prompt's embeddings with zeros to ``max_tokens`` rows; ``WanDenoiser.predict`` does that, so only the real
+  rows travel between stages.
+- ``WanDenoiser(dir)``: the transformer plus the latent geometry. ``latent_shape(num_frames, height, width)`` is one
+  video's latent [C, F', H', W']; ``initial_latents(n, num_frames, height, width, seed)`` draws the float32 noise
+  exactly as the pipeline does with ``torch.Generator().manual_seed(seed)``; ``new_scheduler(num_steps)`` returns a
+  per-request ``UniPCMultistepScheduler`` (the checkpoint's config: flow prediction, its ``flow_shift``), stateful, so
+  one per request; ``predict(rows)`` runs ONE transformer forward over rows of any requests with the same latent shape
+  and any timesteps, and returns one prediction each (each equal to the row's forward alone, to float rounding).
+  ``combine_cfg`` is the pipeline's classifier-free guidance (plain: ``uncond + scale * (cond - uncond)``), which the
+  pipeline applies when ``guidance_scale > 1`` (with an empty negative prompt when none is given).
+- ``WanDecoder(dir)``: ``decode(latents) -> uint8 [n, F, H, W, 3]`` (the pipeline's de-normalisation, ``vae.decode``
+  and ``postprocess_video``), batched over videos of one shape.
+
+The pipeline object itself is built from only the components a stage holds (the others ``None``), so prompt
+cleaning, the text encoder call and post-processing are diffusers' code, not copies.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+MAX_TEXT_TOKENS = 512  # the pipeline's max_sequence_length; its attention processors take the text to be this long
+
+
+def _partial_pipeline(**components):
+    """A ``WanPipeline`` holding only ``components`` (the rest None): its helpers work on those."""
+    from diffusers import WanPipeline
+
+    parts = {"tokenizer": None, "text_encoder": None, "transformer": None, "vae": None, "scheduler": None}
+    parts.update(components)
+    return WanPipeline(**parts)
+
+
+class WanTextEncoder:
+    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
+        from transformers import AutoTokenizer, UMT5EncoderModel
+
+        self.device = torch.device(device)
+        tokenizer = AutoTokenizer.from_pretrained(os.path.join(checkpoint_dir, "tokenizer"))
+        encoder = UMT5EncoderModel.from_pretrained(os.path.join(checkpoint_dir, "text_encoder"),
+                                                   dtype=dtype).to(self.device).eval()
+        self.pipe = _partial_pipeline(text_encoder=encoder, tokenizer=tokenizer)
+        self.modules = {"text_encoder": encoder}
+
+    @property
+    def max_tokens(self) -> int:
+        return MAX_TEXT_TOKENS
+
+    def token_count(self, text: str) -> int:
+        """Tokens of the prompt as the pipeline cleans it (``</s>`` included); prompts with equal counts are
+        encoded together without padding."""
+        from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+
+        return len(self.pipe.tokenizer(prompt_clean(text), add_special_tokens=True).input_ids)
+
+    @torch.inference_mode()
+    def encode(self, texts: list[str]) -> list[torch.Tensor]:
+        counts = {self.token_count(t) for t in texts}
+        if len(counts) != 1:
+            raise ValueError(f"texts of one call must have one token count, got {sorted(counts)}")
+        embeds = self.pipe._get_t5_prompt_embeds(texts, max_sequence_length=counts.pop(), device=self.device)
+        return list(embeds)
+
+
+@dataclass
+class WanRow:
+    """One transformer input row: a video latent [C, F', H', W'] at one timestep, conditioned on text [L, D]."""
+
+    latents: torch.Tensor
+    timestep: torch.Tensor  # scalar, the scheduler's t (0..1000)
+    text: torch.Tensor
+
+
+class WanDenoiser:
+    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
+        from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanTransformer3DModel
+
+        self.device, self.dtype = torch.device(device), dtype
+        self.transformer = WanTransformer3DModel.from_pretrained(
+            checkpoint_dir, subfolder="transformer", torch_dtype=dtype).to(self.device).eval()
+        self.scheduler_config = UniPCMultistepScheduler.load_config(checkpoint_dir, subfolder="scheduler")
+        vae = AutoencoderKLWan.load_config(checkpoint_dir, subfolder="vae")
+        self.scale_temporal = vae.get("scale_factor_temporal", 4)
+        self.scale_spatial = vae.get("scale_factor_spatial", 8)
+        self.channels = self.transformer.config.in_channels
+        self.modules = {"transformer": self.transformer}
+
+    def latent_shape(self, num_frames: int, height: int, width: int) -> tuple[int, int, int, int]:
+        """One video's latent [C, F', H', W'] (the pipeline's ``prepare_latents``)."""
+        return (self.channels, (num_frames - 1) // self.scale_temporal + 1, height // self.scale_spatial,
+                width // self.scale_spatial)
+
+    def initial_latents(self, n: int, num_frames: int, height: int, width: int, seed: int) -> torch.Tensor:
+        """Noise [n, C, F', H', W'] in float32: the pipeline's ``prepare_latents`` with ``Generator().manual_seed``."""
+        from diffusers.utils.torch_utils import randn_tensor
+
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        return randn_tensor((n, *self.latent_shape(num_frames, height, width)), generator=gen, device=self.device,
+                            dtype=torch.float32)
+
+    def new_scheduler(self, num_steps: int):
+        from diffusers import UniPCMultistepScheduler
+
+        scheduler = UniPCMultistepScheduler.from_config(self.scheduler_config)
+        scheduler.set_timesteps(num_steps, device=self.device)
+        scheduler.set_begin_index(0)
+        return scheduler
+
+    @torch.inference_mode()
+    def predict(self, rows: list[WanRow]) -> torch.Tensor:
+        """One forward over ``rows`` (one latent shape, any timesteps); predictions [B, C, F', H', W'] in float32.
+        Each row's text is zero-padded to ``MAX_TEXT_TOKENS`` rows, as the pipeline's prompt embeddings are."""
+        text = torch.stack([torch.nn.functional.pad(r.text, (0, 0, 0, MAX_TEXT_TOKENS - r.text.shape[0]))
+                            for r in rows]).to(self.device, self.dtype)
+        latents = torch.stack([r.latents for r in rows]).to(self.dtype)
+        timestep = torch.stack([r.timestep for r in rows]).to(self.device)
+        out = self.transformer(hidden_states=latents, timestep=timestep, encoder_hidden_states=text,
+                               return_dict=False)[0]
+        return out.float()
+
+
+def combine_cfg(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+    """The pipeline's classifier-free guidance."""
+    return uncond + scale * (cond - uncond)
+
+
+class WanDecoder:
+    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
+        from diffusers import AutoencoderKLWan
+
+        self.device = torch.device(device)
+        self.vae = AutoencoderKLWan.from_pretrained(checkpoint_dir, subfolder="vae",
+                                                    torch_dtype=dtype).to(self.device).eval()
+        self.pipe = _partial_pipeline(vae=self.vae)
+        cfg = self.vae.config
+        self.latents_mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(self.device, self.vae.dtype)
+        # Stored inverted and divided by, as the pipeline does (bit-identical de-normalisation).
+        self.inv_latents_std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(
+            self.device, self.vae.dtype)
+        self.modules = {"vae": self.vae}
+
+    @torch.inference_mode()
+    def decode(self, latents: torch.Tensor) -> np.ndarray:
+        """Latents [n, C, F', H', W'] -> uint8 RGB frames [n, F, H, W, 3] (diffusers' ``postprocess_video``)."""
+        x = latents.to(self.device, self.vae.dtype) / self.inv_latents_std + self.latents_mean
+        video = self.vae.decode(x, return_dict=False)[0]
+        frames = self.pipe.video_processor.postprocess_video(video, output_type="np")
+        return (frames * 255).round().astype(np.uint8)
