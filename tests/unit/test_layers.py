@@ -3,7 +3,7 @@
 Layers, top to bottom (a module may import its own layer and any layer below; function-level imports count):
 tools (cli, bench) > checkpoint writers > families (``omni_serve.graph.<family>``) > deployments > the generic
 graph framework (``omni_serve.graph.*`` modules) > model adapters > engines, parallel > metrics, autoscaling,
-realtime admission > api, transport, request ids, playback, realtime projection > settings, torchvision_compat.
+realtime admission > api, transport, jobs, request ids, playback, realtime projection > settings, torchvision_compat.
 Inside a family, only ``replica/`` (what stage replicas run) may import the family's replica code; everything else of
 the family is ingress-side or declaration.
 """
@@ -31,7 +31,7 @@ RANKS = {
     "models": 4,
     "engines": 3, "parallel": 3,
     "metrics": 2, "autoscaling": 2, "realtime_admission": 2,
-    "api": 1, "transport": 1, "request_ids": 1, "playback": 1, "realtime_projection": 1,
+    "api": 1, "transport": 1, "jobs": 1, "request_ids": 1, "playback": 1, "realtime_projection": 1,
     "settings": 0, "torchvision_compat": 0, "omni_serve": 0,
 }
 
