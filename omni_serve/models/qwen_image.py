@@ -27,11 +27,11 @@ prompt template, packing and post-processing are diffusers' code, not copies.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from omni_serve.models.diffusion_rows import DenoiseRow
 from omni_serve.models.prepared_paths import use_prepared
 from omni_serve.models.qwen_image_layout import TOKENIZER_SUBFOLDER, TRANSFORMER_SUBFOLDER, VAE_SUBFOLDER, vae_scale_factor
 
@@ -70,18 +70,6 @@ class QwenImageTextEncoder:
         if mask is not None:  # only when lengths differ; callers group by token_count
             return [e[m.bool()] for e, m in zip(embeds, mask)]
         return list(embeds)
-
-
-@dataclass
-class DenoiseRow:
-    """One transformer input row: a packed latent [S, C] at one timestep, conditioned on text [L, D] and, for
-    image-conditioned pipelines (Qwen-Image-Edit), on packed image latents [S_c, C] appended to the sequence."""
-
-    latents: torch.Tensor
-    timestep: torch.Tensor  # scalar, the scheduler's t (0..1000)
-    text: torch.Tensor
-    guidance: float | None = None  # only for guidance-distilled transformers
-    condition: torch.Tensor | None = None  # conditioning image latents (on ``predict``'s condition_grid)
 
 
 class QwenImageDenoiser:
@@ -155,6 +143,17 @@ class QwenImageDenoiser:
         retrieve_timesteps(scheduler, num_steps, self.device, sigmas=sigmas, mu=mu)
         scheduler.set_begin_index(0)
         return scheduler
+
+    def prepare(self, request) -> tuple[tuple[int, int], torch.Tensor, object]:
+        """A request's (latent grid, initial latents, scheduler): what the diffusion kit's ``DenoiseProgram`` asks
+        of any denoiser (``request``: the kit's ``DenoiseCall``)."""
+        latents = self.initial_latents(request.n, request.height, request.width, request.seed)
+        return (self.latent_grid(request.height, request.width), latents,
+                self.new_scheduler(request.num_steps, latents.shape[1]))
+
+    @staticmethod
+    def combine_cfg(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+        return combine_cfg(cond, uncond, scale)
 
     def predict(self, rows: list[DenoiseRow], grid: tuple[int, int], forward=None,
                 condition_grid: tuple[int, int] | None = None, row_cache=None) -> torch.Tensor:

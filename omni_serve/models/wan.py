@@ -11,8 +11,9 @@ Contract (a checkpoint directory in the diffusers layout, as ``WanPipeline.from_
   video's latent [C, F', H', W']; ``initial_latents(n, num_frames, height, width, seed)`` draws the float32 noise
   exactly as the pipeline does with ``torch.Generator().manual_seed(seed)``; ``new_scheduler(num_steps)`` returns a
   per-request ``UniPCMultistepScheduler`` (the checkpoint's config: flow prediction, its ``flow_shift``), stateful, so
-  one per request; ``predict(rows)`` runs ONE transformer forward over rows of any requests with the same latent shape
+  one per request; ``predict(rows)`` (``DenoiseRow``s) runs ONE transformer forward over rows of any requests with the same latent shape
   and any timesteps, and returns one prediction each (each equal to the row's forward alone, to float rounding).
+  ``prepare(call)`` and the static ``combine_cfg`` make it a denoiser for the diffusion kit's ``DenoiseProgram``;
   ``combine_cfg`` is the pipeline's classifier-free guidance (plain: ``uncond + scale * (cond - uncond)``), which the
   pipeline applies when ``guidance_scale > 1`` (with an empty negative prompt when none is given).
 - ``WanDecoder(dir)``: ``decode(latents) -> uint8 [n, F, H, W, 3]`` (the pipeline's de-normalisation, ``vae.decode``
@@ -25,10 +26,11 @@ cleaning, the text encoder call and post-processing are diffusers' code, not cop
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from omni_serve.models.diffusion_rows import DenoiseRow
 
 MAX_TEXT_TOKENS = 512  # the pipeline's max_sequence_length; its attention processors take the text to be this long
 
@@ -73,15 +75,6 @@ class WanTextEncoder:
         return list(embeds)
 
 
-@dataclass
-class WanRow:
-    """One transformer input row: a video latent [C, F', H', W'] at one timestep, conditioned on text [L, D]."""
-
-    latents: torch.Tensor
-    timestep: torch.Tensor  # scalar, the scheduler's t (0..1000)
-    text: torch.Tensor
-
-
 class WanDenoiser:
     def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
         from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanTransformer3DModel
@@ -118,9 +111,24 @@ class WanDenoiser:
         return scheduler
 
     @torch.inference_mode()
-    def predict(self, rows: list[WanRow]) -> torch.Tensor:
+    def prepare(self, request) -> tuple[tuple[int, ...], torch.Tensor, object]:
+        """A request's (latent shape, initial latents, scheduler), as the diffusion kit's ``DenoiseProgram`` asks
+        (``request``: a denoise call with ``num_frames``)."""
+        r = request
+        return (self.latent_shape(r.num_frames, r.height, r.width),
+                self.initial_latents(r.n, r.num_frames, r.height, r.width, r.seed), self.new_scheduler(r.num_steps))
+
+    @staticmethod
+    def combine_cfg(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+        return combine_cfg(cond, uncond, scale)
+
+    packed = None  # no packed forward: cached requests run alone, through cache-dit's patched forward
+
+    def predict(self, rows: list[DenoiseRow], grid=None, condition_grid=None, row_cache=None) -> torch.Tensor:
         """One forward over ``rows`` (one latent shape, any timesteps); predictions [B, C, F', H', W'] in float32.
         Each row's text is zero-padded to ``MAX_TEXT_TOKENS`` rows, as the pipeline's prompt embeddings are."""
+        if condition_grid is not None or row_cache is not None:
+            raise ValueError("Wan text-to-video rows carry no conditioning latents and no row cache")
         text = torch.stack([torch.nn.functional.pad(r.text, (0, 0, 0, MAX_TEXT_TOKENS - r.text.shape[0]))
                             for r in rows]).to(self.device, self.dtype)
         latents = torch.stack([r.latents for r in rows]).to(self.dtype)
@@ -151,8 +159,9 @@ class WanDecoder:
         self.modules = {"vae": self.vae}
 
     @torch.inference_mode()
-    def decode(self, latents: torch.Tensor) -> np.ndarray:
-        """Latents [n, C, F', H', W'] -> uint8 RGB frames [n, F, H, W, 3] (diffusers' ``postprocess_video``)."""
+    def decode(self, latents: torch.Tensor, height: int | None = None, width: int | None = None) -> np.ndarray:
+        """Latents [n, C, F', H', W'] -> uint8 RGB frames [n, F, H, W, 3] (diffusers' ``postprocess_video``); the
+        size is the latents' (``height`` and ``width``, the kit's decode call's, are not needed)."""
         x = latents.to(self.device, self.vae.dtype) / self.inv_latents_std + self.latents_mean
         video = self.vae.decode(x, return_dict=False)[0]
         frames = self.pipe.video_processor.postprocess_video(video, output_type="np")

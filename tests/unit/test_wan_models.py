@@ -1,13 +1,11 @@
-"""The Wan adapters (``omni_serve.models.wan``), driven the way the stages will drive them, equal diffusers'
-``WanPipeline`` on the tiny checkpoint: prompts encoded in groups of equal token count, every denoising step of every
-request on one latent shape in ONE transformer forward (conditional and unconditional rows, requests at different
-steps and timesteps, several videos per prompt), a scheduler per request, and the VAE decoding same-shape videos
-together. Final latents within ``LATENT_ATOL`` and frames within one level of the pipeline's, alone and four in
+"""The Wan adapters (``omni_serve.models.wan``) under the diffusion kit's programs on real batch engines, in process
+(no Ray), equal diffusers' ``WanPipeline`` on the tiny checkpoint: prompts encoded in groups of equal token count,
+denoising steps of requests on one latent shape sharing transformer forwards (conditional and unconditional rows,
+requests at different steps and timesteps, several videos per prompt), a scheduler per request, and the VAE decoding
+same-shape videos together. Final latents within ``LATENT_ATOL`` and frames within one level of the pipeline's, alone and four in
 flight; the same request with its prompt or seed swapped misses by more than ``SWAP_MARGIN`` times the tolerance."""
 
 from __future__ import annotations
-
-from collections import defaultdict
 
 import numpy as np
 import pytest
@@ -50,77 +48,58 @@ def reference(pipe, case: dict) -> Result:
     return Result(final["latents"], (frames * 255).round().astype(np.uint8))
 
 
-class _Request:
-    def __init__(self, denoiser, case: dict):
+class InProcessVideo:
+    """The three stages as the served graph runs them, in process: the diffusion kit's programs on real batch
+    engines over the Wan adapters, queues standing in for the data plane."""
+
+    def __init__(self, models):
+        from omni_serve.engines.batch import BatchEngine
+        from omni_serve.kits.diffusion.replica import programs as P
+
+        self.te, self.dn, self.de = models
+        self.text = BatchEngine("text_encoder", self.te.encode, max_batch=8)
+        self.dit = BatchEngine("dit", P.DenoiseCompute(self.dn), max_batch=16)
+        self.vae = BatchEngine("vae", P.DecodeCompute(self.de), max_batch=8)
+
+    async def close(self):
+        for engine in (self.text, self.dit, self.vae):
+            await engine.cleanup()
+
+    async def run(self, rid: str, case: dict) -> Result:
+        from omni_serve.kits.diffusion.messages import FinalLatents, PromptEmbeds, VideoDenoiseCall
+        from omni_serve.kits.diffusion.replica import programs as P
+
+        async def one(item):
+            yield item
+
+        cfg = case["guidance_scale"] > 1  # the pipeline's rule; its negative prompt then defaults to ""
+        texts = [case["prompt"]] + ([case.get("negative_prompt") or ""] if cfg else [])
+        embeds = None
+        async for out in self.text.generate(rid, P.TextEncodeProgram(texts, [self.te.token_count(t) for t in texts])):
+            embeds = out if isinstance(out, PromptEmbeds) else embeds
         width, height = case["size"]
-        self.case, self.n = case, case.get("n", 1)
-        self.cfg = case["guidance_scale"] > 1  # the pipeline's rule; its negative prompt then defaults to ""
-        self.texts = [case["prompt"]] + ([case.get("negative_prompt") or ""] if self.cfg else [])
-        self.latents = denoiser.initial_latents(self.n, case["num_frames"], height, width, case["seed"])
-        self.scheduler = denoiser.new_scheduler(case["steps"])
-        self.step = 0
-        self.embeds: list[torch.Tensor] = []
-
-    @property
-    def done(self) -> bool:
-        return self.step == len(self.scheduler.timesteps)
-
-    def rows(self):
-        from omni_serve.models.wan import WanRow
-
-        t = self.scheduler.timesteps[self.step]
-        texts = [self.embeds[0]] * self.n + ([self.embeds[1]] * self.n if self.cfg else [])
-        return [WanRow(x, t, text) for x, text in zip(list(self.latents) * (2 if self.cfg else 1), texts)]
-
-    def complete(self, prediction: torch.Tensor) -> None:
-        from omni_serve.models.wan import combine_cfg
-
-        noise = prediction[:self.n]
-        if self.cfg:
-            noise = combine_cfg(noise, prediction[self.n:], self.case["guidance_scale"])
-        self.latents = self.scheduler.step(noise, self.scheduler.timesteps[self.step], self.latents,
-                                           return_dict=False)[0]
-        self.step += 1
+        call = VideoDenoiseCall(request_id=rid, n=case.get("n", 1), height=height, width=width,
+                                num_frames=case["num_frames"], num_steps=case["steps"], seed=case["seed"],
+                                true_cfg_scale=case["guidance_scale"])
+        latents = None
+        async for out in self.dit.generate(rid, P.DenoiseProgram(self.dn, call), one(embeds)):
+            latents = out if isinstance(out, FinalLatents) else latents
+        frames = [out.pixels async for out in self.vae.generate(rid, P.DecodeProgram(height, width), one(latents))]
+        return Result(latents.latents, frames[0])
 
 
-def served(models, cases: list[dict]) -> list[Result]:
-    """``cases`` in flight together, as the stages batch them."""
-    encoder, denoiser, decoder = models
-    requests = [_Request(denoiser, c) for c in cases]
-    by_count = defaultdict(list)  # the text encoder's key: texts of one token count in one call
-    for r in requests:
-        for text in r.texts:
-            by_count[encoder.token_count(text)].append((r, text))
-    embeds = {}
-    for group in by_count.values():
-        for (r, text), e in zip(group, encoder.encode([text for _, text in group])):
-            embeds[id(r), text] = e
-    for r in requests:
-        r.embeds = [embeds[id(r), text] for text in r.texts]
-    forwards = 0
-    while not all(r.done for r in requests):
-        by_shape = defaultdict(list)  # the DiT's key: one forward per latent shape, whatever the step
-        for r in requests:
-            if not r.done:
-                by_shape[tuple(r.latents.shape[1:])].append(r)
-        for group in by_shape.values():
-            rows = [r.rows() for r in group]
-            out = denoiser.predict([row for rs in rows for row in rs])
-            forwards += 1
-            for r, rs in zip(group, rows):
-                r.complete(out[:len(rs)])
-                out = out[len(rs):]
-    assert forwards == max(c["steps"] for c in cases if c["num_frames"] == 5) + \
-        max([c["steps"] for c in cases if c["num_frames"] != 5], default=0)
-    by_shape = defaultdict(list)  # the VAE's key
-    for r in requests:
-        by_shape[tuple(r.latents.shape[1:])].append(r)
-    pixels = {}
-    for group in by_shape.values():
-        frames = decoder.decode(torch.cat([r.latents for r in group]))
-        for r in group:
-            pixels[id(r)], frames = frames[:r.n], frames[r.n:]
-    return [Result(r.latents, pixels[id(r)]) for r in requests]
+def served(models, cases: list[dict]) -> tuple[list[Result], dict]:
+    """``cases`` in flight together, as the stages batch them; and the DiT engine's counters."""
+    import asyncio
+
+    async def go():
+        engines = InProcessVideo(models)
+        try:
+            results = await asyncio.gather(*(engines.run(f"r{i}", c) for i, c in enumerate(cases)))
+            return results, dict(engines.dit.counters)
+        finally:
+            await engines.close()
+    return asyncio.run(go())
 
 
 def test_the_token_count_is_the_pipelines(models, pipe):
@@ -134,7 +113,7 @@ def test_the_token_count_is_the_pipelines(models, pipe):
 
 def test_one_request_alone_equals_the_pipeline_and_a_swap_fails(models, pipe):
     case = CASES[0]
-    got = served(models, [case])[0]
+    got = served(models, [case])[0][0]
     positive = assert_matches(got, reference(pipe, case), "alone")
     assert got.pixels.shape == (1, 5, 16, 32, 3)
     swapped = {"prompt": reference(pipe, {**case, "prompt": CASES[3]["prompt"]}),
@@ -143,5 +122,7 @@ def test_one_request_alone_equals_the_pipeline_and_a_swap_fails(models, pipe):
 
 
 def test_four_in_flight_with_different_shapes_steps_and_guidance_equal_the_pipeline(models, pipe):
-    for case, got in zip(CASES, served(models, CASES)):
+    results, dit = served(models, CASES)
+    for case, got in zip(CASES, results):
         assert_matches(got, reference(pipe, case), case["prompt"])
+    assert dit["items"] > dit["calls"], dit  # requests shared forwards (at different steps and timesteps)

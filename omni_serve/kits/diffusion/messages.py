@@ -55,6 +55,13 @@ class DenoiseCall(BaseDenoiseCall):
     cache: CacheSettings | None = None  # None: no cache acceleration
 
 
+class VideoDenoiseCall(DenoiseCall):
+    """A video's denoising: ``num_frames`` frames (the latents' frame count follows the VAE's temporal compression).
+    Guidance is ``true_cfg_scale`` with the negative prompt's embeddings (an empty prompt's when none was given)."""
+
+    num_frames: int = Field(ge=1)
+
+
 class DecodeCall(Message):
     request_id: str
     height: int = Field(ge=1)

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 import torch
 
 from omni_serve.kits.diffusion.messages import CacheSettings
-from omni_serve.models.qwen_image import DenoiseRow, QwenImageDenoiser
+from omni_serve.models.diffusion_rows import DenoiseRow
+from omni_serve.models.qwen_image import QwenImageDenoiser
 
 BRANCHES = ("cond", "uncond")
 PREFIX = "omni_rows"  # names of the row-batched path's buffers inside a request's own contexts

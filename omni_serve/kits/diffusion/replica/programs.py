@@ -20,6 +20,12 @@ over one unit of work with a grouping key, and equal keys are computed in one ca
 - ``DecodeProgram`` (key: image size) -> ``DecodedPixels`` to the runner, which encodes them off the engine thread
   (and, for ``return_latents``, the latents the program decoded: ``encode_latents``).
 
+The DiT's model adapter (``QwenImageDenoiser``, ``WanDenoiser``) gives ``DenoiseProgram`` what differs between
+pipelines: ``prepare(call) -> (grid, initial latents, scheduler)`` (the grid is the batching key: rows on one grid
+share a forward), ``combine_cfg(cond, uncond, scale)`` (the pipeline's guidance), ``predict(rows, grid,
+condition_grid=, row_cache=)`` (one forward over ``DenoiseRow``s), ``device``, ``dtype`` and ``packed`` (the packed
+forward that row-batched caching needs, or None). The VAE's adapter gives ``decode(latents, height, width)``.
+
 Programs take their stage's call message and edge payloads (``omni_serve.kits.diffusion.messages``) and
 emit edge payloads (written downstream by the runner) and stage outputs (sent to the ingress).
 """
@@ -36,7 +42,7 @@ from PIL import Image
 
 from omni_serve.engines.batch import BatchProgram
 from omni_serve.kits.diffusion.messages import DenoiseCall, DenoiseDone, FinalLatents, PromptEmbeds, PromptEncoded
-from omni_serve.models.qwen_image import DenoiseRow, QwenImageDecoder, QwenImageDenoiser, combine_cfg
+from omni_serve.models.diffusion_rows import DenoiseRow
 
 
 # -- text encoder --------------------------------------------------------------------------------------------
@@ -79,11 +85,9 @@ class DenoiseWork:
 
 
 class DenoiseProgram(BatchProgram):
-    def __init__(self, model: QwenImageDenoiser, request: DenoiseCall, cache_session=None):
+    def __init__(self, model, request: DenoiseCall, cache_session=None):
         self.model, self.req = model, request
-        self.grid = model.latent_grid(request.height, request.width)
-        self.latents = model.initial_latents(request.n, request.height, request.width, request.seed)
-        self.scheduler = model.new_scheduler(request.num_steps, self.latents.shape[1])
+        self.grid, self.latents, self.scheduler = model.prepare(request)
         self.timesteps = self.scheduler.timesteps
         self.step_index = 0
         self.prompt: torch.Tensor | None = None
@@ -134,7 +138,7 @@ class DenoiseProgram(BatchProgram):
         n = self.req.n
         noise = prediction[:n]
         if self.true_cfg:
-            noise = combine_cfg(noise, prediction[n:], self.req.true_cfg_scale)
+            noise = self.model.combine_cfg(noise, prediction[n:], self.req.true_cfg_scale)
         t = self.timesteps[self.step_index]
         self.latents = self.scheduler.step(noise, t, self.latents, return_dict=False)[0]
         self.step_index += 1
@@ -160,7 +164,7 @@ class DenoiseCompute:
     """The DiT stage's batched computation: one forward for every request's rows on a grid (cached ones included,
     one forward per Fn/Bn block split among them)."""
 
-    def __init__(self, model: QwenImageDenoiser):
+    def __init__(self, model):
         self.model = model
 
     def __call__(self, works: list[DenoiseWork]) -> list[torch.Tensor]:
@@ -222,7 +226,8 @@ class DecodeProgram(BatchProgram):
         return self.latents is not None and not self.done
 
     def work(self):
-        return (self.height, self.width), (self.latents, self.height, self.width)
+        # one call decodes latents of one shape (a video's frame count is in its latents' shape)
+        return (self.height, self.width, *self.latents.shape[1:]), (self.latents, self.height, self.width)
 
     def complete(self, pixels: np.ndarray) -> list[DecodedPixels]:
         self.done = True
@@ -230,7 +235,7 @@ class DecodeProgram(BatchProgram):
 
 
 class DecodeCompute:
-    def __init__(self, model: QwenImageDecoder):
+    def __init__(self, model):
         self.model = model
 
     def __call__(self, items: list[tuple[torch.Tensor, int, int]]) -> list[np.ndarray]:
