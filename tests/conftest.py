@@ -7,6 +7,8 @@ from collections import defaultdict
 
 import pytest
 
+from tests.postgres import postgres  # noqa: F401 - the session's PostgreSQL server (a fixture), one per session
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Unread data-plane payloads (late chunks of cancelled requests) are swept after this in every process the tests
 # start (Ray's workers inherit it): the leak and fault tests wait for those sweeps, and the serving default (120 s)

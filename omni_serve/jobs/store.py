@@ -287,6 +287,10 @@ class JobStore:
         LOCKED``: concurrent claims take different jobs without waiting on each other; on SQLite the transaction
         holds the database's write lock.
 
+        ``worker`` must name this claim alone (a replica's id and a counter, say): the calls that follow match the
+        job by its worker's name, so a name reused for another claim of the same job (after its lease ran out)
+        would let the old attempt act for the new one.
+
         Returns:
             The job, now ``in_progress`` and held by ``worker``; None when nothing is queued.
         """
@@ -371,7 +375,7 @@ class JobStore:
             if row is None:
                 return False
             if retry and row.attempts < self.max_attempts:
-                tx.execute(JOBS.update().where(JOBS.c.id == job_id).values(status=QUEUED, worker=None,
+                tx.execute(JOBS.update().where(JOBS.c.id == job_id).values(status=QUEUED, progress=0, worker=None,
                                                                             lease_until=None))
             else:
                 tx.execute(JOBS.update().where(JOBS.c.id == job_id).values(**self._failed(now, error)))
@@ -427,7 +431,7 @@ class JobStore:
             JOBS.c.status == IN_PROGRESS, JOBS.c.lease_until < now).with_for_update(skip_locked=True)).all()
         for job_id, attempts in rows:
             if attempts < self.max_attempts:
-                values = dict(status=QUEUED, worker=None, lease_until=None)
+                values = dict(status=QUEUED, progress=0, worker=None, lease_until=None)
             else:
                 values = self._failed(now, {"code": LOST, "message": (
                     f"the job's worker stopped answering (no heartbeat for {self.lease_s:g} s) on each of its "

@@ -2,20 +2,23 @@
 
 Contract (a checkpoint directory in the diffusers layout, as ``WanPipeline.from_pretrained`` reads):
 
-- ``WanTextEncoder(dir)``: ``token_count(text)`` (the cleaned prompt's UMT5 tokens, ``</s>`` included: the grouping
-  key for batching; at most ``max_tokens``) and ``encode(texts) -> list[Tensor[L_i, D]]``: diffusers' own
-  ``_get_t5_prompt_embeds``, called on texts of equal token count so no padding enters the encoder. The pipeline pads
-  every prompt's embeddings with zeros to ``max_tokens`` rows; ``WanDenoiser.predict`` does that, so only the real
-  rows travel between stages.
-- ``WanDenoiser(dir)``: the transformer plus the latent geometry. ``latent_shape(num_frames, height, width)`` is one
-  video's latent [C, F', H', W']; ``initial_latents(n, num_frames, height, width, seed)`` draws the float32 noise
-  exactly as the pipeline does with ``torch.Generator().manual_seed(seed)``; ``new_scheduler(num_steps)`` returns a
-  per-request ``UniPCMultistepScheduler`` (the checkpoint's config: flow prediction, its ``flow_shift``), stateful, so
-  one per request; ``predict(rows)`` (``DenoiseRow``s) runs ONE transformer forward over rows of any requests with the same latent shape
-  and any timesteps, and returns one prediction each (each equal to the row's forward alone, to float rounding).
-  ``prepare(call)`` and the static ``combine_cfg`` make it a denoiser for the diffusion kit's ``DenoiseProgram``;
-  ``combine_cfg`` is the pipeline's classifier-free guidance (plain: ``uncond + scale * (cond - uncond)``), which the
-  pipeline applies when ``guidance_scale > 1`` (with an empty negative prompt when none is given).
+- ``WanTextEncoder(dir)``: ``token_count(text)`` (the cleaned prompt's UMT5 tokens, ``</s>`` included, at most
+  ``max_tokens``: longer prompts are truncated as the pipeline truncates them; the grouping key for batching) and
+  ``encode(texts) -> list[Tensor[L_i, D]]``: diffusers' own ``_get_t5_prompt_embeds``, called on texts of equal token
+  count so no padding enters the encoder. The pipeline pads every prompt's embeddings with zeros to ``max_tokens``
+  rows; ``WanDenoiser.predict`` does that, so only the real rows travel between stages.
+- ``WanDenoiser(dir)``: the transformer plus the latent geometry. ``check_size(num_frames, height, width)`` refuses
+  (``ValueError``) what the pipeline would round; ``latent_shape(num_frames, height, width)`` is one video's latent
+  [C, F', H', W']; ``initial_latents(n, num_frames, height, width, seed)`` draws the float32 noise exactly as the
+  pipeline does with ``torch.Generator().manual_seed(seed)``; ``new_scheduler(num_steps)`` returns a per-request
+  ``UniPCMultistepScheduler`` (the checkpoint's config: flow prediction, its ``flow_shift``; stateful, so one per
+  request); ``predict(rows)`` (``DenoiseRow``s) runs ONE transformer forward over rows of any requests with the same
+  latent shape and any timesteps, and returns one prediction each (each equal to the row's forward alone, to float
+  rounding; predictions in float32, so guidance is combined in float32 where the pipeline combines it in the
+  transformer's dtype: equal in float32, not bit-equal in bfloat16). ``prepare(call)`` and the static
+  ``combine_cfg`` make it a denoiser for the diffusion kit's ``DenoiseProgram``; ``combine_cfg`` is the pipeline's
+  classifier-free guidance (plain: ``uncond + scale * (cond - uncond)``), which the pipeline applies when
+  ``guidance_scale > 1`` (with an empty negative prompt when none is given).
 - ``WanDecoder(dir)``: ``decode(latents) -> uint8 [n, F, H, W, 3]`` (the pipeline's de-normalisation, ``vae.decode``
   and ``postprocess_video``), batched over videos of one shape.
 
@@ -64,7 +67,8 @@ class WanTextEncoder:
         encoded together without padding."""
         from diffusers.pipelines.wan.pipeline_wan import prompt_clean
 
-        return len(self.pipe.tokenizer(prompt_clean(text), add_special_tokens=True).input_ids)
+        count = len(self.pipe.tokenizer(prompt_clean(text), add_special_tokens=True).input_ids)
+        return min(count, MAX_TEXT_TOKENS)  # the pipeline truncates longer prompts (keeping ``</s>``)
 
     @torch.inference_mode()
     def encode(self, texts: list[str]) -> list[torch.Tensor]:
@@ -89,6 +93,20 @@ class WanDenoiser:
         self.channels = self.transformer.config.in_channels
         self.modules = {"transformer": self.transformer}
 
+    @property
+    def size_multiple(self) -> int:
+        """Heights and widths are multiples of this: the VAE's spatial compression times the transformer's patch."""
+        return self.scale_spatial * self.transformer.config.patch_size[1]
+
+    def check_size(self, num_frames: int, height: int, width: int) -> None:
+        """A ``ValueError`` unless the pipeline would take this size and frame count as they are (it rounds others
+        silently: frame counts to ``4k + 1``, sides down to a multiple of 16)."""
+        m, t = self.size_multiple, self.scale_temporal
+        if height % m or width % m or height < m or width < m:
+            raise ValueError(f"the video's width and height must be multiples of {m}, got {width}x{height}")
+        if num_frames < 1 or (num_frames - 1) % t:
+            raise ValueError(f"num_frames must be {t}k + 1 (1, {t + 1}, {2 * t + 1}, ...), got {num_frames}")
+
     def latent_shape(self, num_frames: int, height: int, width: int) -> tuple[int, int, int, int]:
         """One video's latent [C, F', H', W'] (the pipeline's ``prepare_latents``)."""
         return (self.channels, (num_frames - 1) // self.scale_temporal + 1, height // self.scale_spatial,
@@ -110,11 +128,11 @@ class WanDenoiser:
         scheduler.set_begin_index(0)
         return scheduler
 
-    @torch.inference_mode()
     def prepare(self, request) -> tuple[tuple[int, ...], torch.Tensor, object]:
         """A request's (latent shape, initial latents, scheduler), as the diffusion kit's ``DenoiseProgram`` asks
         (``request``: a denoise call with ``num_frames``)."""
         r = request
+        self.check_size(r.num_frames, r.height, r.width)
         return (self.latent_shape(r.num_frames, r.height, r.width),
                 self.initial_latents(r.n, r.num_frames, r.height, r.width, r.seed), self.new_scheduler(r.num_steps))
 
@@ -124,11 +142,14 @@ class WanDenoiser:
 
     packed = None  # no packed forward: cached requests run alone, through cache-dit's patched forward
 
+    @torch.inference_mode()
     def predict(self, rows: list[DenoiseRow], grid=None, condition_grid=None, row_cache=None) -> torch.Tensor:
         """One forward over ``rows`` (one latent shape, any timesteps); predictions [B, C, F', H', W'] in float32.
         Each row's text is zero-padded to ``MAX_TEXT_TOKENS`` rows, as the pipeline's prompt embeddings are."""
         if condition_grid is not None or row_cache is not None:
             raise ValueError("Wan text-to-video rows carry no conditioning latents and no row cache")
+        if max(r.text.shape[0] for r in rows) > MAX_TEXT_TOKENS:
+            raise ValueError(f"a prompt's embeddings are longer than {MAX_TEXT_TOKENS} rows")
         text = torch.stack([torch.nn.functional.pad(r.text, (0, 0, 0, MAX_TEXT_TOKENS - r.text.shape[0]))
                             for r in rows]).to(self.device, self.dtype)
         latents = torch.stack([r.latents for r in rows]).to(self.dtype)

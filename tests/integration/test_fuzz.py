@@ -88,19 +88,21 @@ def fuzz_apps(request, ray_serve, omni_tiny_dir, qwen_image_tiny_dir, qwen3_omni
               "fuzz_qwen3": ("qwen3-omni", "/v1/chat/completions", OMNI_STAGES),
               "fuzz_image": ("qwen-image", "/v1/images/generations", IMAGE_STAGES),
               "fuzz_glm": ("glm-image", "/v1/images/generations", GLM_STAGES)}
-    for app in selected:
-        serve.run(builds[app](), name=app, route_prefix=f"/{app}")
-    before = {app: _replicas(app) for app in selected}  # before any fuzz starts
-    with _Runs() as runs:
-        apps = {}
+    try:
         for app in selected:
-            model, route, stages = served[app]
-            positive = max(1, int(EXAMPLES * POSITIVE_SHARE.get(app, 1.0)))
-            apps[app] = (ray_serve + f"/{app}", model, route, stages, before[app], positive,
-                         runs.start(ray_serve + f"/{app}", model, route, positive, EXAMPLES))
-        yield apps
-    for app in selected:
-        serve.delete(app)
+            serve.run(builds[app](), name=app, route_prefix=f"/{app}")
+        before = {app: _replicas(app) for app in selected}  # before any fuzz starts
+        with _Runs() as runs:
+            apps = {}
+            for app in selected:
+                model, route, stages = served[app]
+                positive = max(1, int(EXAMPLES * POSITIVE_SHARE.get(app, 1.0)))
+                apps[app] = (ray_serve + f"/{app}", model, route, stages, before[app], positive,
+                             runs.start(ray_serve + f"/{app}", model, route, positive, EXAMPLES))
+            yield apps
+    finally:
+        for app in selected:
+            serve.delete(app)
 
 
 def _replicas(app: str) -> set[str]:
@@ -169,35 +171,54 @@ def _aim(body: dict, model: str) -> None:
 
 
 class _Runs:
-    """Fuzz runs, each a process of its own, all in flight at once: every selected graph's positive and negative
-    run start together, so the graphs meet eight hostile clients at once and their engines batch the runs'
-    generations. One run at a time left a third of the two cores idle (GLM's fuzz, the CPU sampled every 5 s:
-    67% busy): each client waits on its answers one at a time. Processes, not threads: on CPython 3.11, ``compile``
-    in two threads at once (Hypothesis and schemathesis parse source as they go) can fail with "AST constructor
-    recursion depth mismatch"."""
+    """Fuzz runs, each a process of its own (a single-worker pool each: one client that dies fails only its own
+    graph's test), all in flight at once: every selected graph's positive and negative run start together, so the
+    graphs meet eight hostile clients at once and their engines batch the runs' generations. One run at a time left
+    part of the two cores idle, each client waiting on its answers one at a time. Processes, not threads: on CPython
+    3.11, ``compile`` in two threads at once (Hypothesis and schemathesis parse source as they go) can fail with "AST
+    constructor recursion depth mismatch". A run that outlasts ``RUN_TIMEOUT_S`` fails its test and its process is
+    killed, so a stuck client cannot hang the session."""
 
     def __enter__(self):
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        self.pool = ProcessPoolExecutor(2 * len(APPS), mp_context=multiprocessing.get_context("spawn"))
+        self.pools = []
         return self
 
     def __exit__(self, *exc):
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        for pool in self.pools:
+            _kill(pool)
 
     def start(self, base_url: str, model: str, route: str, positive: int, negative: int) -> list:
         """``positive`` schema-valid and ``negative`` schema-violating cases, about half of them on the graph's
         own ``route`` and the rest on any operation: the two runs' futures."""
-        return [self.pool.submit(_fuzz_mode, mode, base_url, model, route, examples)
-                for mode, examples in (("positive", positive), ("negative", negative))]
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        futures = []
+        for mode, examples in (("positive", positive), ("negative", negative)):
+            pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            self.pools.append(pool)
+            futures.append(pool.submit(_fuzz_mode, mode, base_url, model, route, examples))
+        return futures
+
+
+def _kill(pool) -> None:
+    """Stop ``pool``'s worker whatever it is doing (``ProcessPoolExecutor`` has no public way before Python 3.14's
+    ``terminate_workers``), then shut the pool down."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        if process.is_alive():
+            process.kill()
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+# The longest a run may take: the slowest (GLM's, four graphs at once) took a few minutes on two cores.
+RUN_TIMEOUT_S = max(900.0, 1.5 * EXAMPLES)
 
 
 def _collect(runs: list) -> tuple[Counter, list[str], float]:
     """The runs' status counts per operation, problems with a curl command each, and the longest run's seconds."""
     statuses, codes, problems, took = Counter(), Counter(), [], 0.0
     for run in runs:
-        run_statuses, run_codes, run_problems, seconds = run.result()
+        run_statuses, run_codes, run_problems, seconds = run.result(timeout=RUN_TIMEOUT_S)
         statuses.update(run_statuses)
         codes.update(run_codes)
         problems.extend(run_problems)

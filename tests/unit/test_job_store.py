@@ -13,7 +13,6 @@ import pytest
 import sqlalchemy as sa
 
 from omni_serve.jobs import COMPLETED, FAILED, IN_PROGRESS, LOST, QUEUED, JobStore, JobStoreSpec, QueueFull
-from tests.postgres import postgres  # noqa: F401  (the session's PostgreSQL server: a fixture)
 
 T0 = 1_800_000_000.0
 
@@ -237,12 +236,12 @@ def test_a_lost_lease_is_retried_then_failed_with_a_clear_error(store, clock):
     job = store.create("m", "alice", {}, max_queued=None)
     assert store.claim("w1").attempts == 1
     clock.t += 9
-    assert store.heartbeat(job.id, "w1")  # renewed: until T0 + 19
+    assert store.progress(job.id, "w1", 40)  # renewed: until T0 + 19
     clock.t += 9
     assert store.claim("w2") is None
     clock.t += 2  # past the lease: requeued and claimed again
     again = store.claim("w2")
-    assert (again.id, again.attempts, again.worker) == (job.id, 2, "w2")
+    assert (again.id, again.attempts, again.worker, again.progress) == (job.id, 2, "w2", 0)  # progress starts over
     assert not store.heartbeat(job.id, "w1") and not store.progress(job.id, "w1", 50)
     clock.t += 11  # the second attempt's lease runs out too: max_attempts (2) spent
     assert store.claim("w3") is None

@@ -1,9 +1,11 @@
-"""The Wan adapters (``omni_serve.models.wan``) under the diffusion kit's programs on real batch engines, in process
-(no Ray), equal diffusers' ``WanPipeline`` on the tiny checkpoint: prompts encoded in groups of equal token count,
-denoising steps of requests on one latent shape sharing transformer forwards (conditional and unconditional rows,
-requests at different steps and timesteps, several videos per prompt), a scheduler per request, and the VAE decoding
-same-shape videos together. Final latents within ``LATENT_ATOL`` and frames within one level of the pipeline's, alone and four in
-flight; the same request with its prompt or seed swapped misses by more than ``SWAP_MARGIN`` times the tolerance."""
+"""The Wan adapters (``omni_serve.models.wan``) under the diffusion kit's programs on real batch engines, in
+process (no Ray), equal diffusers' ``WanPipeline`` on the tiny checkpoint: prompts encoded in groups of equal token
+count, denoising steps of requests on one latent shape sharing transformer forwards (conditional and unconditional
+rows, requests at different steps and timesteps, several videos per prompt), a scheduler per request, and the VAE
+decoding same-shape videos together. Final latents within ``LATENT_ATOL`` and frames within one level of the
+pipeline's, alone and four in flight; the same request with its prompt or seed swapped misses by more than
+``SWAP_MARGIN`` times the tolerance. A prompt over 512 tokens is truncated as the pipeline truncates it, and sizes
+the pipeline would round are refused."""
 
 from __future__ import annotations
 
@@ -65,37 +67,50 @@ class InProcessVideo:
         for engine in (self.text, self.dit, self.vae):
             await engine.cleanup()
 
-    async def run(self, rid: str, case: dict) -> Result:
-        from omni_serve.kits.diffusion.messages import FinalLatents, PromptEmbeds, VideoDenoiseCall
+    async def encode(self, rid: str, case: dict):
+        from omni_serve.kits.diffusion.messages import PromptEmbeds
         from omni_serve.kits.diffusion.replica import programs as P
-
-        async def one(item):
-            yield item
 
         cfg = case["guidance_scale"] > 1  # the pipeline's rule; its negative prompt then defaults to ""
         texts = [case["prompt"]] + ([case.get("negative_prompt") or ""] if cfg else [])
-        embeds = None
-        async for out in self.text.generate(rid, P.TextEncodeProgram(texts, [self.te.token_count(t) for t in texts])):
-            embeds = out if isinstance(out, PromptEmbeds) else embeds
+        program = P.TextEncodeProgram(texts, [self.te.token_count(t) for t in texts])
+        return [out async for out in self.text.generate(rid, program) if isinstance(out, PromptEmbeds)][0]
+
+    async def denoise(self, rid: str, case: dict, embeds):
+        from omni_serve.kits.diffusion.messages import FinalLatents, VideoDenoiseCall
+        from omni_serve.kits.diffusion.replica import programs as P
+
         width, height = case["size"]
         call = VideoDenoiseCall(request_id=rid, n=case.get("n", 1), height=height, width=width,
                                 num_frames=case["num_frames"], num_steps=case["steps"], seed=case["seed"],
                                 true_cfg_scale=case["guidance_scale"])
-        latents = None
-        async for out in self.dit.generate(rid, P.DenoiseProgram(self.dn, call), one(embeds)):
-            latents = out if isinstance(out, FinalLatents) else latents
-        frames = [out.pixels async for out in self.vae.generate(rid, P.DecodeProgram(height, width), one(latents))]
+        outs = [out async for out in self.dit.generate(rid, P.DenoiseProgram(self.dn, call), _one(embeds))]
+        return [out for out in outs if isinstance(out, FinalLatents)][0]
+
+    async def decode(self, rid: str, case: dict, latents) -> Result:
+        from omni_serve.kits.diffusion.replica import programs as P
+
+        width, height = case["size"]
+        frames = [out.pixels async for out in self.vae.generate(rid, P.DecodeProgram(height, width), _one(latents))]
         return Result(latents.latents, frames[0])
 
 
+async def _one(item):
+    yield item
+
+
 def served(models, cases: list[dict]) -> tuple[list[Result], dict]:
-    """``cases`` in flight together, as the stages batch them; and the DiT engine's counters."""
+    """``cases`` in flight together, as the stages batch them (every request's DiT program starts once all prompts
+    are encoded, so their steps overlap); and the DiT engine's counters."""
     import asyncio
 
     async def go():
         engines = InProcessVideo(models)
+        ids = [f"r{i}" for i in range(len(cases))]
         try:
-            results = await asyncio.gather(*(engines.run(f"r{i}", c) for i, c in enumerate(cases)))
+            embeds = await asyncio.gather(*(engines.encode(r, c) for r, c in zip(ids, cases)))
+            latents = await asyncio.gather(*(engines.denoise(r, c, e) for r, c, e in zip(ids, cases, embeds)))
+            results = await asyncio.gather(*(engines.decode(r, c, x) for r, c, x in zip(ids, cases, latents)))
             return results, dict(engines.dit.counters)
         finally:
             await engines.close()
@@ -126,3 +141,18 @@ def test_four_in_flight_with_different_shapes_steps_and_guidance_equal_the_pipel
     for case, got in zip(CASES, results):
         assert_matches(got, reference(pipe, case), case["prompt"])
     assert dit["items"] > dit["calls"], dit  # requests shared forwards (at different steps and timesteps)
+
+
+def test_a_prompt_over_512_tokens_is_truncated_as_the_pipeline_does(models, pipe):
+    case = {"prompt": "a red cat on a green tree by the sea " * 80, "size": (32, 16), "num_frames": 5, "steps": 2,
+            "guidance_scale": 1.0, "seed": 5}
+    assert len(pipe.tokenizer(case["prompt"]).input_ids) > 600
+    assert models[0].token_count(case["prompt"]) == 512
+    assert_matches(served(models, [case])[0][0], reference(pipe, case), "a long prompt")
+
+
+@pytest.mark.parametrize("frames, height, width, words", [
+    (5, 24, 32, "multiples of 16"), (5, 0, 32, "multiples of 16"), (6, 16, 16, "4k \\+ 1"), (0, 16, 16, "4k")])
+def test_sizes_and_frame_counts_the_pipeline_would_round_are_refused(models, frames, height, width, words):
+    with pytest.raises(ValueError, match=words):
+        models[1].check_size(frames, height, width)
