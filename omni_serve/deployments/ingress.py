@@ -3,7 +3,8 @@
 Contract: ``OpenAIIngress(family, graph_spec, **handles)`` loads the family (``module:FAMILY``), validates the
 spec and builds the family's frontend with the spec and the ``StageCalls`` over the stage handles (stage name ->
 handle). Its FastAPI app is built per replica (Serve's ``__serve_build_asgi_app__``) from the frontend's
-``routes`` (``omni_serve.graph.frontend``), plus ``GET /v1/models``, ``GET /health`` (200 only when every stage
+``routes`` (``omni_serve.graph.frontend``: a POST route's body is JSON or a multipart form; a GET or DELETE route's
+path and query parameters are its model's fields), plus ``GET /v1/models``, ``GET /health`` (200 only when every stage
 answers and has a running replica and the data plane's directory answers; ``omni_serve.deployments.health``:
 answered from a cache refreshed at most every 2 s, never one probe per call; ``?fresh=1`` from an authenticated
 caller probes now) and ``GET /metrics`` (this replica's request counters, Prometheus text; the cluster-wide metrics of
@@ -35,17 +36,19 @@ handler in its ``RequestContext``; outcomes and latencies are counted under the 
 
 import asyncio
 import inspect
+import re
 from typing import Annotated, Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Form, Request, WebSocket, WebSocketDisconnect
 from fastapi.routing import APIRoute
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from ray import serve
 from starlette.background import BackgroundTask
 
 from omni_serve.api.error_handlers import install_error_handlers
-from omni_serve.api.errors import OpenAIError
+from omni_serve.api.errors import OpenAIError, from_validation_errors
 from omni_serve.api.guards import ApiKeyAuth, BodyLimit, api_keys
 from omni_serve.api.json_body import parse_json_body
 from omni_serve.api.protocol import ModelCard, ModelList
@@ -233,6 +236,9 @@ class OpenAIIngress:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+_PATH_PARAMETER = re.compile(r"{(\w+)}")
+
+
 def build_asgi_app(ingress: OpenAIIngress) -> FastAPI:
     """The replica's FastAPI app: the frontend's routes, then the fixed ones, then OpenAI-style errors."""
     docs = ingress.ingress_spec.enable_docs
@@ -273,7 +279,7 @@ def _openapi_with_json_bodies(app: FastAPI, routes: tuple[Route, ...]) -> dict[s
     from pydantic.json_schema import models_json_schema
 
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-    json_routes = [r for r in routes if not r.form]
+    json_routes = [r for r in routes if not r.form and r.method not in ("GET", "DELETE")]
     refs, defs = models_json_schema([(r.body, "validation") for r in json_routes],
                                     ref_template="#/components/schemas/{model}")
     schema.setdefault("components", {}).setdefault("schemas", {}).update(defs.get("$defs", {}))
@@ -297,6 +303,8 @@ def _endpoint(ingress: OpenAIIngress, route: Route):
     parsed here (``omni_serve.api.json_body``: bounded before it is parsed and validated, large ones in a
     thread), so the OpenAPI page shows the model's schema by reference only."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    if route.method in ("GET", "DELETE"):
+        return _parameters_endpoint(ingress, route)
     if route.form:
         async def form_endpoint(body, request: Request):
             return await ingress.serve_route(route, body, request)
@@ -312,3 +320,33 @@ def _endpoint(ingress: OpenAIIngress, route: Route):
         return await ingress.serve_route(route, body, request)
 
     return json_endpoint
+
+
+def _parameters_endpoint(ingress: OpenAIIngress, route: Route):
+    """A GET or DELETE route's endpoint: ``route.body`` is the model of its parameters, those named in the path
+    (``/v1/videos/{video_id}``) and the query's (the rest of its fields). Each is declared to FastAPI (so the OpenAPI
+    page lists them and FastAPI parses them, a bad one a 400 in OpenAI's shape), then the model is built from them
+    and validated as a body would be."""
+    from fastapi import Path, Query
+
+    in_path = set(_PATH_PARAMETER.findall(route.path))
+    kind = inspect.Parameter.KEYWORD_ONLY
+    parameters = [inspect.Parameter("request", kind, annotation=Request)]
+    for name, field in route.body.model_fields.items():
+        where = Path(description=field.description) if name in in_path else Query(description=field.description)
+        default = inspect.Parameter.empty if field.is_required() else field.default
+        parameters.append(inspect.Parameter(name, kind, annotation=Annotated[field.annotation, where],
+                                            default=default))
+    missing = in_path - set(route.body.model_fields)
+    if missing:
+        raise TypeError(f"route {route.path}: {route.body.__name__} has no field for {sorted(missing)}")
+
+    async def parameters_endpoint(request: Request, **values):
+        try:
+            body = route.body.model_validate(values)
+        except ValidationError as err:
+            raise from_validation_errors(err.errors()) from None
+        return await ingress.serve_route(route, body, request)
+
+    parameters_endpoint.__signature__ = inspect.Signature(parameters)
+    return parameters_endpoint

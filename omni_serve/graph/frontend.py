@@ -41,7 +41,7 @@ class Route:
     path: str  # e.g. "/v1/images/edits"
     name: str  # the route's label in metrics ("chat", "images", "images_edits")
     handler: str  # the frontend method answering it
-    body: type[BaseModel]  # the request model
+    body: type[BaseModel]  # the request model; of a GET or DELETE route, its path and query parameters
     method: str = "POST"
     form: bool = False  # the body is multipart/form-data (files) rather than JSON
     summary: str = ""  # one line for the OpenAPI docs
