@@ -35,6 +35,7 @@ handler in its ``RequestContext``; outcomes and latencies are counted under the 
 """
 
 import asyncio
+import contextlib
 import inspect
 import re
 from typing import Annotated, Any, AsyncIterator, Callable
@@ -242,9 +243,18 @@ _PATH_PARAMETER = re.compile(r"{(\w+)}")
 def build_asgi_app(ingress: OpenAIIngress) -> FastAPI:
     """The replica's FastAPI app: the frontend's routes, then the fixed ones, then OpenAI-style errors."""
     docs = ingress.ingress_spec.enable_docs
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):  # Serve runs the replica's ASGI lifespan: the frontend's own work
+        await ingress.frontend.start()
+        try:
+            yield
+        finally:
+            await ingress.frontend.close()
+
     app = FastAPI(title="omni_serve", description=f"OpenAI-compatible API over the {ingress.family} stage graph",
                   docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None,
-                  openapi_url="/openapi.json" if docs else None)
+                  openapi_url="/openapi.json" if docs else None, lifespan=lifespan)
     install_error_handlers(app)
     # Added last = outermost: the key is checked before the body is read.
     spec = ingress.ingress_spec

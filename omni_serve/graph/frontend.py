@@ -107,6 +107,13 @@ class Frontend:
         self.spec = spec
         self.stages = stages
 
+    async def start(self) -> None:
+        """Called once as the ingress replica starts serving (its ASGI lifespan), before any request: a frontend
+        with work of its own (a job queue's workers) starts it here. Nothing by default."""
+
+    async def close(self) -> None:
+        """Called once as the ingress replica stops (its ASGI lifespan); idempotent. Nothing by default."""
+
     @property
     def model_name(self) -> str:
         return self.spec.model_name

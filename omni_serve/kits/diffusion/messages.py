@@ -1,11 +1,12 @@
 """What crosses a text encoder -> DiT -> VAE graph's boundaries (see ``omni_serve.graph.messages``); the
 diffusion families declare these in their graphs and add their own.
 
-Calls (ingress -> stage): ``TextEncodeCall`` (text_encoder), ``DenoiseCall`` (dit), ``DecodeCall`` (vae).
-Outputs (stage -> ingress): ``PromptEncoded``, ``DenoiseDone`` (step counts for the response's metrics),
-``ImagesEncoded`` (the encoded images, and with ``DecodeCall.return_latents`` the latents they were decoded from).
+Calls (ingress -> stage): ``TextEncodeCall`` (text_encoder), ``DenoiseCall`` or ``VideoDenoiseCall`` (dit),
+``DecodeCall`` or ``VideoDecodeCall`` (vae). Outputs (stage -> ingress): ``PromptEncoded``, ``DenoiseProgress`` (a
+video's steps as they go), ``DenoiseDone`` (step counts for the response's metrics), ``ImagesEncoded`` or
+``VideosEncoded`` (the encoded images or videos, and with ``return_latents`` the latents they were decoded from).
 Edge payloads: ``PromptEmbeds`` (text_encoder -> dit: prompt and negative-prompt embeddings, [L, D] each),
-``FinalLatents`` (dit -> vae: packed latents [n, S, 4C]).
+``FinalLatents`` (dit -> vae: packed image latents [n, S, 4C], or video latents [n, C, F', H', W']).
 """
 
 from __future__ import annotations
@@ -57,9 +58,17 @@ class DenoiseCall(BaseDenoiseCall):
 
 class VideoDenoiseCall(DenoiseCall):
     """A video's denoising: ``num_frames`` frames (the latents' frame count follows the VAE's temporal compression).
-    Guidance is ``true_cfg_scale`` with the negative prompt's embeddings (an empty prompt's when none was given)."""
+    Guidance is ``true_cfg_scale`` with the negative prompt's embeddings (an empty prompt's when none was given).
+    With ``report_progress`` the stage sends a ``DenoiseProgress`` after every step (a job's ``progress``)."""
 
     num_frames: int = Field(ge=1)
+    report_progress: bool = True
+
+
+class VideoDecodeCall(Message):
+    request_id: str
+    fps: int = Field(ge=1)
+    return_latents: bool = False  # also send back the final latents the videos were decoded from
 
 
 class DecodeCall(Message):
@@ -80,6 +89,24 @@ class DenoiseDone(Message):
     true_cfg: bool
     cached_steps: int
     computed_steps: int
+
+
+class DenoiseProgress(Message):
+    """Steps done of a request's denoising (``VideoDenoiseCall.report_progress``)."""
+
+    step: int
+    num_steps: int
+
+
+class VideosEncoded(Message):
+    """Each video as an MP4 file's bytes (H.264) and its first frame as a PNG; with ``return_latents`` the final
+    latents as ``ImagesEncoded`` carries them."""
+
+    videos: list[bytes]
+    thumbnails: list[bytes]
+    num_frames: int
+    latents: list[bytes] = []
+    latent_shape: list[int] = []
 
 
 class ImagesEncoded(Message):

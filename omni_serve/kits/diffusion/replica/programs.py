@@ -41,7 +41,9 @@ import torch
 from PIL import Image
 
 from omni_serve.engines.batch import BatchProgram
-from omni_serve.kits.diffusion.messages import DenoiseCall, DenoiseDone, FinalLatents, PromptEmbeds, PromptEncoded
+from omni_serve.kits.diffusion.messages import (
+    DenoiseCall, DenoiseDone, DenoiseProgress, FinalLatents, PromptEmbeds, PromptEncoded,
+)
 from omni_serve.models.diffusion_rows import DenoiseRow
 
 
@@ -144,6 +146,8 @@ class DenoiseProgram(BatchProgram):
         self.step_index += 1
         self.after_step()
         if self.step_index < len(self.timesteps):
+            if getattr(self.req, "report_progress", False):
+                return [DenoiseProgress(step=self.step_index, num_steps=len(self.timesteps))]
             return []
         self.done = True
         counts = None

@@ -12,7 +12,7 @@ import asyncio
 from typing import AsyncIterator
 
 from omni_serve.kits.diffusion.messages import (
-    CacheSettings, DecodeCall, DenoiseCall, ImagesEncoded, TextEncodeCall,
+    CacheSettings, DecodeCall, DenoiseCall, ImagesEncoded, TextEncodeCall, VideoDecodeCall, VideosEncoded,
 )
 from omni_serve.kits.diffusion.replica import programs as P
 from omni_serve.graph.runner import StageRunner
@@ -77,3 +77,20 @@ class VAERunner(StageRunner):
             images = await asyncio.to_thread(P.encode_images, out.pixels, call.output_format)
             latents, shape = P.encode_latents(program.latents) if call.return_latents else ([], [])
             yield ImagesEncoded(images=images, latents=latents, latent_shape=shape)
+
+
+class VideoVAERunner(VAERunner):
+    """The VAE of a video graph: each request's videos decoded (batched with others of one latent shape), then
+    encoded off the engine thread as MP4 files (H.264) and a PNG of each first frame."""
+
+    async def run(self, engine, call: VideoDecodeCall) -> AsyncIterator:
+        from omni_serve.api.video_out import encode_mp4, thumbnail_png
+
+        program = P.DecodeProgram(0, 0)  # the size is the latents' own
+        async for out in self.drive(engine, call.request_id, program):
+            def encode(frames=out.pixels):
+                return [encode_mp4(v, call.fps) for v in frames], [thumbnail_png(v) for v in frames]
+            videos, thumbnails = await asyncio.to_thread(encode)
+            latents, shape = P.encode_latents(program.latents) if call.return_latents else ([], [])
+            yield VideosEncoded(videos=videos, thumbnails=thumbnails, num_frames=int(out.pixels.shape[1]),
+                                latents=latents, latent_shape=shape)
