@@ -5,7 +5,7 @@ graph is not served yet (``omni-serve make-checkpoint`` offers them too; a serve
 import json
 import os
 
-UNSERVED_WRITERS: dict[str, str] = {"wan": "omni_serve.checkpoints.wan:make_checkpoint"}
+UNSERVED_WRITERS: dict[str, str] = {}
 
 
 def write_marker(out_dir: str, family: str, size: str, seed: int) -> None:

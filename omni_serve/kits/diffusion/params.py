@@ -80,3 +80,25 @@ class DiTStage(StageSpec):
 
 class VAEStage(StageSpec):
     params: VAEParams = Field(default_factory=VAEParams, description="VAE decoder settings.")
+
+
+class VideoDiTParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_batch: int = Field(4, ge=1, description=(
+        "Rows (videos, and their unconditional twins under guidance) of one latent shape in one forward, "
+        "whatever step each request is at."))
+
+
+class VideoVAEParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_batch: int = Field(2, ge=1, description="Videos of one latent shape decoded in one VAE call.")
+
+
+class VideoDiTStage(StageSpec):
+    params: VideoDiTParams = Field(default_factory=VideoDiTParams, description="Denoising loop settings.")
+
+
+class VideoVAEStage(StageSpec):
+    params: VideoVAEParams = Field(default_factory=VideoVAEParams, description="VAE decoder settings.")

@@ -79,9 +79,25 @@ class VAERunner(StageRunner):
             yield ImagesEncoded(images=images, latents=latents, latent_shape=shape)
 
 
+class VideoDiTRunner(DiTRunner):
+    """The DiT of a video graph: the kit's denoising programs (step-level batching across requests of one latent
+    shape) on a video denoiser; no cache acceleration yet."""
+
+    def adapter_options(self):
+        return {}
+
+    def load(self):
+        model = StageRunner.load(self)
+        self.cache = None
+        return model
+
+
 class VideoVAERunner(VAERunner):
     """The VAE of a video graph: each request's videos decoded (batched with others of one latent shape), then
     encoded off the engine thread as MP4 files (H.264) and a PNG of each first frame."""
+
+    def adapter_options(self):
+        return {}
 
     async def run(self, engine, call: VideoDecodeCall) -> AsyncIterator:
         from omni_serve.api.video_out import encode_mp4, thumbnail_png
