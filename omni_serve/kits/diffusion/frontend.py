@@ -36,13 +36,7 @@ class ImageRequestChecks:
         self.guidance_embeds = guidance_embeds(spec.checkpoint)
 
     def check_size(self, width: int, height: int, param: str = "size") -> None:
-        s, m = self.spec, self.multiple
-        if width % m or height % m or width < m or height < m:
-            raise bad_request(f"size {width}x{height} is not supported: width and height must be positive "
-                              f"multiples of {m}.", param=param, code="invalid_size")
-        if max(width, height) > s.max_side or width * height > s.max_pixels:
-            raise bad_request(f"size {width}x{height} is too large: at most {s.max_side} pixels a side and "
-                              f"{s.max_pixels} pixels in all.", param=param, code="invalid_size")
+        check_size(self.spec, self.multiple, width, height, param)
 
     def size_and_steps(self, req, default_dimensions: tuple[int, int] | None) -> tuple[int, int, int]:
         """(width, height, steps) of a request, after the model, count, size and steps checks."""
@@ -140,6 +134,18 @@ def image_data(encoded: ImagesEncoded) -> list[ImageData]:
     return [ImageData(b64_json=img, latents=ImageLatents(data=base64.b64encode(lat).decode(),
                                                          shape=encoded.latent_shape))
             for img, lat in zip(b64, encoded.latents, strict=True)]
+
+
+def check_size(spec: Any, multiple: int, width: int, height: int, param: str = "size") -> None:
+    """A 400 unless ``width`` and ``height`` are positive multiples of ``multiple`` within the graph's
+    ``max_side`` and ``max_pixels`` (``spec``'s)."""
+    m = multiple
+    if width % m or height % m or width < m or height < m:
+        raise bad_request(f"size {width}x{height} is not supported: width and height must be positive "
+                          f"multiples of {m}.", param=param, code="invalid_size")
+    if max(width, height) > spec.max_side or width * height > spec.max_pixels:
+        raise bad_request(f"size {width}x{height} is too large: at most {spec.max_side} pixels a side and "
+                          f"{spec.max_pixels} pixels in all.", param=param, code="invalid_size")
 
 
 async def collect_images(stages: StageCalls, request_id: str, calls: dict[str, Any], timeout_s: float,

@@ -28,6 +28,7 @@ from omni_serve.api.videos import (
     VideoCreateRequest, VideoDeleted, VideoList, Video, frame_count, video_list, video_object,
 )
 from omni_serve.graph.frontend import ByteStream, Frontend, RawReply, RequestContext, Route
+from omni_serve.kits.diffusion.frontend import check_size
 from omni_serve.jobs import COMPLETED, Job, QueueFull
 from omni_serve.kits.diffusion.messages import (
     DenoiseDone, DenoiseProgress, TextEncodeCall, VideoDecodeCall, VideoDenoiseCall, VideosEncoded,
@@ -61,13 +62,7 @@ class VideoRequestChecks:
         self.check_size(*spec.default_dimensions(), param="default_size")
 
     def check_size(self, width: int, height: int, param: str = "size") -> None:
-        s, m = self.spec, self.multiple
-        if width % m or height % m or width < m or height < m:
-            raise bad_request(f"size {width}x{height} is not supported: width and height must be positive "
-                              f"multiples of {m}.", param=param, code="invalid_size")
-        if max(width, height) > s.max_side or width * height > s.max_pixels:
-            raise bad_request(f"size {width}x{height} is too large: at most {s.max_side} pixels a side and "
-                              f"{s.max_pixels} pixels in all.", param=param, code="invalid_size")
+        check_size(self.spec, self.multiple, width, height, param)
 
     def resolve(self, req: VideoCreateRequest) -> dict[str, Any]:
         """The job's settings, every default filled in (the seed drawn now, so a retried job gives the same video)."""
