@@ -5,10 +5,10 @@ Contract:
 * ``VideoCreateRequest`` accepts what the official ``openai`` client's ``videos.create`` sends (``prompt``,
   ``model``, ``seconds`` as a string such as ``"4"``, ``size`` as ``"WIDTHxHEIGHT"``; ``input_reference`` comes as a
   multipart file and is the frontend's), plus omni_serve extensions for diffusion models (``seed``,
-  ``num_inference_steps``, ``guidance_scale``, ``negative_prompt``, ``fps``, ``num_frames``). Unknown fields are
-  ignored. Static rules (an empty prompt, a malformed ``size`` or ``seconds``, values below their minimum, a guidance
-  scale that is not finite) fail validation and become 400s via ``omni_serve.api.errors``; limits that depend on the
-  served graph (sizes, frames, steps) are the graph frontend's, also 400s.
+  ``num_inference_steps``, ``guidance_scale``, ``negative_prompt``, ``fps``, ``num_frames``, ``output_format``).
+  Unknown fields are ignored. Static rules (an empty prompt, a malformed ``size`` or ``seconds``, values below their
+  minimum, a guidance scale that is not finite) fail validation and become 400s via ``omni_serve.api.errors``;
+  limits that depend on the served graph (sizes, frames, steps) are the graph frontend's, also 400s.
 * ``frame_count(seconds, fps, temporal)`` is the frame count a video of ``seconds`` at ``fps`` gets from a model
   whose VAE compresses ``temporal`` frames into one latent frame (the first alone): the nearest ``temporal * k + 1``.
 * ``Video`` is OpenAI's job object; ``video_object(job)`` builds it from a job store record
@@ -46,6 +46,10 @@ class VideoCreateRequest(BaseModel):
     fps: int | None = Field(default=None, ge=1, le=120, description="Frames per second of the video.")
     num_frames: int | None = Field(default=None, ge=1, description=(
         "Frames to generate, instead of seconds times fps (the model's rule applies, e.g. 4k + 1 for Wan)."))
+    output_format: Literal["mp4", "npz"] | None = Field(default=None, description=(
+        "'mp4' (H.264, the default) or 'npz': the exact uint8 frames [F, H, W, 3] and the final latents the VAE "
+        "decoded, as a NumPy archive (for checking a model against its reference; the content's media type is "
+        "application/octet-stream)."))
 
     @field_validator("size")
     @classmethod

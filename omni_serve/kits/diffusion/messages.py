@@ -68,6 +68,8 @@ class VideoDenoiseCall(DenoiseCall):
 class VideoDecodeCall(Message):
     request_id: str
     fps: int = Field(ge=1)
+    # mp4: H.264; npz: the exact uint8 frames and the final latents, a NumPy archive (checking against a reference)
+    output_format: Literal["mp4", "npz"] = "mp4"
     return_latents: bool = False  # also send back the final latents the videos were decoded from
 
 
@@ -99,8 +101,9 @@ class DenoiseProgress(Message):
 
 
 class VideosEncoded(Message):
-    """Each video as an MP4 file's bytes (H.264) and its first frame as a PNG; with ``return_latents`` the final
-    latents as ``ImagesEncoded`` carries them."""
+    """Each video as a file's bytes (``VideoDecodeCall.output_format``: an MP4, or a NumPy archive of its ``frames``
+    and ``latents``) and its first frame as a PNG; with ``return_latents`` the final latents as ``ImagesEncoded``
+    carries them."""
 
     videos: list[bytes]
     thumbnails: list[bytes]

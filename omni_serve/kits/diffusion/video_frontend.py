@@ -90,6 +90,7 @@ class VideoRequestChecks:
                 "seconds": str(max(1, round((frames - 1) / fps)) if req.num_frames is not None else seconds),
                 "width": width, "height": height, "fps": fps, "num_frames": frames, "num_inference_steps": steps,
                 "guidance_scale": guidance, "negative_prompt": req.negative_prompt,
+                "output_format": req.output_format or "mp4",
                 "seed": req.seed if req.seed is not None else random.randrange(2**31)}
 
 
@@ -149,8 +150,9 @@ class VideosFrontend(Frontend):
         if ref.variant == "thumbnail":
             import asyncio
 
-            return RawReply(await asyncio.to_thread(_first_frame_png, path), "image/png")
-        return ByteStream(_file_chunks(path), MP4_MEDIA_TYPE)
+            return RawReply(await asyncio.to_thread(_thumbnail, path), "image/png")
+        media = MP4_MEDIA_TYPE if job.request.get("output_format", "mp4") == "mp4" else "application/octet-stream"
+        return ByteStream(_file_chunks(path), media)
 
     async def videos_delete(self, ref: VideoRef, ctx: RequestContext) -> VideoDeleted:
         if await self.jobs.delete(ref.video_id, owner_of(ctx)) is None:
@@ -173,7 +175,7 @@ class VideosFrontend(Frontend):
             "dit": VideoDenoiseCall(request_id=rid, n=1, height=s["height"], width=s["width"],
                                     num_frames=s["num_frames"], num_steps=s["num_inference_steps"], seed=s["seed"],
                                     true_cfg_scale=s["guidance_scale"] if cfg else 1.0),
-            "vae": VideoDecodeCall(request_id=rid, fps=s["fps"]),
+            "vae": VideoDecodeCall(request_id=rid, fps=s["fps"], output_format=s.get("output_format", "mp4")),
         }
 
     async def run_job(self, job: Job, progress) -> bytes:
@@ -204,12 +206,19 @@ def _file_chunks(path: str, size: int = 1 << 20):
     return chunks()
 
 
-def _first_frame_png(path: str) -> bytes:
-    import av
+def _thumbnail(path: str) -> bytes:
+    """The first frame of a job's file (an MP4, or a NumPy archive's exact frames) as a PNG."""
     from PIL import Image
 
-    with av.open(path) as container:
-        frame = next(container.decode(video=0)).to_ndarray(format="rgb24")
+    if path.endswith(".npz"):
+        import numpy as np
+
+        frame = np.load(path)["frames"][0]
+    else:
+        import av
+
+        with av.open(path) as container:
+            frame = next(container.decode(video=0)).to_ndarray(format="rgb24")
     out = io.BytesIO()
     Image.fromarray(frame).save(out, format="PNG")
     return out.getvalue()

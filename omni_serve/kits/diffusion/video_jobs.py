@@ -10,7 +10,8 @@ runs in a thread (the store is synchronous).
 
 The worker loop claims jobs (oldest first) while fewer than ``max_running`` run here, every ``poll_s`` or at once
 when this replica created one; it also fails or requeues jobs whose replica died (their lease ran out: ``reap``) and
-deletes expired results (``expire``). A job runs as ``await run(job, progress)``, which returns the MP4 file's bytes;
+deletes expired results (``expire``). A job runs as ``await run(job, progress)``, which returns its file's bytes
+(an MP4, or ``request["output_format"]``'s);
 ``await progress(percent)`` records its progress (and renews its lease) and returns False once the job is no
 longer this replica's (deleted, or its lease lost), and the job is then cancelled. Its lease is also renewed every
 ``lease_s / 3`` while it runs. A run that raises an ``OpenAIError`` fails the job with that error (a bad request,
@@ -149,10 +150,11 @@ class VideoJobs:
             return
         finally:
             beat.cancel()
-        await asyncio.to_thread(self._complete, job.id, worker, video)
+        suffix = "." + job.request.get("output_format", "mp4")
+        await asyncio.to_thread(self._complete, job.id, worker, video, suffix)
 
-    def _complete(self, job_id: str, worker: str, video: bytes) -> None:
-        fd, path = tempfile.mkstemp(suffix=".mp4", prefix="omni_serve_video_",
+    def _complete(self, job_id: str, worker: str, video: bytes, suffix: str) -> None:
+        fd, path = tempfile.mkstemp(suffix=suffix, prefix="omni_serve_video_",
                                     dir=self.store.results_dir if os.path.isdir(self.store.results_dir) else None)
         with os.fdopen(fd, "wb") as f:
             f.write(video)

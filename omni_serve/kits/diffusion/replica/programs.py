@@ -259,6 +259,14 @@ def encode_latents(latents: torch.Tensor) -> tuple[list[bytes], list[int]]:
     return [row.numpy().astype("<f4", copy=False).tobytes() for row in x], list(x.shape[1:])
 
 
+def encode_npz(**arrays) -> bytes:
+    """A NumPy archive of ``arrays`` (tensors as float32 arrays): a video's exact frames and latents."""
+    out = io.BytesIO()
+    np.savez(out, **{k: v.detach().to("cpu", torch.float32).numpy() if isinstance(v, torch.Tensor) else v
+                     for k, v in arrays.items()})
+    return out.getvalue()
+
+
 def encode_images(pixels: np.ndarray, image_format: str = "png") -> list[bytes]:
     return [encode_image(p, image_format) for p in pixels]
 

@@ -104,8 +104,10 @@ class VideoVAERunner(VAERunner):
 
         program = P.DecodeProgram(0, 0)  # the size is the latents' own
         async for out in self.drive(engine, call.request_id, program):
-            def encode(frames=out.pixels):
-                return [encode_mp4(v, call.fps) for v in frames], [thumbnail_png(v) for v in frames]
+            def encode(frames=out.pixels, latents=program.latents):
+                files = ([encode_mp4(v, call.fps) for v in frames] if call.output_format == "mp4" else
+                         [P.encode_npz(frames=v, latents=x) for v, x in zip(frames, latents)])
+                return files, [thumbnail_png(v) for v in frames]
             videos, thumbnails = await asyncio.to_thread(encode)
             latents, shape = P.encode_latents(program.latents) if call.return_latents else ([], [])
             yield VideosEncoded(videos=videos, thumbnails=thumbnails, num_frames=int(out.pixels.shape[1]),
