@@ -14,9 +14,9 @@ deletes expired results (``expire``). A job runs as ``await run(job, progress)``
 (an MP4, or ``request["output_format"]``'s);
 ``await progress(percent)`` records its progress (and renews its lease) and returns False once the job is no
 longer this replica's (deleted, or its lease lost), and the job is then cancelled. Its lease is also renewed every
-``lease_s / 3`` while it runs. A run that raises an ``OpenAIError`` fails the job with that error (a bad request,
-or a graph limit); any other exception (a stage replica died, a timeout) hands it back to the queue while it has
-attempts left, then fails it with the error's text.
+``lease_s / 3`` while it runs. A run that raises a 4xx ``OpenAIError`` fails the job with that error (a bad
+request, a graph limit); a 5xx one (a stage without a replica, a timeout) or any other exception hands it back to
+the queue while it has attempts left, then fails it with the error.
 """
 
 from __future__ import annotations
@@ -138,9 +138,12 @@ class VideoJobs:
             video = await self.run(job, progress)
         except asyncio.CancelledError:
             return  # deleted, the lease lost, or the replica stopping (close() hands the job back)
-        except OpenAIError as err:
+        except OpenAIError as err:  # the graph's own answer: a 4xx fails the job, a 5xx (a stage lost) may pass
+            retry = err.status_code >= 500
             await asyncio.to_thread(self.store.fail, job.id, worker, {"code": err.code or err.type,
-                                                                      "message": str(err)})
+                                                                      "message": err.message}, retry=retry)
+            if retry:
+                self._wake.set()
             return
         except Exception as err:  # noqa: BLE001 - a stage died or timed out: another attempt may pass
             log.warning("video job %s failed on attempt %d: %r", job.id, job.attempts, err)
