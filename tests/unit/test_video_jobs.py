@@ -156,3 +156,21 @@ def test_a_stopping_replica_hands_its_job_back_and_the_other_finishes_it(tmp_pat
 def test_max_running_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="max_running"):
         VideoJobs(_store(tmp_path), Graph(), max_running=0)
+
+
+def test_a_graph_answer_of_5xx_is_retried_like_a_lost_stage(tmp_path):
+    from omni_serve.api.errors import service_unavailable
+
+    async def main():
+        graph = Graph(steps=1, fail=service_unavailable("Stage dit has no running replica"))
+        jobs = VideoJobs(_store(tmp_path), graph, poll_s=0.05)
+        await jobs.start()
+        try:
+            graph.gate.set()
+            job = await jobs.create("alice", {"prompt": "a cat"}, max_queued=None)
+            await _until(lambda: _status(jobs, job.id, FAILED))
+            final = await jobs.get(job.id, "alice")
+            assert final.attempts == 2 and "no running replica" in final.error["message"]
+        finally:
+            await jobs.close()
+    asyncio.run(main())
