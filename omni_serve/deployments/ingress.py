@@ -340,6 +340,9 @@ def _parameters_endpoint(ingress: OpenAIIngress, route: Route):
     from fastapi import Path, Query
 
     in_path = set(_PATH_PARAMETER.findall(route.path))
+    missing = in_path - set(route.body.model_fields)
+    if missing:
+        raise TypeError(f"route {route.path}: {route.body.__name__} has no field for {sorted(missing)}")
     kind = inspect.Parameter.KEYWORD_ONLY
     parameters = [inspect.Parameter("request", kind, annotation=Request)]
     for name, field in route.body.model_fields.items():
@@ -347,9 +350,6 @@ def _parameters_endpoint(ingress: OpenAIIngress, route: Route):
         default = inspect.Parameter.empty if field.is_required() else field.default
         parameters.append(inspect.Parameter(name, kind, annotation=Annotated[field.annotation, where],
                                             default=default))
-    missing = in_path - set(route.body.model_fields)
-    if missing:
-        raise TypeError(f"route {route.path}: {route.body.__name__} has no field for {sorted(missing)}")
 
     async def parameters_endpoint(request: Request, **values):
         try:

@@ -14,6 +14,7 @@ id answers 404, as an unknown one does. Bad requests are 400s before a job is cr
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import os
@@ -148,8 +149,6 @@ class VideosFrontend(Frontend):
             raise bad_request(f"Video {job.id} is {job.status}: its content exists once it is completed.",
                               param="video_id", code="video_not_ready")
         if ref.variant == "thumbnail":
-            import asyncio
-
             return RawReply(await asyncio.to_thread(_thumbnail, path), "image/png")
         media = MP4_MEDIA_TYPE if job.request.get("output_format", "mp4") == "mp4" else "application/octet-stream"
         return ByteStream(_file_chunks(path), media)
@@ -195,8 +194,6 @@ class VideosFrontend(Frontend):
 
 def _file_chunks(path: str, size: int = 1 << 20):
     async def chunks():
-        import asyncio
-
         with open(path, "rb") as f:
             while True:
                 chunk = await asyncio.to_thread(f.read, size)
