@@ -96,6 +96,11 @@ def wan_tiny_dir() -> str:
 
 
 @pytest.fixture(scope="session")
+def wan_i2v_tiny_dir() -> str:
+    return tiny_checkpoint("wan_i2v")
+
+
+@pytest.fixture(scope="session")
 def glm_image_tiny_dir() -> str:
     """Path of the tiny GLM-Image checkpoint (made here if missing)."""
     return tiny_checkpoint("glm_image")

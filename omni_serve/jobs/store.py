@@ -36,6 +36,8 @@ OWNER_LOCK_SPACE = 0x6F6D6E69
 LOST = "job_lost"
 EXPIRE_BATCH = 500
 ID_FORM = re.compile(r"[a-z]+_[0-9a-f]{32}")
+NAME_FORM = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+INPUTS = "inputs"  # a job's input files: results_dir/<job id>/inputs/<name>
 
 
 class QueueFull(Exception):
@@ -193,7 +195,8 @@ class JobStore:
 
     # -- the API's side: owners ----------------------------------------------------------------------------------
 
-    def create(self, kind: str, owner: str, request: dict[str, Any], *, max_queued: int | None) -> Job:
+    def create(self, kind: str, owner: str, request: dict[str, Any], *, max_queued: int | None,
+               inputs: dict[str, bytes] | None = None) -> Job:
         """A new ``queued`` job.
 
         Args:
@@ -201,25 +204,43 @@ class JobStore:
             owner: who may see it (the API key's identity).
             request: the create request (JSON-serializable), handed to the worker that claims the job.
             max_queued: jobs ``owner`` may have queued or in progress at once; None: no limit.
+            inputs: files the worker reads (``input_path``), by name (e.g. a reference image): written to the
+                job's folder under ``results_dir`` before its record is, and deleted with it.
 
         Raises:
             QueueFull: ``owner`` already has ``max_queued`` jobs queued or in progress.
         """
-        with self._tx() as tx:
-            if max_queued is not None:
-                if not self.sqlite:  # one owner's creates in turn: the count below stays true until commit
-                    key = zlib.crc32(owner.encode()) - (1 << 31)  # an int4
-                    tx.execute(sa.select(sa.func.pg_advisory_xact_lock(_int4(OWNER_LOCK_SPACE), _int4(key))))
-                active = tx.scalar(sa.select(sa.func.count()).select_from(JOBS).where(
-                    JOBS.c.owner == owner, JOBS.c.status.in_(ACTIVE)))
-                if active >= max_queued:
-                    raise QueueFull(owner, max_queued)
-            now = self.clock()
-            row = dict(id=new_id(now), kind=kind, owner=owner, status=QUEUED, progress=0, created_at=now,
-                       completed_at=None, expires_at=None, error=None, request=request, attempts=0, worker=None,
-                       lease_until=None, result_file=None)
-            tx.execute(JOBS.insert().values(**row))
+        now = self.clock()
+        job_id = new_id(now)
+        folder = os.path.join(self.results_dir, job_id)
+        try:
+            if inputs:
+                os.makedirs(os.path.join(folder, INPUTS), exist_ok=True)
+                for name, data in inputs.items():
+                    with open(os.path.join(folder, INPUTS, _checked_name(name)), "wb") as f:
+                        f.write(data)
+            with self._tx() as tx:
+                if max_queued is not None:
+                    if not self.sqlite:  # one owner's creates in turn: the count below stays true until commit
+                        key = zlib.crc32(owner.encode()) - (1 << 31)  # an int4
+                        tx.execute(sa.select(sa.func.pg_advisory_xact_lock(_int4(OWNER_LOCK_SPACE), _int4(key))))
+                    active = tx.scalar(sa.select(sa.func.count()).select_from(JOBS).where(
+                        JOBS.c.owner == owner, JOBS.c.status.in_(ACTIVE)))
+                    if active >= max_queued:
+                        raise QueueFull(owner, max_queued)
+                row = dict(id=job_id, kind=kind, owner=owner, status=QUEUED, progress=0, created_at=now,
+                           completed_at=None, expires_at=None, error=None, request=request, attempts=0, worker=None,
+                           lease_until=None, result_file=None)
+                tx.execute(JOBS.insert().values(**row))
+        except BaseException:
+            if inputs:
+                self._remove_files(job_id)
+            raise
         return Job.from_row(row)
+
+    def input_path(self, job: Job, name: str) -> str:
+        """The full path of the job's input file ``name`` (given to ``create``)."""
+        return os.path.join(self.results_dir, _checked_id(job.id), INPUTS, _checked_name(name))
 
     def get(self, job_id: str, owner: str) -> Job | None:
         """``owner``'s job ``job_id``; None when there is none (expired, deleted, never was, or another owner's)."""
@@ -452,6 +473,13 @@ def _checked_id(job_id: str) -> str:
     if not ID_FORM.fullmatch(job_id):
         raise ValueError(f"not a job id: {job_id!r}")
     return job_id
+
+
+def _checked_name(name: str) -> str:
+    """``name`` when it can name an input file (no path, no leading dot)."""
+    if not NAME_FORM.fullmatch(name):
+        raise ValueError(f"not an input file name: {name!r}")
+    return name
 
 
 def _unlink(path: str) -> None:

@@ -12,10 +12,12 @@ import torch
 @dataclass
 class DenoiseRow:
     """One transformer input row: a latent at one timestep, conditioned on text [L, D] and, for image-conditioned
-    pipelines (Qwen-Image-Edit), on image latents appended to the sequence."""
+    pipelines, on image latents (appended to the sequence in Qwen-Image-Edit, stacked on the channels in Wan's
+    image-to-video) and on image tokens (Wan's image-to-video: CLIP's, attended beside the text)."""
 
     latents: torch.Tensor
     timestep: torch.Tensor  # scalar, the scheduler's t (0..1000)
     text: torch.Tensor
     guidance: float | None = None  # only for guidance-distilled transformers
     condition: torch.Tensor | None = None  # conditioning image latents (on ``predict``'s condition_grid)
+    image: torch.Tensor | None = None  # image tokens [L_i, D_i] (Wan image-to-video)

@@ -1,4 +1,6 @@
 """Adapters over diffusers' Wan 2.1 text-to-video components; each stage loads only its own part of the checkpoint.
+The text encoder, denoiser and decoder serve the image-to-video pipeline too (its own stages:
+``omni_serve.models.wan_i2v``).
 
 Contract (a checkpoint directory in the diffusers layout, as ``WanPipeline.from_pretrained`` reads):
 
@@ -90,7 +92,7 @@ class WanDenoiser:
         vae = AutoencoderKLWan.load_config(checkpoint_dir, subfolder="vae")
         self.scale_temporal = vae.get("scale_factor_temporal", 4)
         self.scale_spatial = vae.get("scale_factor_spatial", 8)
-        self.channels = self.transformer.config.in_channels
+        self.channels = self.transformer.config.out_channels  # the noise's (image-to-video takes more in)
         self.modules = {"transformer": self.transformer}
 
     @property
@@ -142,20 +144,33 @@ class WanDenoiser:
 
     packed = None  # no packed forward: cached requests run alone, through cache-dit's patched forward
 
+    @property
+    def image_to_video(self) -> bool:
+        """An image-to-video transformer (Wan 2.1's): every row carries first-frame latents and CLIP tokens."""
+        return self.transformer.config.image_dim is not None
+
     @torch.inference_mode()
     def predict(self, rows: list[DenoiseRow], grid=None, condition_grid=None, row_cache=None) -> torch.Tensor:
         """One forward over ``rows`` (one latent shape, any timesteps); predictions [B, C, F', H', W'] in float32.
-        Each row's text is zero-padded to ``MAX_TEXT_TOKENS`` rows, as the pipeline's prompt embeddings are."""
+        Each row's text is zero-padded to ``MAX_TEXT_TOKENS`` rows, as the pipeline's prompt embeddings are. On an
+        image-to-video transformer each row's ``condition`` (mask and first-frame latents) is stacked after its
+        noise on the channels and its ``image`` tokens go in beside the text, as the pipeline's loop does."""
         if condition_grid is not None or row_cache is not None:
-            raise ValueError("Wan text-to-video rows carry no conditioning latents and no row cache")
+            raise ValueError("Wan rows carry no packed conditioning and no row cache")
+        i2v = self.image_to_video
+        if any((r.condition is None) == i2v or (r.image is None) == i2v for r in rows):
+            raise ValueError("an image-to-video transformer needs every row's first-frame latents and image tokens; "
+                             "a text-to-video one takes neither")
         if max(r.text.shape[0] for r in rows) > MAX_TEXT_TOKENS:
             raise ValueError(f"a prompt's embeddings are longer than {MAX_TEXT_TOKENS} rows")
         text = torch.stack([torch.nn.functional.pad(r.text, (0, 0, 0, MAX_TEXT_TOKENS - r.text.shape[0]))
                             for r in rows]).to(self.device, self.dtype)
-        latents = torch.stack([r.latents for r in rows]).to(self.dtype)
+        latents = torch.stack([r.latents if r.condition is None else torch.cat([r.latents, r.condition.to(
+            r.latents.dtype)]) for r in rows]).to(self.dtype)
+        image = torch.stack([r.image for r in rows]).to(self.device, self.dtype) if i2v else None
         timestep = torch.stack([r.timestep for r in rows]).to(self.device)
         out = self.transformer(hidden_states=latents, timestep=timestep, encoder_hidden_states=text,
-                               return_dict=False)[0]
+                               encoder_hidden_states_image=image, return_dict=False)[0]
         return out.float()
 
 

@@ -184,3 +184,9 @@ def test_unknown_and_malformed_ids(wan_app):
     r = httpx.get(f"{wan_app}/v1/videos/{queued['id']}/content", timeout=30)
     assert r.status_code == 400 and r.json()["error"]["code"] == "video_not_ready"
     httpx.delete(f"{wan_app}/v1/videos/{queued['id']}", timeout=30)
+
+
+def test_a_reference_image_is_refused_by_text_to_video(wan_app):
+    r = httpx.post(wan_app + "/v1/videos", data={"model": MODEL, "prompt": "x"},
+                   files={"input_reference": ("f.png", b"\x89PNG\r\n\x1a\n", "image/png")}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_reference", r.text

@@ -185,6 +185,24 @@ def test_queue_limit_counts_queued_and_in_progress_jobs(store, tmp_path):
     store.create("m", "alice", {}, max_queued=3)
 
 
+def test_input_files_live_with_their_job(store, tmp_path):
+    job = store.create("m", "alice", {}, max_queued=1, inputs={"input_reference.png": b"frame"})
+    path = store.input_path(job, "input_reference.png")
+    with open(path, "rb") as f:
+        assert f.read() == b"frame"
+    claimed = store.claim("w")  # a retried job reads them again: they outlive an attempt
+    assert store.fail(claimed.id, "w", {"code": "x", "message": "y"}, retry=True) and os.path.exists(path)
+    with pytest.raises(QueueFull):  # a refused create leaves no files behind
+        store.create("m", "alice", {}, max_queued=1, inputs={"input_reference.png": b"other"})
+    assert sorted(os.listdir(store.results_dir)) == [job.id]
+    store.delete(job.id, "alice")
+    assert not os.path.exists(os.path.dirname(os.path.dirname(path)))
+    for name in ("../x", ".hidden", "a/b", ""):
+        with pytest.raises(ValueError, match="input file name"):
+            store.create("m", "alice", {}, max_queued=None, inputs={name: b""})
+    assert os.listdir(store.results_dir) == []
+
+
 def test_concurrent_creates_never_pass_the_queue_limit(make):
     stores = [make(), make()]
     made, refused = [], []

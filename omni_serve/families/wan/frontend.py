@@ -4,20 +4,11 @@ spatial compression times the transformer's patch (16), frame counts ``4k + 1`` 
 
 from __future__ import annotations
 
-import json
-import os
-
 from omni_serve.kits.diffusion.video_frontend import VideoRequestChecks, VideosFrontend
-
-
-def _config(checkpoint: str, part: str) -> dict:
-    with open(os.path.join(checkpoint, part, "config.json")) as f:
-        return json.load(f)
+from omni_serve.models.wan_layout import size_rules
 
 
 class WanFrontend(VideosFrontend):
     def __init__(self, spec, stages):
         super().__init__(spec, stages)
-        vae, transformer = _config(spec.checkpoint, "vae"), _config(spec.checkpoint, "transformer")
-        multiple = vae.get("scale_factor_spatial", 8) * transformer.get("patch_size", [1, 2, 2])[1]
-        self.checks = VideoRequestChecks(spec, multiple, vae.get("scale_factor_temporal", 4))
+        self.checks = VideoRequestChecks(spec, *size_rules(spec.checkpoint))

@@ -2,7 +2,8 @@
 
 Contract: ``VideosFrontend(spec, stages)`` (a family subclasses it, giving ``checks``: a ``VideoRequestChecks``)
 serves ``POST /v1/videos`` (multipart, as the official client sends it: a job is created ``queued`` and its object
-returned at once), ``GET /v1/videos/{video_id}`` (the job object: ``status``, ``progress`` from the DiT's steps),
+returned at once; ``input_reference``, the first frame of an image-to-video model, is refused unless the family's
+``reference_inputs`` takes it, and kept with the job as an input file for ``stage_inputs`` to hand the stages), ``GET /v1/videos/{video_id}`` (the job object: ``status``, ``progress`` from the DiT's steps),
 ``GET /v1/videos`` (the caller's jobs, newest first, by pages: ``after``, ``limit``, ``order``),
 ``GET /v1/videos/{video_id}/content`` (the MP4, or with ``variant=thumbnail`` its first frame as a PNG) and
 ``DELETE /v1/videos/{video_id}`` (the job and its file deleted, its run cancelled wherever it runs). Jobs live in
@@ -21,6 +22,7 @@ import os
 import random
 from typing import Any, Literal
 
+from fastapi import UploadFile
 from pydantic import BaseModel, Field
 
 from omni_serve.api.errors import bad_request, not_found, too_many_requests
@@ -29,6 +31,7 @@ from omni_serve.api.videos import (
     VideoCreateRequest, VideoDeleted, VideoList, Video, frame_count, video_list, video_object,
 )
 from omni_serve.graph.frontend import ByteStream, Frontend, RawReply, RequestContext, Route
+from omni_serve.graph.messages import Message
 from omni_serve.kits.diffusion.frontend import check_size
 from omni_serve.jobs import COMPLETED, Job, QueueFull
 from omni_serve.kits.diffusion.messages import (
@@ -38,6 +41,12 @@ from omni_serve.kits.diffusion.video_jobs import VideoJobs
 from omni_serve.request_ids import new_request_id
 
 ID_PATTERN = r"^video_[0-9a-f]{1,64}$"
+
+
+class VideoCreateForm(VideoCreateRequest):
+    input_reference: UploadFile | None = Field(default=None, description=(
+        "Image-to-video models: the video's first frame, a PNG, JPEG or WebP image of the video's size (the size "
+        "when `size` is left out). Text-to-video models refuse it."))
 
 
 class VideoRef(BaseModel):
@@ -65,13 +74,17 @@ class VideoRequestChecks:
     def check_size(self, width: int, height: int, param: str = "size") -> None:
         check_size(self.spec, self.multiple, width, height, param)
 
-    def resolve(self, req: VideoCreateRequest) -> dict[str, Any]:
-        """The job's settings, every default filled in (the seed drawn now, so a retried job gives the same video)."""
+    def resolve(self, req: VideoCreateRequest, reference_size: tuple[int, int] | None = None) -> dict[str, Any]:
+        """The job's settings, every default filled in (the seed drawn now, so a retried job gives the same video).
+        With a reference image (``reference_size``: its width and height) the video has its size."""
         s = self.spec
         if req.model is not None and req.model != s.model_name:
             raise bad_request(f"The model {req.model!r} does not exist; this server serves {s.model_name!r}.",
                               param="model", code="model_not_found")
-        width, height = req.dimensions() or s.default_dimensions()
+        width, height = req.dimensions() or reference_size or s.default_dimensions()
+        if reference_size is not None and reference_size != (width, height):
+            raise bad_request(f"input_reference is {reference_size[0]}x{reference_size[1]}: it must have the "
+                              f"video's size, {width}x{height} (or leave size out).", param="input_reference")
         self.check_size(width, height)
         fps = req.fps or s.default_fps
         seconds = int(req.seconds) if req.seconds is not None else s.default_seconds
@@ -103,7 +116,7 @@ def owner_of(ctx: RequestContext) -> str:
 
 class VideosFrontend(Frontend):
     routes = (
-        Route("/v1/videos", "videos", "videos_create", VideoCreateRequest, form=True,
+        Route("/v1/videos", "videos", "videos_create", VideoCreateForm, form=True,
               summary="Create a video job from a prompt (OpenAI videos.create)."),
         Route("/v1/videos", "videos_list", "videos_list", VideoPage, method="GET",
               summary="List the caller's video jobs (OpenAI videos.list)."),
@@ -127,10 +140,12 @@ class VideosFrontend(Frontend):
         await self.jobs.close()
 
     # -- routes --------------------------------------------------------------------------------------------------
-    async def videos_create(self, req: VideoCreateRequest, ctx: RequestContext) -> Video:
-        settings = self.checks.resolve(req)
+    async def videos_create(self, req: VideoCreateForm, ctx: RequestContext) -> Video:
+        reference_size, inputs = await self.reference_inputs(req)
+        settings = self.checks.resolve(req, reference_size)
         try:
-            job = await self.jobs.create(owner_of(ctx), settings, max_queued=self.spec.jobs.max_queued_per_key)
+            job = await self.jobs.create(owner_of(ctx), settings, max_queued=self.spec.jobs.max_queued_per_key,
+                                         inputs=inputs)
         except QueueFull as err:
             raise too_many_requests(str(err), retry_after_s=30) from None
         return video_object(job)
@@ -164,7 +179,19 @@ class VideosFrontend(Frontend):
             raise not_found(f"No video with id {video_id!r}.")
         return job
 
+    async def reference_inputs(self, req: VideoCreateForm) -> tuple[tuple[int, int] | None, dict[str, bytes]]:
+        """(the reference image's width and height, the job's input files): a text-to-video graph takes none; an
+        image-to-video one checks ``input_reference`` here (a 400 when it is missing or unreadable)."""
+        if req.input_reference is not None:
+            raise bad_request(f"{self.spec.model_name} generates videos from a prompt alone: input_reference is for "
+                              "image-to-video models.", param="input_reference")
+        return None, {}
+
     # -- a job through the stages --------------------------------------------------------------------------------
+    async def stage_inputs(self, job: Job) -> dict[str, Message]:
+        """The payloads the ingress writes to the graph's ingress edges for ``job`` (its input files, read back)."""
+        return {}
+
     def calls(self, rid: str, s: dict[str, Any]) -> dict[str, Any]:
         """The stage calls of a job's settings (``VideoRequestChecks.resolve``)."""
         cfg = s["guidance_scale"] > 1  # as diffusers' video pipelines: CFG above 1, an empty negative prompt
@@ -180,7 +207,9 @@ class VideosFrontend(Frontend):
     async def run_job(self, job: Job, progress) -> bytes:
         rid = new_request_id("video")
         video = None
-        async for _, out in self.stages.stream(rid, self.calls(rid, job.request), self.spec.job_timeout_s):
+        inputs = await self.stage_inputs(job)
+        async for _, out in self.stages.stream(rid, self.calls(rid, job.request), self.spec.job_timeout_s,
+                                               inputs=inputs or None):
             if isinstance(out, DenoiseProgress):  # denoising is most of the work: 0-95%, the VAE the rest
                 await progress(95 * out.step // out.num_steps)
             elif isinstance(out, DenoiseDone):
@@ -221,4 +250,4 @@ def _thumbnail(path: str) -> bytes:
     return out.getvalue()
 
 
-__all__ = ["VideosFrontend", "VideoRequestChecks", "owner_of"]
+__all__ = ["VideoCreateForm", "VideosFrontend", "VideoRequestChecks", "owner_of"]

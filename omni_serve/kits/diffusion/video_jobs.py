@@ -3,10 +3,10 @@
 Contract: ``VideoJobs(store, run, *, replica, max_running, poll_s)`` over a ``JobStore`` (``omni_serve.jobs``) that
 every replica shares (a SQLite file on one node, PostgreSQL across nodes). ``start()`` opens the store and starts
 the replica's worker loop; ``close()`` stops it (idempotent): jobs running here are handed back to the queue
-(``fail(retry=True)``, code ``replica_stopped``) for another replica. The routes' side: ``create``, ``get``,
-``list``, ``delete`` (a job running here is cancelled at once; one running on another replica stops at that
-replica's next heartbeat or progress call, which the deleted record refuses) and ``result_path``. Every store call
-runs in a thread (the store is synchronous).
+(``fail(retry=True)``, code ``replica_stopped``) for another replica. The routes' side: ``create`` (with input
+files, which the run reads back with ``read_input``), ``get``, ``list``, ``delete`` (a job running here is
+cancelled at once; one running on another replica stops at that replica's next heartbeat or progress call, which the
+deleted record refuses) and ``result_path``. Every store call runs in a thread (the store is synchronous).
 
 The worker loop claims jobs (oldest first) while fewer than ``max_running`` run here, every ``poll_s`` or at once
 when this replica created one; it also fails or requeues jobs whose replica died (their lease ran out: ``reap``) and
@@ -74,8 +74,9 @@ class VideoJobs:
         await asyncio.to_thread(self.store.close)
 
     # -- the routes' side ----------------------------------------------------------------------------------------
-    async def create(self, owner: str, request: dict[str, Any], *, max_queued: int | None) -> Job:
-        job = await asyncio.to_thread(self.store.create, KIND, owner, request, max_queued=max_queued)
+    async def create(self, owner: str, request: dict[str, Any], *, max_queued: int | None,
+                     inputs: dict[str, bytes] | None = None) -> Job:
+        job = await asyncio.to_thread(self.store.create, KIND, owner, request, max_queued=max_queued, inputs=inputs)
         self._wake.set()
         return job
 
@@ -94,6 +95,13 @@ class VideoJobs:
 
     def result_path(self, job: Job) -> str | None:
         return self.store.result_path(job)
+
+    async def read_input(self, job: Job, name: str) -> bytes:
+        """The job's input file ``name`` (given to ``create``)."""
+        def read() -> bytes:
+            with open(self.store.input_path(job, name), "rb") as f:
+                return f.read()
+        return await asyncio.to_thread(read)
 
     # -- the worker loop -----------------------------------------------------------------------------------------
     async def _work(self) -> None:

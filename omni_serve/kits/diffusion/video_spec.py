@@ -42,6 +42,10 @@ class VideoGraphSpec(GraphSpecBase):
             raise ValueError("default_steps must be <= max_steps")
         if self.default_dimensions() is None:
             raise ValueError("default_size must be 'WIDTHxHEIGHT'")
+        width, height = self.default_dimensions()
+        if max(width, height) > self.max_side or width * height > self.max_pixels:
+            raise ValueError(f"default_size {self.default_size} is over max_side ({self.max_side}) or max_pixels "
+                             f"({self.max_pixels})")
         return self
 
     def default_dimensions(self) -> tuple[int, int]:

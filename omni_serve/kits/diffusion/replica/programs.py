@@ -15,8 +15,9 @@ over one unit of work with a grouping key, and equal keys are computed in one ca
   steps their own cache-dit context decides to cache (``cache.RowCache``); cached requests whose Fn/Bn block split
   differ get one forward each. Only where the packed forward does not cover the transformer does a cached request
   run its step alone, through cache-dit's patched forward.
-  Image-conditioned pipelines set ``condition`` (packed image latents appended to every row, on
-  ``condition_grid``, part of the key); text-to-image leaves it None.
+  Image-conditioned pipelines set ``condition`` (image latents every row carries: Qwen-Image-Edit's packed ones,
+  appended on ``condition_grid``, part of the key; Wan's first-frame latents, of the noise's shape) and
+  ``image_embeds`` (image tokens every row attends to: Wan's CLIP tokens); text-to-image leaves them None.
 - ``DecodeProgram`` (key: image size) -> ``DecodedPixels`` to the runner, which encodes them off the engine thread
   (and, for ``return_latents``, the latents the program decoded: ``encode_latents``).
 
@@ -97,6 +98,7 @@ class DenoiseProgram(BatchProgram):
         # image-conditioned pipelines: packed image latents [n, S_c, C] appended to every row, on their grid
         self.condition: torch.Tensor | None = None
         self.condition_grid: tuple[int, int] | None = None
+        self.image_embeds: torch.Tensor | None = None  # image tokens every row attends to (Wan image-to-video)
         self.cache_session = cache_session  # omni_serve.kits.diffusion.replica.cache.CacheSession or None
 
     @property
@@ -119,7 +121,8 @@ class DenoiseProgram(BatchProgram):
         copies = 2 if self.true_cfg else 1
         latents = list(self.latents) * copies
         conditions = list(self.condition) * copies if self.condition is not None else [None] * len(latents)
-        rows = [DenoiseRow(x, t, text, self.req.guidance_scale, c) for x, text, c in zip(latents, texts, conditions)]
+        rows = [DenoiseRow(x, t, text, self.req.guidance_scale, c, self.image_embeds)
+                for x, text, c in zip(latents, texts, conditions)]
         if self.cache_session is not None and self.model.packed is None:
             # cache-dit's own forward decides once per forward for the whole batch: this request alone
             return ("cached", id(self)), DenoiseWork(self, rows, self.grid, alone=True,
