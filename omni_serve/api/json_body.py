@@ -14,8 +14,8 @@ or raises a 400 ``OpenAIError`` in the shapes FastAPI's own validation gives (``
   the GIL while they run, so the thread alone would bound nothing: the counts above are what keep each run
   short; the thread lets the event loop's other tasks run between the steps.
 
-A non-JSON ``Content-Type`` (anything but ``application/json`` or ``+json``; none at all is taken as JSON), an
-empty body, invalid JSON and a non-object body are 400s naming the problem.
+A non-JSON ``Content-Type`` (``is_json``: anything but ``application/json`` or ``+json``; none at all is taken as
+JSON), an empty body, invalid JSON and a non-object body are 400s naming the problem.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ def check_counts(obj: Any, limits: Any) -> None:
                           "accepted (limits.max_content_parts).", param="messages", code="request_too_large")
 
 
-def _is_json(content_type: str | None) -> bool:
+def is_json(content_type: str | None) -> bool:
+    """Whether a body of ``content_type`` is JSON (``application/json`` or ``+json``; none at all is taken as JSON)."""
     if not content_type:
         return True
     mime = content_type.split(";", 1)[0].strip().lower()
@@ -90,7 +91,7 @@ def _parse(raw: bytes, model: type[M], limits: Any) -> M:
 
 
 async def parse_json_body(raw: bytes, content_type: str | None, model: type[M], limits: Any) -> M:
-    if not _is_json(content_type):
+    if not is_json(content_type):
         raise bad_request("Invalid JSON body: send a JSON object with Content-Type: application/json",
                           code="invalid_request")
     if not raw.strip():

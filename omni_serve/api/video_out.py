@@ -6,7 +6,10 @@ Contract:
   yuv420p, the pixel format every player decodes, at constant quality ``crf`` (lower is closer to the frames;
   18 is visually lossless), ``fps`` frames per second, the index at the front (``+faststart``) so a player starts
   before the whole file came. yuv420p halves the chroma resolution, so the height and width must be even: odd ones
-  are a ``ValueError`` (the video graphs' sizes are multiples of 16).
+  are a ``ValueError`` (the video graphs' sizes are multiples of 16). The frames are taken as sRGB-like RGB and
+  converted with the BT.709 matrix to limited (tv) range YUV, and the stream is tagged so (primaries, transfer and
+  matrix BT.709, range tv: in the H.264 stream and the MP4's ``colr`` box), so that players decode the pixels as
+  they were encoded instead of guessing (an untagged stream is read as BT.601 by some and BT.709 by others).
 * ``thumbnail_png(frames)``: the first frame as a PNG (the ``thumbnail`` variant), lossless.
 * Encoding is CPU work: callers on an event loop run it in a thread.
 """
@@ -22,6 +25,10 @@ import numpy as np
 __all__ = ["encode_mp4", "thumbnail_png", "MP4_MEDIA_TYPE"]
 
 MP4_MEDIA_TYPE = "video/mp4"
+# FFmpeg's AVColorPrimaries, AVColorTransferCharacteristic and AVColorSpace values of BT.709, and AVColorRange's
+# limited (tv, "MPEG") range: what the codec context's colour fields take
+BT709 = 1
+TV_RANGE = 1
 
 
 def _check(frames: np.ndarray) -> None:
@@ -31,6 +38,7 @@ def _check(frames: np.ndarray) -> None:
 
 def encode_mp4(frames: np.ndarray, fps: int, crf: int = 18) -> bytes:
     import av
+    from av.video.reformatter import ColorRange, Colorspace
 
     _check(frames)
     height, width = frames.shape[1:3]
@@ -46,9 +54,16 @@ def encode_mp4(frames: np.ndarray, fps: int, crf: int = 18) -> bytes:
             stream = container.add_stream("libx264", rate=fps)
             stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
             stream.options = {"crf": str(crf), "preset": "veryfast"}
+            codec = stream.codec_context
+            codec.color_primaries = codec.color_trc = codec.colorspace = BT709
+            codec.color_range = TV_RANGE
             for frame in frames:
                 image = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
-                container.mux(stream.encode(image))
+                # converted here, with the matrix and range the stream is tagged with (the encoder's own conversion
+                # would use swscale's default, BT.601)
+                yuv = image.reformat(format="yuv420p", dst_colorspace=Colorspace.ITU709,
+                                     dst_color_range=ColorRange.MPEG)
+                container.mux(stream.encode(yuv))
             container.mux(stream.encode())  # flush the encoder's delayed frames
         with open(path, "rb") as f:
             return f.read()

@@ -1,17 +1,18 @@
 """The HTTP ingress deployment: the routes a family's frontend declares, mounted generically.
 
-Contract: ``OpenAIIngress(family, graph_spec, **handles)`` loads the family (``module:FAMILY``), validates the
-spec and builds the family's frontend with the spec and the ``StageCalls`` over the stage handles (stage name ->
-handle). Its FastAPI app is built per replica (Serve's ``__serve_build_asgi_app__``) from the frontend's
-``routes`` (``omni_serve.graph.frontend``: a POST route's body is JSON or a multipart form; a GET or DELETE route's
-path and query parameters are its model's fields), plus ``GET /v1/models``, ``GET /health`` (200 only when every stage
-answers and has a running replica and the data plane's directory answers; ``omni_serve.deployments.health``:
-answered from a cache refreshed at most every 2 s, never one probe per call; ``?fresh=1`` from an authenticated
-caller probes now) and ``GET /metrics`` (this replica's request counters, Prometheus text; the cluster-wide metrics of
-``omni_serve.metrics`` go through Ray's metrics endpoint). Any other route answers 404 with an OpenAI-style body
-naming only the method and path asked for; all errors are OpenAI-style bodies (``omni_serve.api.errors``). ``/docs``, ``/redoc``
-and ``/openapi.json`` exist only with ``ingress.enable_docs``. ``record_autoscaling_stats()`` reports the speech
-load of a graph that admits by real-time capacity to Serve's autoscaler (``omni_serve.autoscaling``).
+Contract: ``OpenAIIngress(family, graph_spec, **handles)`` loads the family (``module:FAMILY``), validates the spec
+and builds the family's frontend with the spec and the ``StageCalls`` over the stage handles (stage name -> handle).
+Its FastAPI app is built per replica (Serve's ``__serve_build_asgi_app__``) from the frontend's ``routes``
+(``omni_serve.graph.frontend``: a POST route's body is JSON, or for a form route a multipart form or JSON, by its
+``Content-Type``; a GET or DELETE route's path and query parameters are its model's fields), plus ``GET /v1/models``,
+``GET /health`` (200 only when every stage answers and has a running replica and the data plane's directory answers;
+``omni_serve.deployments.health``: answered from a cache refreshed at most every 2 s, never one probe per call;
+``?fresh=1`` from an authenticated caller probes now) and ``GET /metrics`` (this replica's request counters,
+Prometheus text; the cluster-wide metrics of ``omni_serve.metrics`` go through Ray's metrics endpoint). Any other
+route answers 404 with an OpenAI-style body naming only the method and path asked for; all errors are OpenAI-style
+bodies (``omni_serve.api.errors``). ``/docs``, ``/redoc`` and ``/openapi.json`` exist only with
+``ingress.enable_docs``. ``record_autoscaling_stats()`` reports the speech load of a graph that admits by real-time
+capacity to Serve's autoscaler (``omni_serve.autoscaling``).
 
 The frontend's ``websocket_routes`` (``/v1/realtime`` on the Omni graphs) are mounted too: a handshake is refused
 beyond ``ingress.max_realtime_sessions`` open sessions per replica (accepted, then closed with code 1013), else
@@ -23,7 +24,8 @@ Guards (``omni_serve.api.guards``), before any body is read or parsed: with API 
 caller only its status; only the routes that take a body have one read (a body sent to ``/health`` or an
 unknown path is never read, so it holds nothing); every body is bounded (``ingress.max_body_bytes``: 413) and
 must arrive within ``ingress.body_timeout_s`` (408). A JSON body is then bounded in objects, messages and content
-parts before it is parsed and validated (``omni_serve.api.json_body``).
+parts before it is parsed and validated (``omni_serve.api.json_body``), on a form route as on a JSON one (a JSON
+body carries no files: a form route's file fields are then left unset).
 
 Every frontend route goes through one path: admission, the handler, metrics and errors. Beyond
 ``ingress.max_inflight_requests`` per replica a request is answered 429 with ``Retry-After`` at once (Serve
@@ -51,7 +53,7 @@ from starlette.background import BackgroundTask
 from omni_serve.api.error_handlers import install_error_handlers
 from omni_serve.api.errors import OpenAIError, from_validation_errors
 from omni_serve.api.guards import ApiKeyAuth, BodyLimit, api_keys
-from omni_serve.api.json_body import parse_json_body
+from omni_serve.api.json_body import is_json, parse_json_body
 from omni_serve.api.protocol import ModelCard, ModelList
 from omni_serve.deployments.admission import TIMEOUT_HEADER, InflightLimit, Ticket, request_deadline
 from omni_serve.deployments.availability import StageAvailability
@@ -262,8 +264,9 @@ def build_asgi_app(ingress: OpenAIIngress) -> FastAPI:
                        on_reject=ingress.rejected, takes_body=lambda path: _takes_body(app, path))
     app.add_middleware(ApiKeyAuth, keys=ingress.api_keys, protected=("/v1/", "/metrics"), on_reject=ingress.rejected)
     for route in ingress.frontend.routes:
-        app.add_api_route(route.path, _endpoint(ingress, route), methods=[route.method], name=route.name,
-                          summary=route.summary or None)
+        app.router.add_api_route(route.path, _endpoint(ingress, route), methods=[route.method], name=route.name,
+                                 summary=route.summary or None,
+                                 route_class_override=FormOrJsonRoute if route.form else None)
     for ws_route in ingress.frontend.websocket_routes:
         app.add_api_websocket_route(ws_route.path, _websocket_endpoint(ingress, ws_route), name=ws_route.name)
     app.add_api_route("/v1/models", ingress.models, methods=["GET"], name="models")
@@ -282,7 +285,8 @@ def _takes_body(app: FastAPI, path: str) -> bool:
 
 def _openapi_with_json_bodies(app: FastAPI, routes: tuple[Route, ...]) -> dict[str, Any]:
     """FastAPI's OpenAPI document plus the JSON routes' request bodies (their endpoints parse the body
-    themselves, so FastAPI does not see the model)."""
+    themselves, so FastAPI does not see the model), and on each form route the JSON body it also takes (the form's
+    model)."""
     if app.openapi_schema:
         return app.openapi_schema
     from fastapi.openapi.utils import get_openapi
@@ -297,6 +301,10 @@ def _openapi_with_json_bodies(app: FastAPI, routes: tuple[Route, ...]) -> dict[s
         operation = schema["paths"][route.path][route.method.lower()]
         operation["requestBody"] = {"required": True, "content": {
             "application/json": {"schema": refs[(route.body, "validation")]}}}
+    for route in routes:
+        if route.form:
+            content = schema["paths"][route.path][route.method.lower()]["requestBody"]["content"]
+            content["application/json"] = next(iter(content.values()))
     app.openapi_schema = schema
     return schema
 
@@ -308,13 +316,38 @@ def _websocket_endpoint(ingress: OpenAIIngress, route: WebSocketRoute):
     return websocket_endpoint
 
 
+class FormOrJsonRoute(APIRoute):
+    """The route class of a form route (``Route.form``): a form (multipart, or urlencoded) is FastAPI's to parse,
+    as for any ``Form()`` endpoint; a JSON body (``is_json``: ``application/json``, ``+json`` or no
+    ``Content-Type``) goes to the endpoint's ``json_endpoint``, parsed as a JSON route's body is."""
+
+    def get_route_handler(self) -> Callable[[Request], Any]:
+        form_handler = super().get_route_handler()
+        json_handler = self.endpoint.json_endpoint
+
+        async def handler(request: Request) -> Response:
+            if is_json(request.headers.get("content-type")):
+                return await json_handler(request)
+            return await form_handler(request)
+
+        return handler
+
+
 def _endpoint(ingress: OpenAIIngress, route: Route):
     """A FastAPI endpoint for ``route``. A multipart form is FastAPI's to parse (``Form()``); a JSON body is
     parsed here (``omni_serve.api.json_body``: bounded before it is parsed and validated, large ones in a
-    thread), so the OpenAPI page shows the model's schema by reference only."""
+    thread), so the OpenAPI page shows the model's schema by reference only. A form route's endpoint carries the
+    JSON one as ``json_endpoint``, which ``FormOrJsonRoute`` (the route class it is mounted with) calls for a JSON
+    body."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
     if route.method in ("GET", "DELETE"):
         return _parameters_endpoint(ingress, route)
+
+    async def json_endpoint(request: Request):
+        body = await parse_json_body(await request.body(), request.headers.get("content-type"), route.body,
+                                     ingress.limits)
+        return await ingress.serve_route(route, body, request)
+
     if route.form:
         async def form_endpoint(body, request: Request):
             return await ingress.serve_route(route, body, request)
@@ -322,13 +355,8 @@ def _endpoint(ingress: OpenAIIngress, route: Route):
         form_endpoint.__signature__ = inspect.Signature([
             inspect.Parameter("body", kind, annotation=Annotated[route.body, Form()]),
             inspect.Parameter("request", kind, annotation=Request)])
+        form_endpoint.json_endpoint = json_endpoint
         return form_endpoint
-
-    async def json_endpoint(request: Request):
-        body = await parse_json_body(await request.body(), request.headers.get("content-type"), route.body,
-                                     ingress.limits)
-        return await ingress.serve_route(route, body, request)
-
     return json_endpoint
 
 

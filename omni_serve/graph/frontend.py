@@ -4,7 +4,8 @@ Contract: a family's frontend subclasses ``Frontend`` and lists its HTTP endpoin
 (``omni_serve.deployments.ingress``) mounts exactly those, with one admission (in-flight limit, deadline),
 metrics and error path for all of them, and answers 404 for anything else. A route names the frontend method
 that answers it: ``async def handler(self, body, ctx: RequestContext) -> BaseModel | EventStream``, where
-``body`` is the route's request model, already validated (JSON body, or a multipart form when ``form``).
+``body`` is the route's request model, already validated (JSON body; when ``form``, a multipart form or JSON,
+by the request's ``Content-Type``: a JSON body carries no files, so a file field is then left unset).
 - Return a pydantic model: the ingress sends it as JSON (``exclude_none``).
 - Return an ``EventStream``: the ingress streams its lines (server-sent events) and records the request when the
   stream ends; a failure after the first line must be written into the stream as an error event by the
@@ -43,7 +44,7 @@ class Route:
     handler: str  # the frontend method answering it
     body: type[BaseModel]  # the request model; of a GET or DELETE route, its path and query parameters
     method: str = "POST"
-    form: bool = False  # the body is multipart/form-data (files) rather than JSON
+    form: bool = False  # the body is multipart/form-data (files), or JSON (application/json: no files)
     summary: str = ""  # one line for the OpenAPI docs
 
 

@@ -8,7 +8,9 @@ lease it renews with ``heartbeat``/``progress``) and ends it with ``complete`` (
 whose lease runs out (its worker died) is queued again, or failed with error code ``job_lost`` once it has been
 claimed ``max_attempts`` times: claims and ``reap`` do that, so a job is never left ``in_progress`` by a dead
 worker. A finished job (completed or failed) expires ``result_ttl_s`` after it finished; ``expire`` deletes its
-record and its files. Owners only see their own jobs: another owner's id looks unknown.
+record and its files. ``sweep_orphans`` removes the folders of jobs without a record (a crash between a record's
+delete and its folder's removal leaves one), only once they are ``grace_s`` old: a job's folder may be written
+before its record is inserted. Owners only see their own jobs: another owner's id looks unknown.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ EXPIRE_BATCH = 500
 ID_FORM = re.compile(r"[a-z]+_[0-9a-f]{32}")
 NAME_FORM = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 INPUTS = "inputs"  # a job's input files: results_dir/<job id>/inputs/<name>
+#: Default age (seconds since its last change) past which ``sweep_orphans`` removes a job folder without a record.
+ORPHAN_GRACE_S = 3600.0
 
 
 class QueueFull(Exception):
@@ -433,6 +437,50 @@ class JobStore:
             deleted += len(ids)
             if len(ids) < EXPIRE_BATCH:
                 return deleted
+
+    def sweep_orphans(self, now: float | None = None, grace_s: float = ORPHAN_GRACE_S) -> int:
+        """Remove the folders under ``results_dir`` that belong to no job: named as a job id (``ID_FORM``; any other
+        entry is left alone), with no record (of any owner), and unchanged for ``grace_s`` (their modification time
+        at least ``grace_s`` before ``now``). A crash between a record's delete and its folder's removal leaves such
+        a folder. The grace is for jobs being created: a job's files may be written into its folder before its
+        record is inserted, so a folder without a record may be a create in progress, here or in another process;
+        a create must insert its record within ``grace_s`` of writing the folder.
+
+        Scans the whole directory: call it rarely (every few minutes), not every poll.
+
+        Args:
+            now: unix time (default the store's clock), compared with the folders' modification times.
+            grace_s: the age below which a folder without a record is kept (default ``ORPHAN_GRACE_S``, an hour).
+
+        Returns:
+            How many folders it removed.
+        """
+        if grace_s < 0:
+            raise ValueError(f"grace_s must be >= 0, not {grace_s}")
+        before = (self.clock() if now is None else now) - grace_s
+        old = []
+        try:
+            with os.scandir(self.results_dir) as entries:
+                for entry in entries:
+                    try:
+                        if ID_FORM.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False) \
+                                and entry.stat(follow_symlinks=False).st_mtime <= before:
+                            old.append(entry.name)
+                    except FileNotFoundError:  # removed meanwhile (a delete, an expiry)
+                        pass
+        except FileNotFoundError:
+            return 0
+        removed = 0
+        for start in range(0, len(old), EXPIRE_BATCH):
+            batch = old[start:start + EXPIRE_BATCH]
+            # read after the folders' ages: a folder that old whose create went through has its record by now
+            with self._tx(read_only=True) as tx:
+                known = set(tx.scalars(sa.select(JOBS.c.id).where(JOBS.c.id.in_(batch))))
+            for job_id in batch:
+                if job_id not in known:
+                    self._remove_files(job_id)
+                    removed += 1
+        return removed
 
     # -- internals -------------------------------------------------------------------------------------------------
 

@@ -42,7 +42,8 @@ def i2v_app(ray_serve, wan_i2v_tiny_dir, tmp_path_factory):
     serve.run(build_app({
         "checkpoint": wan_i2v_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in STAGES},
         "default_size": "32x16", "default_seconds": 1, "default_fps": 4, "default_steps": 3, "max_steps": 60, "max_frames": 17,
-        "max_side": 64, "max_pixels": 64 * 64, "max_running_jobs": 4, "jobs.dir": str(jobs), "jobs.lease_s": 6.0}),
+        "max_side": 64, "max_pixels": 64 * 64, "max_running_jobs": 4, "jobs.dir": str(jobs),
+        "jobs.lease_s": 6.0}),
         name=APP, route_prefix="/wan_i2v")
     yield ray_serve + "/wan_i2v"
     serve.delete(APP)

@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from omni_serve.jobs import COMPLETED, FAILED, IN_PROGRESS, LOST, QUEUED, JobStore, JobStoreSpec, QueueFull
+from omni_serve.jobs.store import ORPHAN_GRACE_S, new_id
 
 T0 = 1_800_000_000.0
 
@@ -357,6 +358,52 @@ def test_delete_removes_the_record_and_its_files(store, tmp_path):
     assert not os.path.exists(os.path.dirname(path)) and store.get(job.id, "alice") is None
     assert store.delete(job.id, "alice") is None
     assert store.result_path(deleted) is None
+
+
+def _folder(root, name: str, mtime: float) -> str:
+    """A folder ``root/name`` holding a file, last changed at ``mtime``."""
+    path = os.path.join(root, name)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "input.png"), "wb") as f:
+        f.write(b"input")
+    os.utime(path, (mtime, mtime))
+    return path
+
+
+def test_sweep_removes_only_old_job_folders_without_a_record(store, clock, tmp_path):
+    root = str(tmp_path / "results")
+    old, recent = T0 - ORPHAN_GRACE_S - 1, T0 - 10
+    finished = store.create("m", "alice", {}, max_queued=None)
+    store.claim("w")
+    store.complete(finished.id, "w", _result(tmp_path))
+    queued = store.create("m", "bob", {}, max_queued=None)  # another owner's: a record is a record
+    creating, a_file = new_id(T0), new_id(T0)
+    kept = {finished.id: old, queued.id: old,
+            creating: recent,  # a job being created: its files first, its record next
+            "video_not_an_id": old, "notes": old}
+    orphans = {new_id(T0 - 7200): old, new_id(T0 - 5): T0 - ORPHAN_GRACE_S}
+    for name, mtime in (kept | orphans).items():
+        _folder(root, name, mtime)
+    with open(os.path.join(root, a_file), "wb") as f:  # a file named as a job, not a folder: left alone
+        f.write(b"x")
+    os.utime(os.path.join(root, a_file), (old, old))
+    assert store.sweep_orphans() == 2
+    assert set(os.listdir(root)) == {*kept, a_file}
+    assert open(store.result_path(store.get(finished.id, "alice")), "rb").read() == b"video"
+    assert store.sweep_orphans() == 0
+    clock.t += 9  # the create in progress never inserted its record: its folder goes once the grace has passed
+    assert store.sweep_orphans(grace_s=20) == 0
+    clock.t += 1
+    assert store.sweep_orphans(grace_s=20) == 1
+    assert set(os.listdir(root)) == {*kept, a_file} - {creating}
+    with pytest.raises(ValueError, match="grace_s"):
+        store.sweep_orphans(grace_s=-1)
+
+
+def test_sweep_of_a_missing_results_dir_removes_nothing(make, tmp_path):
+    store = make()
+    os.rmdir(tmp_path / "results")
+    assert store.sweep_orphans() == 0
 
 
 # -- settings --------------------------------------------------------------------------------------------------

@@ -2,16 +2,20 @@
 SQLite job store that two replicas share, with a stand-in for the graph (no Ray): a job created on one replica runs,
 reports rising progress and completes with its file; a failed run is retried then failed with its error, a bad
 request failed at once; a deleted job's run is cancelled, on its own replica or on the other; a replica that stops
-hands its running job back, and the other finishes it."""
+hands its running job back, and the other finishes it; result folders left without a job are swept when a replica
+starts, then rarely."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 
 import pytest
 
 from omni_serve.api.errors import bad_request
 from omni_serve.jobs import COMPLETED, FAILED, IN_PROGRESS, QUEUED, JobStore
+from omni_serve.jobs.store import ORPHAN_GRACE_S, new_id
 from omni_serve.kits.diffusion.video_jobs import VideoJobs
 
 
@@ -171,6 +175,27 @@ def test_a_graph_answer_of_5xx_is_retried_like_a_lost_stage(tmp_path):
             await _until(lambda: _status(jobs, job.id, FAILED))
             final = await jobs.get(job.id, "alice")
             assert final.attempts == 2 and "no running replica" in final.error["message"]
+        finally:
+            await jobs.close()
+    asyncio.run(main())
+
+
+def test_the_worker_loop_sweeps_orphaned_folders_when_it_starts_then_rarely(tmp_path):
+    async def main():
+        store = _store(tmp_path)
+        orphan = tmp_path / "results" / new_id(time.time())
+        orphan.mkdir(parents=True)
+        old = time.time() - 2 * ORPHAN_GRACE_S
+        os.utime(orphan, (old, old))
+        sweeps, rounds = [], []
+        sweep, expire = store.sweep_orphans, store.expire
+        store.sweep_orphans = lambda: sweeps.append(sweep())
+        store.expire = lambda: rounds.append(expire())
+        jobs = VideoJobs(store, Graph(), poll_s=0.01)
+        await jobs.start()
+        try:
+            await _until(lambda: _true(len(rounds) >= 10))
+            assert sweeps == [1] and not orphan.exists()  # one sweep in ten polls: the first
         finally:
             await jobs.close()
     asyncio.run(main())

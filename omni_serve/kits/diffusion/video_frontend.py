@@ -1,10 +1,11 @@
 """Ingress side of a video graph: OpenAI's Videos API, a job API over the graph's stages.
 
 Contract: ``VideosFrontend(spec, stages)`` (a family subclasses it, giving ``checks``: a ``VideoRequestChecks``)
-serves ``POST /v1/videos`` (multipart, as the official client sends it: a job is created ``queued`` and its object
-returned at once; ``input_reference``, the first frame of an image-to-video model, is refused unless the family's
-``reference_inputs`` takes it, and kept with the job as an input file for ``stage_inputs`` to hand the stages), ``GET /v1/videos/{video_id}`` (the job object: ``status``, ``progress`` from the DiT's steps),
-``GET /v1/videos`` (the caller's jobs, newest first, by pages: ``after``, ``limit``, ``order``),
+serves ``POST /v1/videos`` (multipart, as the official client sends it, or JSON: a job is created ``queued`` and its
+object returned at once; ``input_reference``, a multipart file, the first frame of an image-to-video model, is
+refused unless the family's ``reference_inputs`` takes it, and kept with the job as an input file for
+``stage_inputs`` to hand the stages), ``GET /v1/videos/{video_id}`` (the job object: ``status``, ``progress`` from
+the DiT's steps), ``GET /v1/videos`` (the caller's jobs, newest first, by pages: ``after``, ``limit``, ``order``),
 ``GET /v1/videos/{video_id}/content`` (the MP4, or with ``variant=thumbnail`` its first frame as a PNG) and
 ``DELETE /v1/videos/{video_id}`` (the job and its file deleted, its run cancelled wherever it runs). Jobs live in
 the graph's job store (``spec.jobs``) and are run by the ingress replicas (``VideoJobs``): any replica answers for

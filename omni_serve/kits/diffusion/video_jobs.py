@@ -9,9 +9,10 @@ cancelled at once; one running on another replica stops at that replica's next h
 deleted record refuses) and ``result_path``. Every store call runs in a thread (the store is synchronous).
 
 The worker loop claims jobs (oldest first) while fewer than ``max_running`` run here, every ``poll_s`` or at once
-when this replica created one; it also fails or requeues jobs whose replica died (their lease ran out: ``reap``) and
-deletes expired results (``expire``). A job runs as ``await run(job, progress)``, which returns its file's bytes
-(an MP4, or ``request["output_format"]``'s);
+when this replica created one; it also fails or requeues jobs whose replica died (their lease ran out: ``reap``),
+deletes expired results (``expire``) and, at most every ``SWEEP_EVERY_S`` (the first time when it starts), removes
+the result folders left without a job (``sweep_orphans``, with its default grace). A job runs as
+``await run(job, progress)``, which returns its file's bytes (an MP4, or ``request["output_format"]``'s);
 ``await progress(percent)`` records its progress (and renews its lease) and returns False once the job is no
 longer this replica's (deleted, or its lease lost), and the job is then cancelled. Its lease is also renewed every
 ``lease_s / 3`` while it runs. A run that raises a 4xx ``OpenAIError`` fails the job with that error (a bad
@@ -26,6 +27,7 @@ import logging
 import os
 import secrets
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -35,6 +37,7 @@ from omni_serve.jobs import Job, JobStore
 log = logging.getLogger(__name__)
 
 KIND = "video"
+SWEEP_EVERY_S = 300.0  # between two sweeps of orphaned result folders by one replica (a scan of results_dir)
 RunJob = Callable[[Job, Callable[[int], Awaitable[bool]]], Awaitable[bytes]]
 
 
@@ -47,6 +50,7 @@ class VideoJobs:
         self.replica = replica or secrets.token_hex(4)
         self.running: dict[str, asyncio.Task] = {}  # job id -> its task, on this replica
         self._claims = 0
+        self._next_sweep = 0.0  # time.monotonic() of the next sweep_orphans
         self._wake = asyncio.Event()
         self._loop: asyncio.Task | None = None
         self._closed = False
@@ -117,6 +121,9 @@ class VideoJobs:
                     task = asyncio.create_task(self._run(job, worker), name=worker)
                     self.running[job.id] = task
                     task.add_done_callback(lambda _, job_id=job.id: self.running.pop(job_id, None))
+                if time.monotonic() >= self._next_sweep:
+                    self._next_sweep = time.monotonic() + SWEEP_EVERY_S  # a failed sweep waits its turn too
+                    await asyncio.to_thread(self.store.sweep_orphans)
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - the database may be briefly unreachable: try again next round
