@@ -39,6 +39,7 @@ handler in its ``RequestContext``; outcomes and latencies are counted under the 
 import asyncio
 import contextlib
 import inspect
+import typing
 import re
 from typing import Annotated, Any, AsyncIterator, Callable
 
@@ -303,10 +304,22 @@ def _openapi_with_json_bodies(app: FastAPI, routes: tuple[Route, ...]) -> dict[s
             "application/json": {"schema": refs[(route.body, "validation")]}}}
     for route in routes:
         if route.form:
-            content = schema["paths"][route.path][route.method.lower()]["requestBody"]["content"]
-            content["application/json"] = next(iter(content.values()))
+            body = schema["paths"][route.path][route.method.lower()]["requestBody"]
+            form = next(iter(body["content"].values()))
+            # FastAPI names a Form() model's body urlencoded even when it has files: those need multipart
+            body["content"] = {"multipart/form-data" if _has_files(route.body) else
+                               "application/x-www-form-urlencoded": form, "application/json": form}
     app.openapi_schema = schema
     return schema
+
+
+def _has_files(model: type) -> bool:
+    """Whether a form's model has a file field (an ``UploadFile``, a list of them, or an optional one)."""
+    from fastapi import UploadFile
+
+    def files(annotation) -> bool:
+        return annotation is UploadFile or any(files(a) for a in typing.get_args(annotation))
+    return any(files(field.annotation) for field in model.model_fields.values())
 
 
 def _websocket_endpoint(ingress: OpenAIIngress, route: WebSocketRoute):

@@ -21,8 +21,9 @@ Contract (a checkpoint directory in the diffusers layout, as ``WanPipeline.from_
   ``combine_cfg`` make it a denoiser for the diffusion kit's ``DenoiseProgram``; ``combine_cfg`` is the pipeline's
   classifier-free guidance (plain: ``uncond + scale * (cond - uncond)``), which the pipeline applies when
   ``guidance_scale > 1`` (with an empty negative prompt when none is given).
-- ``WanDecoder(dir)``: ``decode(latents) -> uint8 [n, F, H, W, 3]`` (the pipeline's de-normalisation, ``vae.decode``
-  and ``postprocess_video``), batched over videos of one shape.
+- ``WanDecoder(dir, tile_min_pixels=None, tile_stride_pixels=None)``: ``decode(latents) -> uint8 [n, F, H, W, 3]``
+  (the pipeline's de-normalisation, ``vae.decode`` and ``postprocess_video``), batched over videos of one shape;
+  with ``tile_min_pixels`` diffusers' tiled decode (as ``vae.enable_tiling``) for sides above it.
 
 The pipeline object itself is built from only the components a stage holds (the others ``None``), so prompt
 cleaning, the text encoder call and post-processing are diffusers' code, not copies.
@@ -180,12 +181,16 @@ def combine_cfg(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch
 
 
 class WanDecoder:
-    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
+    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu",
+                 tile_min_pixels: int | None = None, tile_stride_pixels: int | None = None):
         from diffusers import AutoencoderKLWan
 
         self.device = torch.device(device)
         self.vae = AutoencoderKLWan.from_pretrained(checkpoint_dir, subfolder="vae",
                                                     torch_dtype=dtype).to(self.device).eval()
+        if tile_min_pixels:  # diffusers' tiled decode: sides above the tile in overlapping tiles, blended
+            stride = tile_stride_pixels or tile_min_pixels * 3 // 4
+            self.vae.enable_tiling(tile_min_pixels, tile_min_pixels, stride, stride)
         self.pipe = _partial_pipeline(vae=self.vae)
         cfg = self.vae.config
         self.latents_mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(self.device, self.vae.dtype)

@@ -1,11 +1,12 @@
-"""Hostile input: requests generated from the served OpenAPI schema (schemathesis) against the four served graphs.
+"""Hostile input: requests generated from the served OpenAPI schema (schemathesis) against five served graphs.
 
-Every operation of the ingress's ``/openapi.json`` (the Omni graphs': chat, speech, transcriptions) is fuzzed
+Every operation of the ingress's ``/openapi.json`` (the Omni graphs': chat, speech, transcriptions; Wan's video
+job routes: create, retrieve, list, content, delete) is fuzzed
 with schema-valid (positive) and schema-violating (negative) requests, a few thousand in all. Half of the bodies
 that name a model are pointed at the served one, so generation runs deep into the stages (media decoding, the
-thinker, talker and code2wav, the DiT and VAE) instead of stopping at ``model_not_found``. The graphs run with
-small limits (short outputs, small images, few steps) so a valid request is cheap; the limits themselves are
-fuzzed too.
+thinker, talker and code2wav, the DiT and VAE, a video job's run) instead of stopping at ``model_not_found``. The
+graphs run with small limits (short outputs, small images, few steps) so a valid request is cheap; the limits
+themselves are fuzzed too.
 
 Passes when: no answer is a 5xx; every 4xx carries an OpenAI error body; every stream ends in ``[DONE]`` (chat)
 or a ``*.done`` event (speech, transcriptions) and carries no server error event; no replica of any graph
@@ -19,7 +20,9 @@ graphs are fuzzed side by side on the shared cores (``_Runs`` says why).
 half as many positive examples: its ingress and request schema are the image kit's, fuzzed in full on Qwen-Image,
 and each of its deep requests writes 257 AR tokens (about 0.7 s served, several times a Qwen-Image request); about
 150 of its 400 positive examples still run deep into its stages. Its negative examples stay at the full count
-(they stop at validation).
+(they stop at validation). Wan's positive run is half as long too: its create route answers at once (the job runs
+after it) and a key's queue holds few jobs, so most of a long run would be 429s; the jobs it did create run
+after the fuzz, and the graph must be idle once they ended.
 """
 
 from __future__ import annotations
@@ -37,14 +40,15 @@ from tests.integration.conftest import FIXED_TOPOLOGY
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EXAMPLES = int(os.environ.get("OMNI_SERVE_FUZZ_EXAMPLES", "800"))
-POSITIVE_SHARE = {"fuzz_glm": 0.5}  # of EXAMPLES, for the positive run (see the module's docstring)
+POSITIVE_SHARE = {"fuzz_glm": 0.5, "fuzz_wan": 0.5}  # of EXAMPLES, for the positive run (see the module's docstring)
 SEED = int(os.environ.get("OMNI_SERVE_FUZZ_SEED", "0"))
 OMNI_STAGES = ("encoder", "thinker", "talker", "code2wav")
 IMAGE_STAGES = ("text_encoder", "dit", "vae")
 GLM_STAGES = ("ar", "text_encoder", "dit", "vae")
+WAN_STAGES = ("text_encoder", "dit", "vae")
 
 
-APPS = ("fuzz_omni", "fuzz_qwen3", "fuzz_image", "fuzz_glm")
+APPS = ("fuzz_omni", "fuzz_qwen3", "fuzz_image", "fuzz_glm", "fuzz_wan")
 
 
 def _selected(request) -> list[str]:
@@ -55,12 +59,13 @@ def _selected(request) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def fuzz_apps(request, ray_serve, omni_tiny_dir, qwen_image_tiny_dir, qwen3_omni_tiny_dir, glm_image_tiny_dir):
+def fuzz_apps(request, ray_serve, omni_tiny_dir, qwen_image_tiny_dir, qwen3_omni_tiny_dir, glm_image_tiny_dir,
+              wan_tiny_dir, tmp_path_factory):
     """The selected graphs, deployed with small limits, and every one's fuzz started at once: app -> (base URL,
     model, route, stages, replicas before the fuzz, the run's future)."""
     from ray import serve
 
-    from omni_serve.families import glm_image, qwen2_5_omni, qwen3_omni, qwen_image
+    from omni_serve.families import glm_image, qwen2_5_omni, qwen3_omni, qwen_image, wan
 
     selected = _selected(request)
 
@@ -83,11 +88,18 @@ def fuzz_apps(request, ray_serve, omni_tiny_dir, qwen_image_tiny_dir, qwen3_omni
             "checkpoint": qwen_image_tiny_dir, **{f"stages.{s}.num_cpus": 0 for s in IMAGE_STAGES}, **image_args}),
         "fuzz_glm": lambda: glm_image.build_app({
             "checkpoint": glm_image_tiny_dir, **{f"stages.{s}.num_cpus": 0 for s in GLM_STAGES}, **image_args}),
+        "fuzz_wan": lambda: wan.build_app({  # small videos, few steps, a short queue per key
+            "checkpoint": wan_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in WAN_STAGES},
+            "stages.dit.engine.torch_threads": 1, "default_size": "16x16", "default_seconds": 1, "default_fps": 4,
+            "default_steps": 2, "max_steps": 3, "max_frames": 9, "max_side": 32, "max_pixels": 32 * 32,
+            "max_running_jobs": 2, "jobs.max_queued_per_key": 4, "jobs.dir": str(tmp_path_factory.mktemp("fuzz_jobs")),
+            "ingress.request_timeout_s": 60, "ingress.enable_docs": True}),
     }
     served = {"fuzz_omni": ("qwen2.5-omni", "/v1/chat/completions", OMNI_STAGES),
               "fuzz_qwen3": ("qwen3-omni", "/v1/chat/completions", OMNI_STAGES),
               "fuzz_image": ("qwen-image", "/v1/images/generations", IMAGE_STAGES),
-              "fuzz_glm": ("glm-image", "/v1/images/generations", GLM_STAGES)}
+              "fuzz_glm": ("glm-image", "/v1/images/generations", GLM_STAGES),
+              "fuzz_wan": ("wan2.1-t2v", "/v1/videos", WAN_STAGES)}
     try:
         for app in selected:
             serve.run(builds[app](), name=app, route_prefix=f"/{app}")
@@ -278,4 +290,18 @@ def test_fuzzed_requests_get_no_5xx_and_crash_no_replica(fuzz_apps, app):
     assert sum(statuses.values()) >= (positive + EXAMPLES) * 0.9  # hypothesis may stop early on a tiny space; not here
     assert any(k.endswith(" 200") and k.startswith("POST") for k in statuses), "no generation ever succeeded"
     assert _replicas(app) == before, "a replica crashed or was replaced"
+    if route == "/v1/videos":  # the jobs the fuzz created run after it: all of them end
+        _wait_for_jobs(base_url)
     assert not busy_stages(base_url)
+
+
+def _wait_for_jobs(base_url: str, timeout_s: float = 300) -> None:
+    import httpx
+
+    def active() -> list[str]:
+        page = httpx.get(base_url + "/v1/videos?limit=100", timeout=30).json()["data"]
+        return [job["id"] for job in page if job["status"] in ("queued", "in_progress")]
+    deadline = time.monotonic() + timeout_s
+    while active():
+        assert time.monotonic() < deadline, f"video jobs still running {timeout_s} s after the fuzz: {active()}"
+        time.sleep(0.5)

@@ -1,8 +1,11 @@
-"""The served Wan text-to-video graph behind OpenAI's Videos API, over real HTTP with Ray: the official ``openai``
+"""The served Wan text-to-video graph behind OpenAI's Videos API, over real HTTP with Ray, with two ingress replicas
+sharing their jobs in a PostgreSQL database (a throwaway server the session starts) and a results directory: the
+official ``openai``
 client's ``videos.create_and_poll`` and ``download_content`` give a playable MP4 (PyAV decodes the expected frames
 and size) while the job's progress only rises; jobs in flight together (sizes, frame counts, steps, seeds) give the
 final latents of diffusers' ``WanPipeline`` within float rounding and its frames within a level (the ``npz``
-output format), and the same comparison fails for a swapped prompt or seed; the list pages; a deleted running job
+output format), and the same comparison fails for a swapped prompt or seed, with both ingress replicas running
+some of those jobs (each runs at most two) and answering for every job; the list pages; a deleted running job
 frees its stages; bad requests are 400s and unknown ids 404s in OpenAI's shape."""
 
 from __future__ import annotations
@@ -23,20 +26,37 @@ MODEL = "wan2.1-t2v"
 STAGES = ("text_encoder", "dit", "vae")
 
 
+DATABASE: list[str] = []  # the job database's URL, for the tests that read it
+
+
 @pytest.fixture(scope="module")
-def wan_app(ray_serve, wan_tiny_dir, tmp_path_factory):
+def wan_app(ray_serve, wan_tiny_dir, tmp_path_factory, postgres):
     from ray import serve
 
     from omni_serve.families.wan import build_app
 
-    jobs = tmp_path_factory.mktemp("wan_jobs")
+    DATABASE.append(postgres.create_database())
     serve.run(build_app({
         "checkpoint": wan_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in STAGES},
-        "default_size": "32x16", "default_seconds": 1, "default_fps": 4, "default_steps": 3, "max_steps": 40,
-        "max_frames": 17, "max_side": 64, "max_pixels": 64 * 64, "max_running_jobs": 4,
-        "jobs.dir": str(jobs), "jobs.lease_s": 10.0}), name="wan", route_prefix="/wan")
+        "ingress.num_replicas": 2, "default_size": "32x16", "default_seconds": 1, "default_fps": 4,
+        "default_steps": 3, "max_steps": 40, "max_frames": 17, "max_side": 64, "max_pixels": 64 * 64,
+        "max_running_jobs": 2, "jobs.url": DATABASE[0], "jobs.results_dir": str(tmp_path_factory.mktemp("results")),
+        "jobs.lease_s": 10.0}), name="wan", route_prefix="/wan")
     yield ray_serve + "/wan"
     serve.delete("wan")
+
+
+def _workers(video_ids: list[str]) -> list[str]:
+    """The ingress replicas that ran the jobs (a job's ``worker`` is its replica's id and a claim count)."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(DATABASE[0].replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.connect() as db:
+            rows = db.execute(sa.text("SELECT worker FROM jobs WHERE id = ANY(:ids)"), {"ids": video_ids}).scalars()
+            return [w.rsplit("-", 1)[0] for w in rows]
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +148,17 @@ def test_four_jobs_in_flight_equal_the_pipeline_and_a_swap_fails(wan_app, wan_pi
             swapped = {"prompt": reference(wan_pipe, {**case, "prompt": CASES[3]["prompt"]}),
                        "seed": reference(wan_pipe, {**case, "seed": 9})}
             assert_swaps_fail(got, swapped, positive, "served wan " + case["prompt"])
+
+
+def test_two_ingress_replicas_share_the_queue_and_answer_for_every_job(wan_app):
+    jobs = [_create(wan_app, prompt=f"shared {i}", size="64x64", num_frames=9, num_inference_steps=30)
+            for i in range(4)]
+    for _ in range(10):  # the proxy spreads these over both replicas: each answers for every job
+        assert all(httpx.get(f"{wan_app}/v1/videos/{j['id']}", timeout=30).status_code == 200 for j in jobs)
+    for job in jobs:
+        assert _wait(wan_app, job["id"])[0]["status"] == "completed"
+    workers = _workers([j["id"] for j in jobs])
+    assert len(set(workers)) == 2, workers  # four long jobs at once, at most two per replica: both ran some
 
 
 def test_jobs_are_listed_by_pages(wan_app):

@@ -156,3 +156,23 @@ def test_a_prompt_over_512_tokens_is_truncated_as_the_pipeline_does(models, pipe
 def test_sizes_and_frame_counts_the_pipeline_would_round_are_refused(models, frames, height, width, words):
     with pytest.raises(ValueError, match=words):
         models[1].check_size(frames, height, width)
+
+
+def test_a_tiled_decode_is_diffusers_tiled_decode(wan_tiny_dir, pipe):
+    from omni_serve.models.wan import WanDecoder
+
+    latents = torch.randn(1, 16, 2, 12, 12, generator=torch.Generator().manual_seed(0))  # 96x96, 5 frames
+    tiled = WanDecoder(wan_tiny_dir, tile_min_pixels=64).decode(latents)
+    pipe.vae.enable_tiling(64, 64, 48, 48)
+    try:
+        cfg = pipe.vae.config
+        x = latents * torch.tensor(cfg.latents_std).view(1, -1, 1, 1, 1) + torch.tensor(cfg.latents_mean).view(
+            1, -1, 1, 1, 1)
+        with torch.inference_mode():
+            video = pipe.vae.decode(x, return_dict=False)[0]
+        video = pipe.video_processor.postprocess_video(video, output_type="np")
+    finally:
+        pipe.vae.disable_tiling()
+    assert tiled.shape == (1, 5, 96, 96, 3)
+    assert (tiled != WanDecoder(wan_tiny_dir).decode(latents)).any()  # it did tile: the seams are blended
+    assert np.abs(tiled.astype(int) - (video * 255).round().astype(int)).max() <= 1

@@ -94,6 +94,11 @@ class VideoVAEParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_batch: int = Field(2, ge=1, description="Videos of one latent shape decoded in one VAE call.")
+    tile_min_pixels: int | None = Field(None, ge=64, description=(
+        "Videos with a side above this many pixels decode in spatial tiles, blended at their seams (bounded memory "
+        "at large sizes; frames then differ slightly from an untiled decode). None: never tile. The decode is "
+        "already chunked in time: one latent frame at a time, with the VAE's causal cache."))
+    tile_stride_pixels: int | None = Field(None, ge=32, description="Tile stride (default: 3/4 of the tile).")
 
 
 class VideoDiTStage(StageSpec):

@@ -96,9 +96,6 @@ class VideoVAERunner(VAERunner):
     """The VAE of a video graph: each request's videos decoded (batched with others of one latent shape), then
     encoded off the engine thread as MP4 files (H.264) and a PNG of each first frame."""
 
-    def adapter_options(self):
-        return {}
-
     async def run(self, engine, call: VideoDecodeCall) -> AsyncIterator:
         from omni_serve.api.video_out import encode_mp4, thumbnail_png
 
