@@ -3,7 +3,8 @@
 Contract: every field has a default, so an empty section is a working single-node store: a SQLite file and a
 results directory under ``dir``. Several ingress replicas need ``url`` to name one PostgreSQL database and
 ``results_dir`` one directory every replica (and every worker) sees. ``store()`` builds the (unopened)
-``JobStore`` these settings describe.
+``JobStore`` these settings describe. A URL that holds a password belongs in the environment, not in a config
+file: with ``url`` unset, ``OMNI_SERVE_JOBS_URL`` (the Helm chart sets it from a Secret) names the database.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 DEFAULT_DIR = os.path.join("~", ".local", "state", "omni_serve", "jobs")
+URL_ENV = "OMNI_SERVE_JOBS_URL"  # the database's URL when ``url`` is unset (a Secret's, in Kubernetes)
 
 
 class JobStoreSpec(BaseModel):
@@ -25,9 +27,10 @@ class JobStoreSpec(BaseModel):
         "Directory of the default SQLite database (jobs.sqlite3) and of the default results directory "
         "(results/); '~' is the user's home. Created when missing."))
     url: str | None = Field(None, description=(
-        "SQLAlchemy URL of the job database: default a SQLite file under dir (one node only). Several ingress "
-        "replicas share a PostgreSQL database: 'postgresql://user:password@host:5432/db' (the psycopg 3 driver "
-        "is used whatever driver the URL names)."))
+        "SQLAlchemy URL of the job database: default the environment's OMNI_SERVE_JOBS_URL, else a SQLite file "
+        "under dir (one node only). Several ingress replicas share a PostgreSQL database: "
+        "'postgresql://user:password@host:5432/db' (the psycopg 3 driver is used whatever driver the URL "
+        "names)."))
     results_dir: str | None = Field(None, description=(
         "Directory of the jobs' result files (default: dir/results). With several ingress replicas, a directory "
         "they all see (a shared volume), as they all answer for every job."))
@@ -49,8 +52,8 @@ class JobStoreSpec(BaseModel):
         return os.path.abspath(os.path.expanduser(self.dir))
 
     def resolved_url(self) -> str:
-        """``url``, or the URL of the default SQLite file under ``dir``."""
-        return self.url or "sqlite:///" + os.path.join(self.resolved_dir(), "jobs.sqlite3")
+        """``url``, else ``OMNI_SERVE_JOBS_URL``, else the URL of the default SQLite file under ``dir``."""
+        return self.url or os.environ.get(URL_ENV) or "sqlite:///" + os.path.join(self.resolved_dir(), "jobs.sqlite3")
 
     def resolved_results_dir(self) -> str:
         """``results_dir`` (``~`` expanded, absolute), or ``dir``'s ``results/``."""

@@ -69,6 +69,13 @@ CASES = {
         "ingress": {"enabled": True, "className": "nginx"},
         "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
     },
+    "wan-jobs": {  # a job API on two ingress replicas: a shared results volume and PostgreSQL from a Secret
+        "graph": {"name": "wan"},
+        "args": {"ingress": {"num_replicas": 2}, "default_steps": 30, "jobs": {"result_ttl_s": 86400}},
+        "jobs": {"existingClaim": "video-jobs", "subPath": "wan", "databaseUrlSecret": {"name": "video-jobs-db"}},
+        "workerGroups": [{"name": "cpu", "replicas": 1, "minReplicas": 1, "maxReplicas": 1,
+                          "resources": {"limits": {"cpu": "4", "memory": "8Gi"}}}],
+    },
 }
 EXAMPLES = ["default", "cpu-demo", "gpu-prod"]
 

@@ -406,6 +406,25 @@ def test_checkpoint_from_a_pvc_or_a_host_path(renders):
     assert volume["hostPath"] == {"path": "/data/models", "type": "Directory"}
 
 
+def test_a_job_api_gets_the_shared_job_volume_and_its_database_url_from_a_secret(renders):
+    rs = _rayservice(renders["wan-jobs"])
+    args = _app(renders["wan-jobs"])["args"]
+    assert args["jobs"] == {"dir": "/var/lib/omni_serve/jobs", "result_ttl_s": 86400}
+    assert len(_groups(rs)) == 2  # the head and the worker group: every Ray pod mounts it
+    for group in _groups(rs):
+        pod = group["template"]["spec"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "jobs"]
+        assert volume["persistentVolumeClaim"] == {"claimName": "video-jobs"}
+        container = pod["containers"][0]
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "jobs"]
+        assert mount == {"name": "jobs", "mountPath": "/var/lib/omni_serve/jobs", "subPath": "wan"}
+        (env,) = [e for e in container["env"] if e["name"] == "OMNI_SERVE_JOBS_URL"]
+        assert env["valueFrom"]["secretKeyRef"] == {"name": "video-jobs-db", "key": "url"}
+    default = _rayservice(renders["default"])
+    assert not [v for g in _groups(default) for v in g["template"]["spec"]["volumes"] if v["name"] == "jobs"]
+    assert not [e for c in _ray_containers(default) for e in c["env"] if e["name"] == "OMNI_SERVE_JOBS_URL"]
+
+
 # ------------------------------------------------------------------------------------------- values schema
 
 
@@ -431,6 +450,8 @@ def test_checkpoint_from_a_pvc_or_a_host_path(renders):
     ({"networkPolicy": {"serveFrom": [{"podSelectr": {}}]}}, "podSelectr"),
     ({"workerGroups": [{"name": "cpu", "minReplicas": 1, "maxReplicas": 1, "rdma": "yes"}]}, "rdma"),
     ({"head": {"rayClient": {"enabled": "yes"}}}, "enabled"),
+    ({"jobs": {"mountPath": "relative"}}, "mountPath"),
+    ({"jobs": {"databaseUrlSecret": {"url": "postgresql://u:p@h/db"}}}, "url"),
 ])
 def test_values_schema_rejects_bad_values(chart, values, message):
     with pytest.raises(helm_python.HelmValuesError, match=message):
@@ -456,6 +477,9 @@ def test_values_schema_rejects_bad_values(chart, values, message):
     ({"head": {"rayStartParams": {"dashboard-host": "127.0.0.1"}}}, "must listen on the pod IP"),
     ({"head": {"ports": [{"name": "dashboard", "containerPort": 8266}]}}, "declared by the chart"),
     ({"ray": {"authOptions": {"mode": "disabled", "secretName": "tok"}}}, "apply to mode: token"),
+    ({"jobs": {"existingClaim": "video-jobs"}}, "graph qwen2_5_omni keeps no jobs"),
+    ({"graph": {"name": "wan"}, "jobs": {"databaseUrlSecret": {"name": "db"}}}, "needs jobs.existingClaim"),
+    ({"graph": {"name": "wan"}, "jobs": {"existingClaim": "v"}, "args": {"jobs": {"dir": "/x"}}}, "args.jobs.dir"),
 ])
 def test_template_checks_reject_inconsistent_values(chart, values, message):
     chart.validate_schema(values)  # valid per key; inconsistent together

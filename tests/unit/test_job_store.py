@@ -409,7 +409,14 @@ def test_sweep_of_a_missing_results_dir_removes_nothing(make, tmp_path):
 # -- settings --------------------------------------------------------------------------------------------------
 
 
-def test_the_spec_defaults_to_a_sqlite_file_and_results_under_its_dir(tmp_path):
+def test_the_database_url_may_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("OMNI_SERVE_JOBS_URL", "postgresql://u:secret@h/db")
+    assert JobStoreSpec().resolved_url() == "postgresql://u:secret@h/db"
+    assert JobStoreSpec(url="postgresql://other@h/db").resolved_url() == "postgresql://other@h/db"  # url first
+
+
+def test_the_spec_defaults_to_a_sqlite_file_and_results_under_its_dir(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMNI_SERVE_JOBS_URL", raising=False)
     spec = JobStoreSpec(dir=str(tmp_path / "jobs"))
     assert spec.resolved_url() == f"sqlite:///{tmp_path}/jobs/jobs.sqlite3"
     assert spec.resolved_results_dir() == str(tmp_path / "jobs" / "results")

@@ -104,6 +104,16 @@ Configuration checks that the values schema cannot express; rendered (empty) by 
 {{- end }}
 {{- end }}
 {{- $graph := include "omni-serve.graph" . | fromYaml }}
+{{- $jobs := .Values.jobs }}
+{{- if and (or $jobs.existingClaim $jobs.databaseUrlSecret.name) (not $graph.jobs) }}
+{{- fail (printf "jobs: graph %s keeps no jobs (the job volume and database are for graphs with a job API, e.g. wan)" .Values.graph.name) }}
+{{- end }}
+{{- if and $jobs.databaseUrlSecret.name (not $jobs.existingClaim) }}
+{{- fail "jobs.databaseUrlSecret needs jobs.existingClaim: the ingress replicas that share the database must share the results volume too" }}
+{{- end }}
+{{- if and $jobs.existingClaim (hasKey (dig "jobs" dict (.Values.args | default dict)) "dir") }}
+{{- fail "args.jobs.dir: the chart sets it to jobs.mountPath when jobs.existingClaim is set" }}
+{{- end }}
 {{- range $stage, $_ := .Values.stages }}
 {{- if not (has $stage $graph.stages) }}
 {{- fail (printf "stages.%s: graph %s has no stage %q (its stages: %s)" $stage $.Values.graph.name $stage (join ", " $graph.stages)) }}
@@ -225,6 +235,9 @@ Graph args (Serve config `args`): `args`, plus the checkpoint path and `stages`.
 {{- define "omni-serve.appArgs" -}}
 {{- $args := deepCopy (.Values.args | default dict) }}
 {{- $_ := set $args "checkpoint" (include "omni-serve.checkpointPath" .) }}
+{{- if .Values.jobs.existingClaim }}
+{{- $_ := set $args "jobs" (merge (dict "dir" .Values.jobs.mountPath) (deepCopy (dig "jobs" dict $args))) }}
+{{- end }}
 {{- if .Values.stages }}
 {{- $_ := set $args "stages" (deepCopy .Values.stages) }}
 {{- end }}
@@ -432,6 +445,13 @@ spec:
         - name: OMNI_SERVE_AUTO_CONNECTOR
           value: {{ . | quote }}
         {{- end }}
+        {{- with $v.jobs.databaseUrlSecret.name }}
+        - name: OMNI_SERVE_JOBS_URL
+          valueFrom:
+            secretKeyRef:
+              name: {{ . }}
+              key: {{ $v.jobs.databaseUrlSecret.key }}
+        {{- end }}
         {{- with $v.apiKey.existingSecret }}
         - name: OMNI_SERVE_API_KEY
           valueFrom:
@@ -470,6 +490,13 @@ spec:
           {{- if not $v.checkpoint.generate.enabled }}
           readOnly: {{ $v.checkpoint.readOnly }}
           {{- end }}
+        {{- if $v.jobs.existingClaim }}
+        - name: jobs
+          mountPath: {{ $v.jobs.mountPath }}
+          {{- with $v.jobs.subPath }}
+          subPath: {{ . }}
+          {{- end }}
+        {{- end }}
   volumes:
     - name: shm
       emptyDir:
@@ -488,6 +515,11 @@ spec:
       emptyDir:
         sizeLimit: {{ $v.checkpoint.generate.sizeLimit }}
       {{- end }}
+    {{- with $v.jobs.existingClaim }}
+    - name: jobs
+      persistentVolumeClaim:
+        claimName: {{ . }}
+    {{- end }}
   {{- with $group.nodeSelector }}
   nodeSelector:
     {{- toYaml . | nindent 4 }}
