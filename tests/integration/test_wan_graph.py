@@ -1,12 +1,11 @@
 """The served Wan text-to-video graph behind OpenAI's Videos API, over real HTTP with Ray, with two ingress replicas
 sharing their jobs in a PostgreSQL database (a throwaway server the session starts) and a results directory: the
-official ``openai``
-client's ``videos.create_and_poll`` and ``download_content`` give a playable MP4 (PyAV decodes the expected frames
-and size) while the job's progress only rises; jobs in flight together (sizes, frame counts, steps, seeds) give the
-final latents of diffusers' ``WanPipeline`` within float rounding and its frames within a level (the ``npz``
-output format), and the same comparison fails for a swapped prompt or seed, with both ingress replicas running
-some of those jobs (each runs at most two) and answering for every job; the list pages; a deleted running job
-frees its stages; bad requests are 400s and unknown ids 404s in OpenAI's shape."""
+official ``openai`` client's ``videos.create_and_poll`` and ``download_content`` give a playable MP4 (PyAV decodes
+the expected frames and size) while the job's progress only rises; a job alone and jobs in flight together (sizes,
+frame counts, steps, seeds) give the final latents of diffusers' ``WanPipeline`` within float rounding and its
+frames within a level (the ``npz`` output format), and the same comparison fails for a swapped prompt or seed; both
+ingress replicas run jobs (each at most two at once) and answer for every job; the list pages; a deleted running
+job frees its stages; bad requests are 400s and unknown ids 404s in OpenAI's shape."""
 
 from __future__ import annotations
 
@@ -134,9 +133,13 @@ def _result(base: str, video_id: str) -> Result:
     return Result(archive["latents"][None], archive["frames"][None])
 
 
-def test_four_jobs_in_flight_equal_the_pipeline_and_a_swap_fails(wan_app, wan_pipe):
+def test_one_job_alone_then_four_in_flight_equal_the_pipeline_and_a_swap_fails(wan_app, wan_pipe):
     import torch
 
+    alone = _served(wan_app, CASES[0])
+    assert _wait(wan_app, alone["id"])[0]["status"] == "completed"
+    got = _result(wan_app, alone["id"])
+    assert_matches(Result(torch.from_numpy(got.latents), got.pixels), reference(wan_pipe, CASES[0]), "alone")
     jobs = [_served(wan_app, case) for case in CASES]
     for case, job in zip(CASES, jobs):
         done, _ = _wait(wan_app, job["id"])

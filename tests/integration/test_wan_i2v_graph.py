@@ -1,12 +1,12 @@
-"""The served Wan image-to-video graph behind OpenAI's Videos API, over real HTTP with Ray: jobs in flight together
-(first frames, sizes, frame counts, steps, seeds) give the final latents of diffusers' ``WanImageToVideoPipeline``
-within float rounding and its frames within a level (the ``npz`` output format), and the comparison fails for a
-swapped image, prompt or seed; the official client's ``videos.create_and_poll`` with an ``input_reference`` file
-then ``download_content`` gives a playable MP4 whose first frame is the reference; a missing, unreadable or
-wrong-sized reference is a 400 in OpenAI's shape. Restart: the ingress replica's process is killed (SIGKILL) while
-jobs run and after others completed: once Serve replaced it every job is still listed, the completed ones download,
-and the running ones complete on a later attempt (their lease ran out) or fail with a clear error, and no stage is
-left working for the dead replica."""
+"""The served Wan image-to-video graph behind OpenAI's Videos API, over real HTTP with Ray: a job alone and jobs in
+flight together (first frames, sizes, frame counts, steps, seeds) give the final latents of diffusers'
+``WanImageToVideoPipeline`` within float rounding and its frames within a level (the ``npz`` output format), and the
+comparison fails for a swapped image, prompt or seed; the official client's ``videos.create_and_poll`` with an
+``input_reference`` file then ``download_content`` gives a playable MP4; a missing, unreadable or wrong-sized
+reference is a 400 in OpenAI's shape. Restart: the ingress replica's process is killed (SIGKILL) while jobs run and
+after another completed: once Serve replaced it every job is still listed, the completed one downloads, and the
+running ones complete on a second attempt (their lease ran out) or fail with a clear error, and no stage is left
+working for the dead replica."""
 
 from __future__ import annotations
 
@@ -41,10 +41,9 @@ def i2v_app(ray_serve, wan_i2v_tiny_dir, tmp_path_factory):
     JOBS_DIR.append(str(jobs))
     serve.run(build_app({
         "checkpoint": wan_i2v_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in STAGES},
-        "default_size": "32x16", "default_seconds": 1, "default_fps": 4, "default_steps": 3, "max_steps": 60, "max_frames": 17,
-        "max_side": 64, "max_pixels": 64 * 64, "max_running_jobs": 4, "jobs.dir": str(jobs),
-        "jobs.lease_s": 6.0}),
-        name=APP, route_prefix="/wan_i2v")
+        "default_size": "32x16", "default_seconds": 1, "default_fps": 4, "default_steps": 3, "max_steps": 60,
+        "max_frames": 17, "max_side": 64, "max_pixels": 64 * 64, "max_running_jobs": 4, "jobs.dir": str(jobs),
+        "jobs.lease_s": 6.0}), name=APP, route_prefix="/wan_i2v")
     yield ray_serve + "/wan_i2v"
     serve.delete(APP)
 
@@ -111,7 +110,10 @@ CASES = [
 ]
 
 
-def test_four_jobs_in_flight_equal_the_pipeline_and_swaps_fail(i2v_app, i2v_pipe):
+def test_one_job_alone_then_four_in_flight_equal_the_pipeline_and_swaps_fail(i2v_app, i2v_pipe):
+    alone = _create(i2v_app, CASES[0])
+    assert _wait(i2v_app, alone["id"])["status"] == "completed"
+    assert_matches(_result(i2v_app, alone["id"]), reference(i2v_pipe, CASES[0]), "alone")
     jobs = [_create(i2v_app, case) for case in CASES]
     for case, job in zip(CASES, jobs):
         done = _wait(i2v_app, job["id"])
