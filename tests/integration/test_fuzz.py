@@ -101,7 +101,7 @@ def fuzz_apps(request, ray_serve, omni_tiny_dir, qwen_image_tiny_dir, qwen3_omni
               "fuzz_glm": ("glm-image", "/v1/images/generations", GLM_STAGES),
               "fuzz_wan": ("wan2.1-t2v", "/v1/videos", WAN_STAGES)}
     try:
-        for app in selected:
+        for app in selected:  # one after the other: all at once (serve.run_many) took longer, the cores are busy
             serve.run(builds[app](), name=app, route_prefix=f"/{app}")
         before = {app: _replicas(app) for app in selected}  # before any fuzz starts
         with _Runs() as runs:
