@@ -104,3 +104,9 @@ def wan_i2v_tiny_dir() -> str:
 def glm_image_tiny_dir() -> str:
     """Path of the tiny GLM-Image checkpoint (made here if missing)."""
     return tiny_checkpoint("glm_image")
+
+
+@pytest.fixture(scope="session")
+def qwen3_asr_tiny_dir() -> str:
+    """Path of the tiny Qwen3-ASR checkpoint (made here if missing)."""
+    return tiny_checkpoint("qwen3_asr")

@@ -5,7 +5,9 @@ graph is not served yet (``omni-serve make-checkpoint`` offers them too; a serve
 import json
 import os
 
-UNSERVED_WRITERS: dict[str, str] = {}
+UNSERVED_WRITERS: dict[str, str] = {
+    "qwen3_asr": "omni_serve.checkpoints.qwen3_asr:make_checkpoint",
+}
 
 
 def write_marker(out_dir: str, family: str, size: str, seed: int) -> None:
