@@ -110,3 +110,9 @@ def glm_image_tiny_dir() -> str:
 def qwen3_asr_tiny_dir() -> str:
     """Path of the tiny Qwen3-ASR checkpoint (made here if missing)."""
     return tiny_checkpoint("qwen3_asr")
+
+
+@pytest.fixture(scope="session")
+def vibevoice_tiny_dir() -> str:
+    """Path of the tiny VibeVoice checkpoint (made here if missing)."""
+    return tiny_checkpoint("vibevoice")
