@@ -8,7 +8,7 @@ CHECKPOINT ?= checkpoints/qwen2_5_omni-tiny
 IMAGE_CHECKPOINT ?= checkpoints/qwen_image-tiny
 PORT ?= 8000
 
-.PHONY: setup vllm-env checkpoint run run-image test unit integration gpu-wheels gpu-check bench bench-image bench-edit bench-speech bench-glm bench-transport soak k8s docs clean
+.PHONY: setup vllm-env checkpoint run run-image test unit integration gpu-wheels gpu-check bench bench-image bench-edit bench-speech bench-glm bench-video bench-transport soak k8s docs clean
 
 $(VENV)/.installed: pyproject.toml
 	scripts/install_system_deps.sh
@@ -113,6 +113,11 @@ bench-speech: setup
 # The GLM-Image benchmark with its ceiling report (small checkpoint, ~3 min): see docs/benchmarks.md#glm-image.
 bench-glm: setup
 	benchmarks/glm_image/run.sh bench_out/glm_image
+
+# The Wan text-to-video benchmark (Videos API jobs vs WanPipeline, with its ceiling; small checkpoint, ~6 min):
+# see docs/benchmarks.md#wan-text-to-video.
+bench-video: setup
+	benchmarks/wan/run.sh bench_out/wan
 
 # Every registered data-plane backend that crosses processes vs memcpy, 4 KiB to 512 MiB: docs/data_plane.md.
 bench-transport: setup
