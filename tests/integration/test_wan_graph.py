@@ -224,3 +224,20 @@ def test_a_reference_image_is_refused_by_text_to_video(wan_app):
     r = httpx.post(wan_app + "/v1/videos", data={"model": MODEL, "prompt": "x"},
                    files={"input_reference": ("f.png", b"\x89PNG\r\n\x1a\n", "image/png")}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "input_reference", r.text
+
+
+def test_another_keys_job_is_unknown_to_it(wan_app):
+    """A job belongs to the API key that created it (a digest of the Authorization header): another key's retrieve,
+    content and delete answer 404 as for an unknown id, and its list leaves the job out."""
+    alice, bob = {"authorization": "Bearer alice"}, {"authorization": "Bearer bob"}
+    r = httpx.post(wan_app + "/v1/videos", data={"model": MODEL, "prompt": "mine", "num_inference_steps": "1"},
+                   headers=alice, timeout=60)
+    assert r.status_code == 200, r.text
+    job = r.json()["id"]
+    for method, path in (("GET", f"/v1/videos/{job}"), ("GET", f"/v1/videos/{job}/content"),
+                         ("DELETE", f"/v1/videos/{job}")):
+        r = httpx.request(method, wan_app + path, headers=bob, timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["message"], (method, path, r.text)
+    assert job not in {v["id"] for v in httpx.get(wan_app + "/v1/videos", headers=bob, timeout=30).json()["data"]}
+    assert job in {v["id"] for v in httpx.get(wan_app + "/v1/videos", headers=alice, timeout=30).json()["data"]}
+    assert httpx.get(f"{wan_app}/v1/videos/{job}", headers=alice, timeout=30).status_code == 200
