@@ -41,6 +41,7 @@ from omni_serve.bench.workload import BenchRequest
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")  # a request's record: RequestRecord, or the speech bench's SpeechRecord
+Q = TypeVar("Q")  # a request of a closed loop (an image or a video request)
 
 PCM16_RATE = 24000  # streamed audio: little-endian int16, 24 kHz, mono
 
@@ -269,6 +270,31 @@ def progress_logger(label: str, total: int, every: int) -> Callable[[RequestReco
             log.info("%s: %d/%d requests done, %d errors, %d 429s, %.1fs elapsed", label, n, total,
                      state["errors"], state["rejected"], time.perf_counter() - state["t0"])
     return on_done
+
+
+async def closed_loop(items: list[Q], concurrency: int, send: Callable[[httpx.AsyncClient, Q, float], Awaitable[R]],
+                      on_done: Callable[[R], None], *, timeout_s: float,
+                      transport: httpx.AsyncBaseTransport | None = None) -> tuple[list[R | None], float]:
+    """A closed loop over ``items``: ``concurrency`` workers on one client, each sending its next item once its last
+    one answered (``await send(client, item, t_run)``, ``t_run`` the run's start on ``time.perf_counter``).
+
+    Returns:
+        Each item's record (None for an item never sent) and the run's wall seconds.
+    """
+    records: list[R | None] = [None] * len(items)
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(transport=transport, limits=limits,
+                                 timeout=httpx.Timeout(timeout_s, connect=min(30.0, timeout_s))) as client:
+        pending = iter(enumerate(items))
+        t_run = time.perf_counter()
+
+        async def worker() -> None:
+            for slot, item in pending:
+                records[slot] = await send(client, item, t_run)
+                on_done(records[slot])
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(items)))))
+        wall = time.perf_counter() - t_run
+    return records, wall
 
 
 async def run_load(url: str, requests: list[BenchRequest], model: str, point: LoadPoint, *,

@@ -41,7 +41,7 @@ from typing import Any, Callable, Literal, Protocol
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from omni_serve.bench.client import _error_message, chat_url, discover_model, progress_logger
+from omni_serve.bench.client import _error_message, chat_url, closed_loop, discover_model, progress_logger
 from omni_serve.bench.records import RequestRecord, RunResult
 from omni_serve.bench.runner import BenchOutcome
 from omni_serve.bench.workload import WORDS
@@ -294,20 +294,12 @@ async def run_image_load(url: str, requests: list[ImageRequest], model: str | No
     mode = (cache or {}).get("mode", "off")
     label = label or (f"engine c={concurrency}" if mode == "off" else f"engine {mode} c={concurrency}")
     endpoint = images_url(url, "edits" if requests and requests[0].input_image is not None else "generations")
-    on_done = progress_logger(label, len(requests), progress_every)
-    records: list[ImageRecord | None] = [None] * len(requests)
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-    async with httpx.AsyncClient(transport=transport, limits=limits,
-                                 timeout=httpx.Timeout(timeout_s, connect=min(30.0, timeout_s))) as client:
-        pending = iter(enumerate(requests))
-        t_run = time.perf_counter()
 
-        async def worker() -> None:
-            for slot, req in pending:
-                records[slot] = await send_image(client, endpoint, req, model, cache=cache, t_run=t_run)
-                on_done(records[slot])
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(requests)))))
-        wall = time.perf_counter() - t_run
+    async def send(client: httpx.AsyncClient, req: ImageRequest, t_run: float) -> ImageRecord:
+        return await send_image(client, endpoint, req, model, cache=cache, t_run=t_run)
+
+    on_done = progress_logger(label, len(requests), progress_every)
+    records, wall = await closed_loop(requests, concurrency, send, on_done, timeout_s=timeout_s, transport=transport)
     final = [r or ImageRecord(index=q.index, error="request was never completed") for r, q in zip(records, requests)]
     return ImageRunResult(label=label, system="engine", mode="image", concurrency=concurrency, wall_s=wall,
                           streaming=False, records=final, cache_mode=mode)

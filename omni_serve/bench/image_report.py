@@ -28,8 +28,7 @@ import os
 import time
 from typing import Any
 
-from omni_serve.bench.machine import machine_section
-from omni_serve.bench.report import _ms, _num, _ratio, _table, stats, summarize
+from omni_serve.bench.report import _ms, _num, _ratio, _table, stats, summarize, table_tail
 
 PARITY_TOLERANCE = 2  # uint8 levels
 SUMMARY_KEYS = ("label", "system", "concurrency", "wall_s", "num_requests", "num_ok", "num_errors", "num_rejected",
@@ -182,13 +181,7 @@ def format_image_table(report: dict[str, Any]) -> str:
                          _num(None if c["cached_fraction"] is None else 100 * c["cached_fraction"], "{:.0f}"),
                          _db(c["psnr_db"]["mean"]), _db(c["psnr_db"]["min"]),
                          f"{c['psnr_db']['identical']}/{c['psnr_db']['compared']}"] for c in report["cache"]])]
-    errs = [(s["label"], msg, n) for s in report["runs"] for msg, n in s["errors_by_message"].items()]
-    if errs:
-        out += ["", "Errors"] + [f"  {label}: {n} x {msg}" for label, msg, n in errs]
-    notes = report["notes"] + [f"{s['label']}: {n}" for s in report["runs"] for n in s["notes"]]
-    if notes:
-        out += ["", "Notes"] + [f"  - {n}" for n in notes]
-    return "\n".join(out + machine_section(report["config"].get("machine")))
+    return "\n".join(out + table_tail(report))
 
 
 def plot_image_report(runs: list, report: dict[str, Any], path: str) -> str:

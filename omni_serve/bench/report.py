@@ -257,13 +257,21 @@ def format_table(report: dict[str, Any]) -> str:
         out += ["", "Engine / baseline ratios (throughput x: >1 engine better; latency x: <1 engine better)",
                 _table(["engine", "baseline", "req/s x", "tok/s x", "audio/s x", "E2E p50 x", "TTFT p50 x",
                         "TTFP p50 x", "RTF p50 x", "same text"], crow)]
+    return "\n".join(out + table_tail(report))
+
+
+def table_tail(report: dict[str, Any]) -> list[str]:
+    """The lines every bench table ends with: its runs' errors by message, the report's and the runs' notes, and
+    the machine it ran on."""
+    runs = report["runs"]
+    out = []
     errs = [(s["label"], msg, n) for s in runs for msg, n in s["errors_by_message"].items()]
     if errs:
         out += ["", "Errors"] + [f"  {label}: {n} x {msg}" for label, msg, n in errs]
     notes = report["notes"] + [f"{s['label']}: {n}" for s in runs for n in s["notes"]]
     if notes:
         out += ["", "Notes"] + [f"  - {n}" for n in notes]
-    return "\n".join(out + machine_section(report["config"].get("machine")))
+    return out + machine_section(report["config"].get("machine"))
 
 
 def _x_kind(runs: list[RunResult]) -> str:

@@ -44,11 +44,11 @@ from typing import Any, Callable, Literal, Protocol
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from omni_serve.bench.client import _error_message, chat_url, discover_model, progress_logger
+from omni_serve.bench.client import _error_message, chat_url, closed_loop, discover_model, progress_logger
 from omni_serve.bench.image import STYLES
 from omni_serve.bench.image_report import json_safe, max_abs_diff, psnr
 from omni_serve.bench.records import RequestRecord, RunResult
-from omni_serve.bench.report import _ms, _num, _ratio, _table, stats, summarize
+from omni_serve.bench.report import _ms, _num, _ratio, _table, stats, summarize, table_tail
 from omni_serve.bench.runner import BenchOutcome
 from omni_serve.bench.workload import WORDS
 from omni_serve.kits.diffusion.spec import size_dimensions
@@ -292,25 +292,17 @@ async def run_video_load(url: str, requests: list[VideoRequest], model: str | No
     """Closed loop: ``concurrency`` jobs in flight until all are done; one record per request."""
     label = label or f"engine c={concurrency}"
     endpoint = videos_url(url)
-    on_done = progress_logger(label, len(requests), progress_every)
-    records: list[VideoRecord | None] = [None] * len(requests)
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-    async with httpx.AsyncClient(transport=transport, limits=limits,
-                                 timeout=httpx.Timeout(timeout_s, connect=min(30.0, timeout_s))) as client:
-        pending = iter(enumerate(requests))
-        t_run = time.perf_counter()
 
-        async def worker() -> None:
-            for slot, req in pending:
-                try:
-                    records[slot] = await asyncio.wait_for(
-                        send_video(client, endpoint, req, model, poll_s=poll_s, t_run=t_run), timeout_s)
-                except asyncio.TimeoutError:
-                    records[slot] = VideoRecord(index=req.index, start_s=0.0, e2e_s=timeout_s,
-                                                error=f"timeout: the job took over {timeout_s:g} s")
-                on_done(records[slot])
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(requests)))))
-        wall = time.perf_counter() - t_run
+    async def send(client: httpx.AsyncClient, req: VideoRequest, t_run: float) -> VideoRecord:
+        try:
+            return await asyncio.wait_for(send_video(client, endpoint, req, model, poll_s=poll_s, t_run=t_run),
+                                          timeout_s)
+        except asyncio.TimeoutError:
+            return VideoRecord(index=req.index, start_s=0.0, e2e_s=timeout_s,
+                               error=f"timeout: the job took over {timeout_s:g} s")
+
+    on_done = progress_logger(label, len(requests), progress_every)
+    records, wall = await closed_loop(requests, concurrency, send, on_done, timeout_s=timeout_s, transport=transport)
     final = [r or VideoRecord(index=q.index, error="request was never completed") for r, q in zip(records, requests)]
     return VideoRunResult(label=label, system="engine", mode="video", concurrency=concurrency, wall_s=wall,
                           streaming=False, records=final)
@@ -442,8 +434,6 @@ def build_video_report(runs: list[VideoRunResult], config: dict[str, Any] | None
 
 
 def format_video_table(report: dict[str, Any]) -> str:
-    from omni_serve.bench.machine import machine_section
-
     rows = []
     for s in report["runs"]:
         e2e, lat = s["latency_s"]["e2e"] or {}, s["latency_s"]
@@ -466,13 +456,7 @@ def format_video_table(report: dict[str, Any]) -> str:
         out += ["", f"Agreement {a['engine']} vs {a['baseline']}: {a['compared']} videos compared, {a['identical']} "
                     f"identical, max abs pixel diff {_num(a['max_abs_diff'], '{}')}, PSNR min "
                     f"{_num(a['psnr_db_min'], '{:.1f}')} dB over the others"]
-    errs = [(s["label"], msg, n) for s in report["runs"] for msg, n in s["errors_by_message"].items()]
-    if errs:
-        out += ["", "Errors"] + [f"  {label}: {n} x {msg}" for label, msg, n in errs]
-    notes = report["notes"] + [f"{s['label']}: {n}" for s in report["runs"] for n in s["notes"]]
-    if notes:
-        out += ["", "Notes"] + [f"  - {n}" for n in notes]
-    return "\n".join(out + machine_section(report["config"].get("machine")))
+    return "\n".join(out + table_tail(report))
 
 
 def plot_video_report(runs: list[VideoRunResult], report: dict[str, Any], path: str) -> str:
