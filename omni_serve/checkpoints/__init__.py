@@ -6,7 +6,6 @@ import json
 import os
 
 UNSERVED_WRITERS: dict[str, str] = {
-    "qwen3_asr": "omni_serve.checkpoints.qwen3_asr:make_checkpoint",
     "vibevoice": "omni_serve.checkpoints.vibevoice:make_checkpoint",
 }
 

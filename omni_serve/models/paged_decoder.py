@@ -55,6 +55,8 @@ class PagedDecoder:
         embeds = embeds.to(self.device)  # a sequence keeps its rows on the host (engines/ar/sequence.py)
         if self.prepared is not None:
             return self.prepared(embeds, positions.to(embeds.device), batch)
-        out = decoder(inputs_embeds=embeds.unsqueeze(0), position_ids=positions.unsqueeze(1).to(embeds.device),
+        # [R, T] rows of M-RoPE positions are [R, batch 1, T] to transformers; plain RoPE's one row is [batch 1, T]
+        position_ids = positions if positions.shape[0] == 1 else positions.unsqueeze(1)
+        out = decoder(inputs_embeds=embeds.unsqueeze(0), position_ids=position_ids.to(embeds.device),
                       attention_mask={"full_attention": None}, use_cache=False, omni_batch=batch)
         return out.last_hidden_state[0]

@@ -126,3 +126,18 @@ def glm_app(ray_serve, glm_image_tiny_dir):
                          "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in GLM_STAGES}}),
               name="glm_image", route_prefix="/glm")
     return ray_serve + "/glm"
+
+
+# The Qwen3-ASR graph at /asr (tiny checkpoint, the oracle's windows and token limit), reserving no CPUs so it fits
+# beside the others.
+@pytest.fixture(scope="session")
+def asr_app(ray_serve, qwen3_asr_tiny_dir):
+    from ray import serve
+
+    from omni_serve.families.qwen3_asr import build_app
+    from tests.asr_cases import ARGS
+
+    serve.run(build_app({"checkpoint": qwen3_asr_tiny_dir, **ARGS, "ingress.num_cpus": 0,
+                         **{f"stages.{s}.num_cpus": 0 for s in ("encoder", "llm")}}),
+              name="qwen3_asr", route_prefix="/asr")
+    return ray_serve + "/asr"
