@@ -135,7 +135,7 @@ class SessionSettings(_Lenient):
     def updated(self, changes: dict[str, Any]) -> "SessionSettings":
         """These settings with the fields ``changes`` (a ``session.update``'s ``session``) sent replaced; nested
         objects (``audio``) merge the same way. Raises ``ValidationError``."""
-        merged = _merge(self.model_dump(), changes)
+        merged = merge_settings(self.model_dump(), changes)
         return SessionSettings.model_validate(merged)
 
     def view(self, session_id: str, model: str) -> dict:
@@ -146,11 +146,13 @@ class SessionSettings(_Lenient):
         return out
 
 
-def _merge(base: dict, changes: dict) -> dict:
+def merge_settings(base: dict, changes: dict) -> dict:
+    """``base`` (settings as a dict) with the fields ``changes`` sent replaced; nested objects merge the same way,
+    except ``turn_detection``, which is replaced whole."""
     out = dict(base)
     for key, value in changes.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "turn_detection":
-            out[key] = _merge(out[key], value)
+            out[key] = merge_settings(out[key], value)
         else:
             out[key] = value
     return out

@@ -1,7 +1,7 @@
-"""Hostile input: requests generated from the served OpenAPI schema (schemathesis) against five served graphs.
+"""Hostile input: requests generated from the served OpenAPI schema (schemathesis) against six served graphs.
 
 Every operation of the ingress's ``/openapi.json`` (the Omni graphs': chat, speech, transcriptions; Wan's video
-job routes: create, retrieve, list, content, delete) is fuzzed
+job routes: create, retrieve, list, content, delete; Qwen3-ASR's transcriptions) is fuzzed
 with schema-valid (positive) and schema-violating (negative) requests, a few thousand in all. Half of the bodies
 that name a model are pointed at the served one, so generation runs deep into the stages (media decoding, the
 thinker, talker and code2wav, the DiT and VAE, a video job's run) instead of stopping at ``model_not_found``. The
@@ -22,7 +22,8 @@ and each of its deep requests writes 257 AR tokens (about 0.7 s served, several 
 150 of its 400 positive examples still run deep into its stages. Its negative examples stay at the full count
 (they stop at validation). Wan's positive run is half as long too: its create route answers at once (the job runs
 after it) and a key's queue holds few jobs, so most of a long run would be 429s; the jobs it did create run
-after the fuzz, and the graph must be idle once they ended.
+after the fuzz, and the graph must be idle once they ended. Qwen3-ASR's positive run is half as long: its one
+route's schema is the Omni graphs' (fuzzed in full there), and a generated file is rarely audio.
 """
 
 from __future__ import annotations
@@ -40,19 +41,20 @@ from tests.integration.conftest import FIXED_TOPOLOGY
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EXAMPLES = int(os.environ.get("OMNI_SERVE_FUZZ_EXAMPLES", "800"))
-POSITIVE_SHARE = {"fuzz_glm": 0.5, "fuzz_wan": 0.5}  # of EXAMPLES, for the positive run (see the module's docstring)
+POSITIVE_SHARE = {"fuzz_glm": 0.5, "fuzz_wan": 0.5, "fuzz_asr": 0.5}  # of EXAMPLES, for the positive run (see the module's docstring)
 SEED = int(os.environ.get("OMNI_SERVE_FUZZ_SEED", "0"))
 OMNI_STAGES = ("encoder", "thinker", "talker", "code2wav")
 IMAGE_STAGES = ("text_encoder", "dit", "vae")
 GLM_STAGES = ("ar", "text_encoder", "dit", "vae")
 WAN_STAGES = ("text_encoder", "dit", "vae")
+ASR_STAGES = ("encoder", "llm")
 
 
-APPS = ("fuzz_omni", "fuzz_qwen3", "fuzz_image", "fuzz_glm", "fuzz_wan")
+APPS = ("fuzz_omni", "fuzz_qwen3", "fuzz_image", "fuzz_glm", "fuzz_wan", "fuzz_asr")
 
 
 def _selected(request) -> list[str]:
-    """The graphs whose test this session runs (all four unless ``-k`` chose fewer)."""
+    """The graphs whose test this session runs (all of them unless ``-k`` chose fewer)."""
     chosen = {item.callspec.params.get("app") for item in request.session.items
               if item.module is request.module and hasattr(item, "callspec")}
     return [app for app in APPS if app in chosen]
@@ -60,12 +62,12 @@ def _selected(request) -> list[str]:
 
 @pytest.fixture(scope="module")
 def fuzz_apps(request, ray_serve, omni_tiny_dir, qwen_image_tiny_dir, qwen3_omni_tiny_dir, glm_image_tiny_dir,
-              wan_tiny_dir, tmp_path_factory):
+              wan_tiny_dir, qwen3_asr_tiny_dir, tmp_path_factory):
     """The selected graphs, deployed with small limits, and every one's fuzz started at once: app -> (base URL,
     model, route, stages, replicas before the fuzz, the run's future)."""
     from ray import serve
 
-    from omni_serve.families import glm_image, qwen2_5_omni, qwen3_omni, qwen_image, wan
+    from omni_serve.families import glm_image, qwen2_5_omni, qwen3_asr, qwen3_omni, qwen_image, wan
 
     selected = _selected(request)
 
@@ -94,12 +96,17 @@ def fuzz_apps(request, ray_serve, omni_tiny_dir, qwen_image_tiny_dir, qwen3_omni
             "default_steps": 2, "max_steps": 3, "max_frames": 9, "max_side": 32, "max_pixels": 32 * 32,
             "max_running_jobs": 2, "jobs.max_queued_per_key": 4, "jobs.dir": str(tmp_path_factory.mktemp("fuzz_jobs")),
             "ingress.request_timeout_s": 60, "ingress.enable_docs": True}),
+        "fuzz_asr": lambda: qwen3_asr.build_app({  # short windows and transcripts
+            "checkpoint": qwen3_asr_tiny_dir, "ingress.num_cpus": 0, **{f"stages.{s}.num_cpus": 0 for s in ASR_STAGES},
+            "max_tokens": 8, "max_audio_seconds": 10, "window_seconds": 4, "window_search_seconds": 1,
+            "max_file_bytes": 500_000, "ingress.request_timeout_s": 60, "ingress.enable_docs": True}),
     }
     served = {"fuzz_omni": ("qwen2.5-omni", "/v1/chat/completions", OMNI_STAGES),
               "fuzz_qwen3": ("qwen3-omni", "/v1/chat/completions", OMNI_STAGES),
               "fuzz_image": ("qwen-image", "/v1/images/generations", IMAGE_STAGES),
               "fuzz_glm": ("glm-image", "/v1/images/generations", GLM_STAGES),
-              "fuzz_wan": ("wan2.1-t2v", "/v1/videos", WAN_STAGES)}
+              "fuzz_wan": ("wan2.1-t2v", "/v1/videos", WAN_STAGES),
+              "fuzz_asr": ("qwen3-asr", "/v1/audio/transcriptions", ASR_STAGES)}
     try:
         for app in selected:  # one after the other: all at once (serve.run_many) took longer, the cores are busy
             serve.run(builds[app](), name=app, route_prefix=f"/{app}")
@@ -168,7 +175,7 @@ def _event_type(event: str):
         return None
 
 
-def _aim(body: dict, model: str) -> None:
+def _aim(body: dict, model: str, multipart: bool = False) -> None:
     """Point a generated body at what the graph serves, so it runs deep into the stages instead of stopping
     at the model, ``n`` or voice checks (every other field stays as generated)."""
     body["model"] = model
@@ -180,6 +187,23 @@ def _aim(body: dict, model: str) -> None:
         body["audio"]["voice"] = "Chelsie"
     if isinstance(body.get("voice"), str):  # /v1/audio/speech
         body["voice"] = "Chelsie"
+    if "file" in body and multipart:  # /v1/audio/transcriptions: a generated file is rarely audio
+        body["file"] = _AIM_WAV
+
+
+def _wav(seconds: float) -> bytes:
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    t = np.arange(int(seconds * 16000)) / 16000
+    buf = io.BytesIO()
+    sf.write(buf, (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), 16000, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+_AIM_WAV = _wav(0.7)
 
 
 class _Runs:
@@ -261,7 +285,7 @@ def _fuzz_mode(mode: str, base_url: str, model: str, route: str, examples: int):
     @given(case=st.one_of(schema[route]["POST"].as_strategy(mode), schema.as_strategy(mode)), aim=st.booleans())
     def run(case, aim):
         if aim and isinstance(case.body, dict) and "model" in case.body:
-            _aim(case.body, model)
+            _aim(case.body, model, multipart=str(case.media_type or "").startswith("multipart/"))
         try:
             response = case.call(base_url=base_url, session=session, timeout=120)
         except Exception as exc:  # noqa: BLE001 - a dropped connection is a finding too

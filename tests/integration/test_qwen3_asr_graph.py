@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.asr_cases import CLIPS, Reference, speechy, wav
-from tests.integration.http_waits import busy_stages, held_payloads, wait_until
+from tests.integration.http_waits import busy_stages, held_payloads, ray_directory_size, shm_leftovers, wait_until
 
 pytestmark = pytest.mark.integration
 MODEL = "qwen3-asr"
@@ -77,4 +77,5 @@ def test_a_client_leaving_mid_stream_leaves_nothing_behind(asr_app):
         first = next(line for line in r.iter_lines() if line.startswith("data:"))
         assert "transcript.text.delta" in first
     assert busy_stages(asr_app) == {}
-    wait_until(lambda: held_payloads() == 0, 30, "payloads left on the data plane")
+    wait_until(lambda: held_payloads() == 0, 30,
+               f"payloads left on the data plane: {shm_leftovers()}, ray directory {ray_directory_size()}")

@@ -13,6 +13,8 @@ start and end in the audio: the model itself gives no timestamps, so ``srt``/``v
 model's own prefix; unset, the model names the language and ``verbose_json`` reports it. ``prompt`` is the
 model's context (its system turn). ``temperature`` 0 (the default) decodes greedily, as ``generate`` does.
 Translation is not a task of this model: ``/v1/audio/translations`` is not served (404).
+``/v1/realtime?intent=transcription`` (WebSocket) is OpenAI's realtime transcription session: audio streamed in,
+each committed turn transcribed through the same windows and stages (``realtime.py``).
 
 Whatever ends a request, every window's stage calls are cancelled and its payloads freed (``StageCalls.stream``).
 """
@@ -40,7 +42,7 @@ from omni_serve.families.qwen3_asr.messages import (
 from omni_serve.families.qwen3_asr.prompting import WindowPrompts, join, joiner, split_windows
 from omni_serve.families.qwen3_asr.spec import Qwen3ASRGraphSpec
 from omni_serve.graph.calls import StageCalls
-from omni_serve.graph.frontend import EventStream, Frontend, RawReply, RequestContext, Route
+from omni_serve.graph.frontend import EventStream, Frontend, RawReply, RequestContext, Route, WebSocketRoute
 from omni_serve.request_ids import new_request_id
 
 
@@ -62,10 +64,17 @@ class Window:
 class Qwen3ASRFrontend(Frontend):
     routes = (Route("/v1/audio/transcriptions", "transcriptions", "audio_transcriptions", TranscriptionRequest,
                     form=True, summary="Transcribe audio (OpenAI audio.transcriptions.create)."),)
+    websocket_routes = (WebSocketRoute("/v1/realtime", "realtime", "realtime_session"),)
 
     def __init__(self, spec: Qwen3ASRGraphSpec, stages: StageCalls):
         super().__init__(spec, stages)
         self.prompts = WindowPrompts(spec.checkpoint)
+
+    async def realtime_session(self, websocket, ctx: RequestContext) -> None:
+        """``/v1/realtime?intent=transcription``: a realtime transcription session (``realtime.py``)."""
+        from omni_serve.families.qwen3_asr.realtime import TranscriptionSession
+
+        await TranscriptionSession(self, websocket, ctx).run()
 
     # -- request preparation ------------------------------------------------------------------------------
     def _check(self, req: TranscriptionRequest) -> None:
@@ -93,23 +102,27 @@ class Qwen3ASRFrontend(Frontend):
             other_reader=lambda data: read_audio_container(data, rate=rate, **checks))
         if audio.size == 0:
             raise bad_request("file holds no audio.", param="file")
-        s = self.spec
+        return self.windows_of(audio, req.language, req.prompt, rid), audio.size / rate
+
+    def windows_of(self, audio: np.ndarray, language: str | None, prompt: str | None, rid: str) -> list[Window]:
+        """The windows of ``audio`` (16 kHz mono float32), their prompts and features built; CPU work."""
+        s, rate = self.spec, self.prompts.sampling_rate
         windows = []
         for i, (a, b) in enumerate(split_windows(audio.size, rate, s.window_seconds, s.window_search_seconds, audio)):
-            ids, feats, frames = self.prompts.window(audio[a:b], req.language, req.prompt)
+            ids, feats, frames = self.prompts.window(audio[a:b], language, prompt)
             windows.append(Window(f"{rid}-w{i}", a / rate, b / rate, ids, feats, frames,
-                                  text=self.prompts.decoder(forced=bool(req.language))))
-        return windows, audio.size / rate
+                                  text=self.prompts.decoder(forced=bool(language))))
+        return windows
 
-    def _calls(self, w: Window, req: TranscriptionRequest) -> dict:
+    def _calls(self, w: Window, temperature: float) -> dict:
         seed = random.randrange(2**31)
         return {"encoder": EncodeCall(request_id=w.request_id),
                 "llm": TranscribeCall(request_id=w.request_id, input_ids=w.input_ids, max_tokens=self.spec.max_tokens,
-                                      temperature=req.temperature, seed=seed)}
+                                      temperature=temperature, seed=seed)}
 
     # -- running windows ----------------------------------------------------------------------------------
-    async def _window_outputs(self, windows: list[Window], req: TranscriptionRequest,
-                              timeout_s: float) -> AsyncIterator[tuple[int, object]]:
+    async def window_outputs(self, windows: list[Window], temperature: float,
+                             timeout_s: float) -> AsyncIterator[tuple[int, object]]:
         """``(window index, stage output)`` of every window, all running at once, yielded in window order (a later
         window's outputs wait until the windows before it ended). A window's failure is raised at once; leaving early
         cancels every window."""
@@ -119,7 +132,7 @@ class Qwen3ASRFrontend(Frontend):
         async def run(i: int, w: Window) -> None:
             try:
                 inputs = {"ingress_encoder": AudioFeatures(features=w.features, frames=w.frames)}
-                async for _, out in self.stages.stream(w.request_id, self._calls(w, req), timeout_s, inputs=inputs):
+                async for _, out in self.stages.stream(w.request_id, self._calls(w, temperature), timeout_s, inputs=inputs):
                     queues[i].put_nowait(out)
                 queues[i].put_nowait(end)
             except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which stops at once
@@ -151,12 +164,12 @@ class Qwen3ASRFrontend(Frontend):
         windows, duration = await self._prepare(req)
         if req.stream:
             return EventStream(self._events(windows, req, ctx))
-        async for i, out in self._window_outputs(windows, req, ctx.timeout_s):
+        async for i, out in self.window_outputs(windows, req.temperature, ctx.timeout_s):
             self._take(windows[i], out, ctx)
         parts = [w.text.final() for w in windows]
         texts = [p["transcription"] for p in parts]
         text = join(texts)
-        usage = _usage(windows)
+        usage = usage_of(windows)
         if req.response_format == "text":
             return RawReply(text, "text/plain; charset=utf-8")
         if req.response_format == "verbose_json":
@@ -172,23 +185,17 @@ class Qwen3ASRFrontend(Frontend):
     @staticmethod
     def _take(w: Window, out, ctx: RequestContext) -> str:
         """Record one stage output of window ``w``; the transcript's new text, if any."""
-        if isinstance(out, TranscriptTokens):
-            w.token_ids.extend(out.token_ids)
-            delta = w.text.add(out.token_ids)
-            if delta:
-                ctx.clock.text()
-            return delta
-        if isinstance(out, TranscribeDone):
-            w.done = out
-            return w.text.flush()
-        return ""
+        delta = take_output(w, out)
+        if delta:
+            ctx.clock.text()
+        return delta
 
     async def _events(self, windows: list[Window], req: TranscriptionRequest,
                       ctx: RequestContext) -> AsyncIterator[str]:
         sent = ""  # the text streamed so far (the windows' texts, joined)
         started = [False] * len(windows)
         try:
-            async for i, out in self._window_outputs(windows, req, ctx.timeout_s):
+            async for i, out in self.window_outputs(windows, req.temperature, ctx.timeout_s):
                 delta = self._take(windows[i], out, ctx)
                 if delta:
                     if not started[i]:  # the window's first text: what separates it from the text before
@@ -201,10 +208,21 @@ class Qwen3ASRFrontend(Frontend):
             yield sse_error(err)
             return
         text = join([w.text.final()["transcription"] for w in windows])
-        yield sse_event(TranscriptTextDone(text=text, usage=_usage(windows)))
+        yield sse_event(TranscriptTextDone(text=text, usage=usage_of(windows)))
 
 
-def _usage(windows: list[Window]) -> TranscriptionUsage:
+def take_output(w: Window, out) -> str:
+    """Record one stage output of window ``w``; the transcript's new text, if any."""
+    if isinstance(out, TranscriptTokens):
+        w.token_ids.extend(out.token_ids)
+        return w.text.add(out.token_ids)
+    if isinstance(out, TranscribeDone):
+        w.done = out
+        return w.text.flush()
+    return ""
+
+
+def usage_of(windows: list[Window]) -> TranscriptionUsage:
     prompt = sum(len(w.input_ids) for w in windows)
     generated = sum(w.done.generated_tokens if w.done else len(w.token_ids) for w in windows)
     return TranscriptionUsage(input_tokens=prompt, output_tokens=generated, total_tokens=prompt + generated)

@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import logging
 import math
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +42,8 @@ from pydantic import ValidationError
 
 from omni_serve.api import protocol as P
 from omni_serve.api import realtime_protocol as R
+from omni_serve.api.realtime_connection import RealtimeConnection
+from omni_serve.api.realtime_input import BYTES_PER_MS, InputAudioBuffer, pcm16
 from omni_serve.api.errors import OpenAIError
 from omni_serve.api.tools import arguments_object
 from omni_serve.graph.frontend import RequestContext, WebSocketRoute
@@ -51,11 +51,6 @@ from omni_serve.kits.omni.messages import AudioDelta, TextDelta
 from omni_serve.metrics import RequestClock
 
 log = logging.getLogger(__name__)
-BYTES_PER_MS = R.PCM_RATE * 2 // 1000  # pcm16 mono at 24 kHz
-MIN_COMMIT_MS = 100  # OpenAI's smallest committed buffer
-MAX_EVENT_BYTES = 16 << 20  # one client event (an append of minutes of audio fits)
-# Silero runs here for every session's appends: its own threads, so VAD never queues behind preprocessing
-_VAD_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="realtime-vad")
 
 
 @dataclass
@@ -117,67 +112,34 @@ class RealtimeEndpoints:
         await RealtimeSession(self, websocket, ctx).run()
 
 
-class RealtimeSession:
+class RealtimeSession(RealtimeConnection):
     def __init__(self, frontend, websocket, ctx: RequestContext):
-        self.f, self.ws, self.ctx = frontend, websocket, ctx
-        self.id = R.new_id("sess")
+        super().__init__(websocket, ctx)
+        self.f = frontend
         self.settings = R.SessionSettings()
         self.items: list[Item] = []
-        self.buffer = bytearray()  # uncommitted input audio (pcm16, 24 kHz)
-        self.buffer_ms = 0.0  # where the buffer starts on the input's timeline (ms since the last clear)
-        self.detector = None  # SpeechDetector while server_vad is on
-        self.speech: tuple[str, int] | None = None  # (item id, start ms) of the speech VAD is hearing
         self.response: Response | None = None
         self.asked_since: float | None = None  # when an answer refused at the real-time capacity was first asked for
-        self._send_lock = asyncio.Lock()
         self.max_buffer_ms = frontend.spec.max_audio_seconds * 1000
+        self.input = InputAudioBuffer(self.max_buffer_ms, self._speech_started, self._speech_stopped)
 
     # -- the connection -------------------------------------------------------------------------------------
-    async def run(self) -> None:
+    def refusal(self) -> R.RealtimeProblem | None:
         model = self.ws.query_params.get("model")
         if model not in (None, "", self.f.spec.model_name):
-            await self.send(R.RealtimeProblem(f"The model {model!r} does not exist; this server serves "
-                                              f"{self.f.spec.model_name!r}.", code="model_not_found",
-                                              param="model").event())
-            await self.ws.close(code=1008, reason="unknown model")
-            return
-        await self._vad_changed()
+            return R.RealtimeProblem(f"The model {model!r} does not exist; this server serves "
+                                     f"{self.f.spec.model_name!r}.", code="model_not_found", param="model")
+        return None
+
+    async def opened(self) -> None:
+        await self.input.configure(self.settings.audio.input.turn_detection)
         await self.send(R.server_event("session.created", session=self._session_view()))
-        try:
-            while True:
-                message = await self.ws.receive()
-                if message["type"] == "websocket.disconnect":
-                    break
-                data = message.get("text") if message.get("text") is not None else message.get("bytes")
-                try:
-                    if data is None or len(data) > MAX_EVENT_BYTES:
-                        raise R.RealtimeProblem(f"An event must be a text message of at most {MAX_EVENT_BYTES} "
-                                                "bytes.", code="invalid_event")
-                    await self.handle(R.parse_client_event(data))
-                except R.RealtimeProblem as problem:
-                    await self.send(problem.event())
-                except Exception as exc:  # noqa: BLE001 - one event's failure must not end the session
-                    log.error("realtime session %s: an event failed", self.id, exc_info=exc)
-                    await self.send(R.RealtimeProblem(f"Internal server error (session {self.id}); the details are "
-                                                      "in the server log.", code="internal_error",
-                                                      type="server_error").event())
-        finally:
-            if self.response is not None and self.response.task is not None:
-                self.response.cancel_reason = "client_cancelled"
-                self.response.task.cancel()
-                await asyncio.gather(self.response.task, return_exceptions=True)
 
-    async def send(self, event: dict) -> None:
-        """Send ``event``, in order; an event handed here always goes out, even if the caller is cancelled while it
-        waits its turn (a response cut by barge-in still sends what it announced, before its closing events)."""
-        await asyncio.shield(self._send(event))
-
-    async def _send(self, event: dict) -> None:
-        async with self._send_lock:
-            try:
-                await self.ws.send_json(event)
-            except Exception:  # noqa: BLE001 - the client left; the receive loop ends the session
-                pass
+    async def closed(self) -> None:
+        if self.response is not None and self.response.task is not None:
+            self.response.cancel_reason = "client_cancelled"
+            self.response.task.cancel()
+            await asyncio.gather(self.response.task, return_exceptions=True)
 
     # -- client events --------------------------------------------------------------------------------------
     async def handle(self, e) -> None:
@@ -201,47 +163,17 @@ class RealtimeSession:
         vad_before = self.settings.audio.input.turn_detection
         self.settings = settings
         if settings.audio.input.turn_detection != vad_before:
-            await self._vad_changed()
+            await self.input.configure(settings.audio.input.turn_detection)
         await self.send(R.server_event("session.updated", session=self._session_view()))
 
     async def _on_input_audio_buffer_append(self, e: R.AudioAppend) -> None:
-        pcm = _pcm16(e.audio, "audio", e.event_id)
-        if not pcm:
-            return
-        if self.detector is not None and self.speech is not None and \
-                (len(self.buffer) + len(pcm)) / BYTES_PER_MS > self.max_buffer_ms:
-            # a turn as long as the buffer holds: it ends here (as if its speech stopped) and listening goes on
-            await self._speech_stopped(int(self.buffer_ms + len(self.buffer) / BYTES_PER_MS))
-            self.detector.reset()
-            self.buffer_ms = 0.0
-        if (len(self.buffer) + len(pcm)) / BYTES_PER_MS > self.max_buffer_ms:
-            raise R.RealtimeProblem(f"The input audio buffer holds at most {self.max_buffer_ms / 1000:g} s "
-                                    "(max_audio_seconds); commit or clear it.", code="input_audio_buffer_full",
-                                    param="audio", event_id=e.event_id)
-        self.buffer += pcm
-        if self.detector is not None:
-            loop = asyncio.get_running_loop()
-            for kind, ms in await loop.run_in_executor(_VAD_THREADS, self.detector.feed, pcm):  # off the loop
-                await (self._speech_started(ms) if kind == "start" else self._speech_stopped(ms))
-            if self.speech is None:  # no turn open: keep only what a turn's prefix padding may take (and 1 s more)
-                keep = int((self.settings.audio.input.turn_detection.prefix_padding_ms + 1000) * BYTES_PER_MS)
-                drop = max(0, len(self.buffer) - keep) // 2 * 2
-                del self.buffer[:drop]
-                self.buffer_ms += drop / BYTES_PER_MS
+        await self.input.append(pcm16(e.audio, "audio", e.event_id), e.event_id)
 
     async def _on_input_audio_buffer_commit(self, e: R.AudioCommit) -> None:
-        if len(self.buffer) < MIN_COMMIT_MS * BYTES_PER_MS:
-            raise R.RealtimeProblem(f"The input audio buffer holds {len(self.buffer) / BYTES_PER_MS:.0f} ms; at "
-                                    f"least {MIN_COMMIT_MS} ms can be committed.",
-                                    code="input_audio_buffer_commit_empty", event_id=e.event_id)
-        item_id = self.speech[0] if self.speech else R.new_id("item")
-        await self._commit(item_id, len(self.buffer))
+        await self._commit(*self.input.commit(e.event_id))
 
     async def _on_input_audio_buffer_clear(self, e: R.AudioClear) -> None:
-        self.buffer.clear()
-        self.buffer_ms, self.speech = 0.0, None
-        if self.detector is not None:
-            self.detector.reset()
+        self.input.clear()
         await self.send(R.server_event("input_audio_buffer.cleared"))
 
     async def _on_conversation_item_create(self, e: R.ItemCreate) -> None:
@@ -305,46 +237,19 @@ class RealtimeSession:
         await self._cancel("client_cancelled")
 
     # -- turns ----------------------------------------------------------------------------------------------
-    async def _vad_changed(self) -> None:
-        vad = self.settings.audio.input.turn_detection
-        if vad is None:
-            self.detector = None
-            return
-        from omni_serve.api.vad import SpeechDetector
-
-        # loading the model's JIT file takes tens of milliseconds: off the loop
-        self.detector = await asyncio.to_thread(SpeechDetector, vad.threshold, vad.silence_duration_ms)
-        self.buffer.clear()
-        self.buffer_ms, self.speech = 0.0, None
-
-    async def _speech_started(self, ms: int) -> None:
-        item_id = R.new_id("item")
-        self.speech = (item_id, ms)
+    async def _speech_started(self, item_id: str, ms: int) -> None:
         await self.send(R.server_event("input_audio_buffer.speech_started", audio_start_ms=ms, item_id=item_id))
-        vad = self.settings.audio.input.turn_detection
-        if self.response is not None and vad.interrupt_response:
+        if self.response is not None and self.settings.audio.input.turn_detection.interrupt_response:
             await self._cancel("turn_detected")  # barge-in
 
-    async def _speech_stopped(self, ms: int) -> None:
-        if self.speech is None:
-            return
-        item_id, start = self.speech
+    async def _speech_stopped(self, item_id: str, ms: int, audio: bytes) -> None:
         await self.send(R.server_event("input_audio_buffer.speech_stopped", audio_end_ms=ms, item_id=item_id))
-        vad = self.settings.audio.input.turn_detection
-        begin = max(self.buffer_ms, start - vad.prefix_padding_ms)
-        drop = int((begin - self.buffer_ms) * BYTES_PER_MS) // 2 * 2  # audio before the prefix: not the turn's
-        del self.buffer[:drop]
-        self.buffer_ms = begin
-        await self._commit(item_id, max(0, int((ms - begin) * BYTES_PER_MS)) // 2 * 2)
-        if vad.create_response and self.response is None:
+        await self._commit(item_id, audio)
+        if self.settings.audio.input.turn_detection.create_response and self.response is None:
             self._start_response(R.ResponseParams())
 
-    async def _commit(self, item_id: str, nbytes: int) -> None:
-        """The buffer's first ``nbytes`` become a user audio message."""
-        audio = bytes(self.buffer[:nbytes])
-        del self.buffer[:nbytes]
-        self.buffer_ms += nbytes / BYTES_PER_MS
-        self.speech = None
+    async def _commit(self, item_id: str, audio: bytes) -> None:
+        """``audio`` (a committed turn) becomes a user audio message."""
         item = Item(item_id, "message", role="user", parts=[{"type": "input_audio", "transcript": None,
                                                               "audio": audio}])
         previous = self.items[-1].id if self.items else None
@@ -561,7 +466,7 @@ class RealtimeSession:
             elif c.type == "input_text" and c.text is not None:
                 parts.append({"type": "input_text", "text": c.text})
             elif c.type == "input_audio" and c.audio is not None and given.role == "user":
-                audio = _pcm16(c.audio, param + ".audio", event_id)
+                audio = pcm16(c.audio, param + ".audio", event_id)
                 if len(audio) / BYTES_PER_MS > self.max_buffer_ms:
                     raise R.RealtimeProblem(f"The audio is longer than {self.max_buffer_ms / 1000:g} s.",
                                             param=param + ".audio", event_id=event_id)
@@ -590,17 +495,6 @@ class RealtimeSession:
                 return item
         raise R.RealtimeProblem(f"No item with id {item_id!r}.", code="item_not_found", param=param,
                                 event_id=event_id)
-
-
-def _pcm16(data: str, param: str, event_id: str | None) -> bytes:
-    try:
-        pcm = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        raise R.RealtimeProblem("Audio must be base64 pcm16 (24 kHz mono).", param=param, event_id=event_id) from None
-    if len(pcm) % 2:
-        raise R.RealtimeProblem("Audio must be whole pcm16 samples (an even number of bytes).", param=param,
-                                event_id=event_id)
-    return pcm
 
 
 def _audio_parts(item: Item) -> int:
