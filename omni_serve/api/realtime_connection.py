@@ -1,7 +1,8 @@
 """The WebSocket side every realtime session shares (OpenAI's Realtime API): the receive loop, ordered sends, and
 errors that never end the connection.
 
-Contract: a session subclasses ``RealtimeConnection(websocket, ctx, label)`` and implements ``handle(event)`` (a
+Contract: a session subclasses ``RealtimeConnection(websocket, ctx, label)`` (``ctx``: the session's
+``omni_serve.graph.frontend.RequestContext``) and implements ``handle(event)`` (a
 validated client event, ``realtime_protocol.parse_client_event``); it may override ``refusal()`` (a
 ``RealtimeProblem`` for a connection it does not serve, e.g. an unknown ``model`` query parameter: sent as an
 ``error`` event, then the socket is closed with code 1008), ``opened()`` (before the first event is read: send
@@ -15,16 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from omni_serve.api import realtime_protocol as R
-from omni_serve.graph.frontend import RequestContext
 
 log = logging.getLogger(__name__)
 MAX_EVENT_BYTES = 16 << 20  # one client event (an append of minutes of audio fits)
 
 
 class RealtimeConnection:
-    def __init__(self, websocket, ctx: RequestContext, label: str = "realtime session"):
+    def __init__(self, websocket, ctx: Any, label: str = "realtime session"):
         self.ws, self.ctx, self.label = websocket, ctx, label
         self.id = R.new_id("sess")
         self._send_lock = asyncio.Lock()

@@ -22,7 +22,6 @@ from omni_serve.graph.family import Family
 
 
 def build_app(family: Family, args: dict[str, Any] | None = None) -> serve.Application:
-    from omni_serve.deployments.ingress import OpenAIIngress
     from omni_serve.deployments.stage import StageDeployment
     from omni_serve.graph.sizing import sized_spec
 
@@ -35,7 +34,13 @@ def build_app(family: Family, args: dict[str, Any] | None = None) -> serve.Appli
         options = spec.stage_spec(stage.name).deployment_options(stage.name, spec.ingress.request_timeout_s)
         handles[stage.name] = StageDeployment.options(**options, logging_config=logging_config).bind(
             family.path, stage.name, spec_dict)
-    ing = spec.ingress
+    return ingress_deployment(spec.ingress, logging_config).bind(family.path, spec_dict, **handles)
+
+
+def ingress_deployment(ing, logging_config: dict[str, Any]):
+    """The ``OpenAIIngress`` deployment with the options of ``ing`` (an ``IngressSpec``), to bind."""
+    from omni_serve.deployments.ingress import OpenAIIngress
+
     replicas = ({"autoscaling_config": ing.autoscaling_config} if ing.autoscaling_config
                 else {"num_replicas": ing.num_replicas})
     return OpenAIIngress.options(
@@ -46,5 +51,4 @@ def build_app(family: Family, args: dict[str, Any] | None = None) -> serve.Appli
         backpressure_config=BackpressureConfig(status_code=503, retry_after_s=ing.retry_after_s),
         ray_actor_options={"num_cpus": ing.num_cpus, **({"resources": dict(ing.resources)} if ing.resources else {})},
         logging_config=logging_config, **replicas,
-    ).bind(family.path, spec_dict, **handles)
-
+    )

@@ -2,6 +2,9 @@
 
 Contract: ``OpenAIIngress(family, graph_spec, **handles)`` loads the family (``module:FAMILY``), validates the spec
 and builds the family's frontend with the spec and the ``StageCalls`` over the stage handles (stage name -> handle).
+Given lists of families and specs it serves them all (a combined app, ``omni_serve.deployments.combined``): their
+routes merged, a path several graphs serve chosen by the request's ``model`` (``omni_serve.deployments.frontends``),
+``/v1/models`` listing every graph's model, ``/health`` every graph's stages.
 Its FastAPI app is built per replica (Serve's ``__serve_build_asgi_app__``) from the frontend's ``routes``
 (``omni_serve.graph.frontend``: a POST route's body is JSON, or for a form route a multipart form or JSON, by its
 ``Content-Type``; a GET or DELETE route's path and query parameters are its model's fields), plus ``GET /v1/models``,
@@ -58,6 +61,7 @@ from omni_serve.api.json_body import is_json, parse_json_body
 from omni_serve.api.protocol import ModelCard, ModelList
 from omni_serve.deployments.admission import TIMEOUT_HEADER, InflightLimit, Ticket, request_deadline
 from omni_serve.deployments.availability import StageAvailability
+from omni_serve.deployments.frontends import ServedFrontends, ServedGraph
 from omni_serve.deployments.health import GraphHealth, directory_state
 from omni_serve.deployments.stage_cpu import StageCpuReader
 from omni_serve.graph.calls import StageCalls
@@ -71,13 +75,30 @@ from omni_serve.transport.connectors import keep_node_tidy
 @serve.deployment
 @serve.ingress()
 class OpenAIIngress:
-    def __init__(self, family: str, graph_spec: dict[str, Any], **handles):
-        fam = load_family(family)
-        # a Serve config file carries what the ingress reads of each stage in its own deployment entry
-        spec = fam.spec.model_validate(stage_views(graph_spec))
-        self.family = fam.name
-        self.frontend = import_path(fam.frontend)(spec, StageCalls.over_serve(fam.graph, spec, handles))
-        self.model_name = self.frontend.model_name
+    def __init__(self, family: str | list[str], graph_spec: dict[str, Any] | list[dict[str, Any]], **handles):
+        """One graph (``family``: its ``module:FAMILY`` path, ``graph_spec`` its spec's values, ``handles`` its
+        stages' by stage name), or several (lists of both, ``handles`` keyed ``<family>/<stage>``: a combined app,
+        ``omni_serve.deployments.combined``). The ingress settings are the first graph's."""
+        single = isinstance(family, str)
+        paths, specs = ([family], [graph_spec]) if single else (list(family), list(graph_spec))
+        graphs = []
+        for path, values in zip(paths, specs):
+            fam = load_family(path)
+            # a Serve config file carries what the ingress reads of each stage in its own deployment entry
+            spec = fam.spec.model_validate(stage_views(values))
+            own = handles if single else {k.split("/", 1)[1]: h for k, h in handles.items()
+                                          if k.split("/", 1)[0] == fam.name}
+            frontend = import_path(fam.frontend)(spec, StageCalls.over_serve(fam.graph, spec, own))
+            availability = StageAvailability(own, {s for s in own if (spec.stage_spec(s).autoscaling_config or {})
+                                                   .get("min_replicas", 1) == 0})
+            frontend.stages.missing_stages = availability.missing
+            realtime = getattr(frontend, "realtime", None)
+            if realtime is not None and realtime.settings.policy != "none" and realtime.settings.one_more == "auto":
+                realtime.cpu_source = StageCpuReader(own)  # admission projects the stages' CPU use
+            graphs.append(ServedGraph(fam.name, spec, frontend, availability))
+        self.frontends = ServedFrontends(graphs)
+        self.family = "+".join(g.name for g in graphs)
+        spec = graphs[0].spec
         self.registry = CollectorRegistry()
         self.requests = Counter("omni_serve_requests", "HTTP requests by route and outcome", ["route", "outcome"],
                                 registry=self.registry)
@@ -87,18 +108,13 @@ class OpenAIIngress:
         observe_transfers()
         self.inflight = InflightLimit(spec.ingress.max_inflight_requests, spec.ingress.retry_after_s)
         self.default_timeout_s = spec.ingress.request_timeout_s
-        playback = getattr(spec, "playback", None)  # graphs that speak: the client their stall metrics assume
+        # graphs that speak: the client their stall metrics assume
+        playback = next((p for g in graphs if (p := getattr(g.spec, "playback", None)) is not None), None)
         self.client_buffer_s = playback.client_buffer_s if playback is not None else 0.5
         self.ingress_spec = spec.ingress
         self.limits = spec.limits
         self.api_keys = api_keys(spec.ingress)
-        self.availability = StageAvailability(
-            handles, {s for s in handles if (spec.stage_spec(s).autoscaling_config or {}).get("min_replicas", 1) == 0})
-        self.frontend.stages.missing_stages = self.availability.missing
-        realtime = getattr(self.frontend, "realtime", None)
-        if realtime is not None and realtime.settings.policy != "none" and realtime.settings.one_more == "auto":
-            realtime.cpu_source = StageCpuReader(handles)  # admission projects the stages' CPU use
-        self.graph_health = GraphHealth(self.frontend.health, directory_state)
+        self.graph_health = GraphHealth(self.frontends.health, directory_state)
         self.sessions = 0  # open WebSocket sessions (ingress.max_realtime_sessions)
         keep_node_tidy(spec.data_plane)  # this node's shm janitor while a replica runs here
 
@@ -106,11 +122,11 @@ class OpenAIIngress:
         return build_asgi_app(self)
 
     # -- one path for every frontend route ----------------------------------------------------------------
-    def _admit(self, route: str, request: Request) -> tuple[Ticket, float]:
-        """(the request's in-flight ticket, its deadline in seconds), or a 429/400 raised."""
+    def _admit(self, route: str, request: Request, graph: ServedGraph) -> tuple[Ticket, float]:
+        """(the request's in-flight ticket, its deadline in seconds), or a 429/400/503 raised."""
         try:
             timeout_s = request_deadline(request.headers.get(TIMEOUT_HEADER), self.default_timeout_s)
-            missing = self.availability.missing()
+            missing = graph.availability.missing()
             if missing:
                 raise OpenAIError(
                     f"Stage {', '.join(missing)} has no running replica (its node was lost or it is being "
@@ -131,13 +147,18 @@ class OpenAIIngress:
 
     async def serve_route(self, route: Route, body: Any, request: Request) -> Response:
         clock = RequestClock(buffer_s=self.client_buffer_s)
-        ticket, timeout_s = self._admit(route.name, request)
+        try:
+            graph = self.frontends.graph_for(route, body)
+        except OpenAIError as err:
+            self._failed(route.name, err)
+            raise
+        ticket, timeout_s = self._admit(route.name, request, graph)
         ctx = RequestContext(timeout_s, clock, request.headers)
         ctx.on_end.append(ticket.release)
         streaming = False
         try:
             try:
-                reply = await getattr(self.frontend, route.handler)(body, ctx)
+                reply = await self.frontends.handler(graph, route)(body, ctx)
             except Exception as err:
                 self._failed(route.name, err)
                 raise
@@ -177,7 +198,7 @@ class OpenAIIngress:
 
         try:
             await websocket.accept()
-            await getattr(self.frontend, route.handler)(websocket, RequestContext(
+            await self.frontends.websocket_handler(route, websocket.query_params)(websocket, RequestContext(
                 self.default_timeout_s, headers=websocket.headers, record=record))
         except WebSocketDisconnect:
             pass
@@ -203,14 +224,14 @@ class OpenAIIngress:
 
     # -- fixed routes -----------------------------------------------------------------------------------------
     async def models(self):
-        return ModelList(data=[ModelCard(id=self.model_name)]).model_dump()
+        return ModelList(data=[ModelCard(id=name) for name in self.frontends.model_names]).model_dump()
 
     async def health(self, request: Request):
         insider = request.scope.get("state", {}).get("authenticated", True)
         fresh = insider and request.query_params.get("fresh", "") not in ("", "0", "false")
         cached, data_plane = await self.graph_health.get(fresh=fresh)
         stages = dict(cached)
-        for stage in self.availability.missing(grace=False):
+        for stage in self.frontends.missing(grace=False):
             stages[stage] = {**stages.get(stage, {}), "error": "no running replica"}
         ok = all("error" not in v for v in stages.values()) and "error" not in data_plane
         status = {"status": "ok" if ok else "unavailable"}
@@ -219,7 +240,7 @@ class OpenAIIngress:
                                  "rejected": self.inflight.rejected}
             status["stages"] = stages
             status["data_plane"] = data_plane
-            realtime = getattr(self.frontend, "realtime", None)
+            realtime = self.frontends.realtime
             if realtime is not None:
                 status["ingress"]["realtime"] = realtime.state()
         return JSONResponse(status, status_code=200 if ok else 503)
@@ -229,7 +250,7 @@ class OpenAIIngress:
         (``RealtimeAdmission.autoscaling_stats``), which ``omni_serve.autoscaling.StageRatioPolicy``'s ``speech``
         scales the stages that bound speech on; nothing for a graph that does not. Async: it runs on the replica's
         event loop, where the admission's state changes (a plain method would run in Serve's thread pool)."""
-        realtime = getattr(self.frontend, "realtime", None)
+        realtime = self.frontends.realtime
         return {} if realtime is None else realtime.autoscaling_stats()
 
     def rejected(self, status: int, err: OpenAIError) -> None:
@@ -249,11 +270,11 @@ def build_asgi_app(ingress: OpenAIIngress) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):  # Serve runs the replica's ASGI lifespan: the frontend's own work
-        await ingress.frontend.start()
+        await ingress.frontends.start()
         try:
             yield
         finally:
-            await ingress.frontend.close()
+            await ingress.frontends.close()
 
     app = FastAPI(title="omni_serve", description=f"OpenAI-compatible API over the {ingress.family} stage graph",
                   docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None,
@@ -264,17 +285,17 @@ def build_asgi_app(ingress: OpenAIIngress) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=spec.max_body_bytes, timeout_s=spec.body_timeout_s,
                        on_reject=ingress.rejected, takes_body=lambda path: _takes_body(app, path))
     app.add_middleware(ApiKeyAuth, keys=ingress.api_keys, protected=("/v1/", "/metrics"), on_reject=ingress.rejected)
-    for route in ingress.frontend.routes:
+    for route in ingress.frontends.routes:
         app.router.add_api_route(route.path, _endpoint(ingress, route), methods=[route.method], name=route.name,
                                  summary=route.summary or None,
                                  route_class_override=FormOrJsonRoute if route.form else None)
-    for ws_route in ingress.frontend.websocket_routes:
+    for ws_route in ingress.frontends.websocket_routes:
         app.add_api_websocket_route(ws_route.path, _websocket_endpoint(ingress, ws_route), name=ws_route.name)
     app.add_api_route("/v1/models", ingress.models, methods=["GET"], name="models")
     app.add_api_route("/health", ingress.health, methods=["GET"], name="health")
     app.add_api_route("/metrics", ingress.metrics_text, methods=["GET"], name="metrics")
     if docs:
-        app.openapi = lambda: _openapi_with_json_bodies(app, ingress.frontend.routes)
+        app.openapi = lambda: _openapi_with_json_bodies(app, ingress.frontends.routes)
     return app
 
 

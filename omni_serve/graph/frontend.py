@@ -57,6 +57,9 @@ class WebSocketRoute:
     path: str  # e.g. "/v1/realtime"
     name: str  # the route's label in metrics
     handler: str  # the frontend method answering it
+    # the ``intent`` query parameter it serves (OpenAI's ``transcription`` sessions); None: conversations. Where one
+    # ingress serves several graphs' sessions on a path, a handshake without ``model`` goes by it
+    intent: str | None = None
 
 
 @dataclass

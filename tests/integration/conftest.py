@@ -141,3 +141,20 @@ def asr_app(ray_serve, qwen3_asr_tiny_dir):
                          **{f"stages.{s}.num_cpus": 0 for s in ("encoder", "llm")}}),
               name="qwen3_asr", route_prefix="/asr")
     return ray_serve + "/asr"
+
+
+# The combined voice app at /voice (omni_serve.deployments.combined): Qwen2.5-Omni and Qwen3-ASR behind one ingress,
+# tiny checkpoints, the oracles' settings, reserving no CPUs.
+@pytest.fixture(scope="session")
+def voice_app(ray_serve, omni_tiny_dir, qwen3_asr_tiny_dir):
+    from ray import serve
+
+    from omni_serve.deployments.combined import build_app
+    from tests.asr_cases import ARGS
+
+    omni = {"checkpoint": omni_tiny_dir, **FIXED_TOPOLOGY, **{f"stages.{s}.num_cpus": 0 for s in QWEN3_STAGES},
+            "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"], **ORACLE_CODE2WAV, **TRANSCRIPTION}
+    asr = {"checkpoint": qwen3_asr_tiny_dir, **ARGS, **{f"stages.{s}.num_cpus": 0 for s in ("encoder", "llm")}}
+    serve.run(build_app({"graphs": {"qwen2_5_omni": omni, "qwen3_asr": asr}, "ingress.num_cpus": 0}),
+              name="voice", route_prefix="/voice")
+    return ray_serve + "/voice"

@@ -56,7 +56,7 @@ class _Ingress:
     family = "test"
 
     def __init__(self):
-        self.frontend = _Frontend()
+        self.frontends = _Frontend()  # one graph: its frontend has what build_asgi_app reads of ServedFrontends
         self.ingress_spec = IngressSpec(enable_docs=True, max_body_bytes=MAX_BODY_BYTES)
         self.limits = RequestLimits(max_prompt_chars=100, max_messages=4, max_content_parts=4)
         self.api_keys = frozenset()

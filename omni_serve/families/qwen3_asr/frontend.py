@@ -64,7 +64,7 @@ class Window:
 class Qwen3ASRFrontend(Frontend):
     routes = (Route("/v1/audio/transcriptions", "transcriptions", "audio_transcriptions", TranscriptionRequest,
                     form=True, summary="Transcribe audio (OpenAI audio.transcriptions.create)."),)
-    websocket_routes = (WebSocketRoute("/v1/realtime", "realtime", "realtime_session"),)
+    websocket_routes = (WebSocketRoute("/v1/realtime", "realtime", "realtime_session", intent="transcription"),)
 
     def __init__(self, spec: Qwen3ASRGraphSpec, stages: StageCalls):
         super().__init__(spec, stages)
