@@ -45,6 +45,12 @@ class SpeechRequest(_Lenient):
     temperature: float | None = Field(default=None, ge=0, le=2, description=(
         "omni_serve extension: 0 draws the codec tokens greedily; otherwise (the default) the talker samples with "
         "its stage's settings (stages.talker.params)."))
+    voice_reference: str | None = Field(default=None, max_length=16 << 20, description=(
+        "omni_serve extension, voice-cloning models (VibeVoice): base64 of an audio file (wav, mp3, flac, ogg) whose "
+        "speaker the speech takes, instead of a named voice; its graph bounds its size and duration."))
+    speaker_voices: dict[str, str] | None = Field(default=None, max_length=8, description=(
+        "omni_serve extension, multi-speaker models (VibeVoice): speaker id -> voice name, for an input written as "
+        "'Speaker 0: ...' lines; `voice` then names no one's voice."))
 
 
 class SpeechUsage(BaseModel):
@@ -125,3 +131,43 @@ class TranscriptTextDone(BaseModel):
     type: Literal["transcript.text.done"] = "transcript.text.done"
     text: str
     usage: TranscriptionUsage | None = None
+
+
+# -- registered voices (omni_serve's voices routes, voice-cloning graphs) ------------------------------------------
+VOICE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class VoiceCreateForm(_Lenient):
+    """The multipart form of ``POST /v1/audio/voices``."""
+
+    name: str = Field(pattern=VOICE_NAME, description="The voice's name (letters, digits, '_', '.', '-'; names "
+                                                      "match case-insensitively).")
+    file: UploadFile | None = Field(default=None, description="The reference clip: an audio file (wav, mp3, flac, "
+                                                              "ogg) of one speaker.")
+
+
+class VoiceRef(_Lenient):
+    name: str = Field(pattern=VOICE_NAME, description="The voice's name.")
+
+
+class VoicePage(_Lenient):
+    """``GET /v1/audio/voices`` takes no parameters."""
+
+
+class Voice(BaseModel):
+    object: Literal["audio.voice"] = "audio.voice"
+    id: str = Field(description="The name to give as `voice`.")
+    created_at: int | None = Field(default=None, description="Unix seconds it was registered (None: a preset).")
+    seconds: float = Field(description="Duration of its reference clip.")
+    preset: bool = Field(description="A preset of the deployment (not deletable), or registered by this key.")
+
+
+class VoiceList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Voice]
+
+
+class VoiceDeleted(BaseModel):
+    object: Literal["audio.voice.deleted"] = "audio.voice.deleted"
+    id: str
+    deleted: bool = True

@@ -196,3 +196,12 @@ class BodyLimit:
             return early if early is not None else await receive()
 
         await self.app(scope, replay, send)
+
+
+def owner_of(headers) -> str:
+    """Whose a request's stored things are (video jobs, registered voices): a digest of its ``Authorization`` header
+    (never the key itself), or 'anonymous' without one (every caller is then one owner)."""
+    import hashlib
+
+    auth = headers.get("authorization", "")
+    return hashlib.sha256(auth.encode()).hexdigest()[:32] if auth else "anonymous"

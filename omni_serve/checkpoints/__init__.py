@@ -6,7 +6,6 @@ import json
 import os
 
 UNSERVED_WRITERS: dict[str, str] = {
-    "vibevoice": "omni_serve.checkpoints.vibevoice:make_checkpoint",
 }
 
 

@@ -248,5 +248,25 @@ def make_checkpoint(out_dir: str, size: str = "tiny", seed: int = 0) -> str:
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     processor.save_pretrained(out_dir)
+    write_voices(os.path.join(out_dir, VOICES_DIR))
     write_marker(out_dir, "vibevoice", size, seed)
     return out_dir
+
+
+VOICES_DIR = "voices"  # preset reference voices, one WAV per name (what the served graph offers as `voice`)
+PRESETS = {"alice": 210.0, "bob": 115.0}  # name -> pitch (Hz) of its synthetic clip
+
+
+def write_voices(voices_dir: str, seconds: float = 2.0) -> None:
+    """Synthetic preset voices (24 kHz mono WAVs): a pitch's harmonics, shaped into syllables. Random weights hear
+    no real voice, so these only have to differ; a real deployment puts recorded reference clips here."""
+    import numpy as np
+    import soundfile as sf
+
+    os.makedirs(voices_dir, exist_ok=True)
+    t = np.arange(int(seconds * 24000)) / 24000
+    for name, pitch in PRESETS.items():
+        wave = sum(np.sin(2 * np.pi * pitch * k * t) / k for k in range(1, 6))
+        envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 4.0 * t) ** 2  # ~8 syllables a second
+        sf.write(os.path.join(voices_dir, f"{name}.wav"), (0.2 * wave * envelope).astype(np.float32), 24000,
+                 subtype="PCM_16")

@@ -71,15 +71,15 @@ def _sqlite_url(url: sa.URL) -> bool:
     return url.get_backend_name() == "sqlite"
 
 
-def _engine_url(url: str) -> sa.URL:
+def engine_url(url: str) -> sa.URL:
     """``url`` parsed; PostgreSQL always through psycopg 3 (the driver this package installs)."""
     parsed = sa.make_url(url)
     if parsed.get_backend_name() == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
     elif not _sqlite_url(parsed):
-        raise ValueError(f"job store URL {parsed.render_as_string()!r}: only sqlite and postgresql are supported")
+        raise ValueError(f"database URL {parsed.render_as_string()!r}: only sqlite and postgresql are supported")
     elif parsed.database in (None, "", ":memory:"):
-        raise ValueError("job store URL: a SQLite database must be a file (sqlite:////path/jobs.sqlite3)")
+        raise ValueError("database URL: a SQLite database must be a file (sqlite:////path/file.sqlite3)")
     return parsed
 
 
@@ -102,7 +102,7 @@ class JobStore:
                  clock: Callable[[], float] | None = None):
         if result_ttl_s <= 0 or lease_s <= 0 or max_attempts < 1:
             raise ValueError("result_ttl_s and lease_s must be > 0, max_attempts >= 1")
-        self.url = _engine_url(url)
+        self.url = engine_url(url)
         self.results_dir = os.path.abspath(results_dir)
         self.result_ttl_s = float(result_ttl_s)
         self.lease_s = float(lease_s)

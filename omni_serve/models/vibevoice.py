@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -64,11 +63,12 @@ import torch
 
 from omni_serve.models.loading import load_component, read_state_dict
 from omni_serve.models.paged_decoder import PagedDecoder
+from omni_serve.models.vibevoice_prompt import parse_script, prompt_ids, speakers_of, voice_frames
 from omni_serve.models.vibevoice_head import (NEGATIVE, UNCOND, BranchKV, BranchSegment, ConvStreams,
                                              DiffusionSampler, SideResult, SpeechState, TokenResult, TokenStep)
 
 SAMPLE_RATE = 24000
-_SPEAKER_LINE = re.compile(r"^\s*Speaker\s+(\w+)\s*:\s*(.*)$")
+__all__ = ["VibeVoiceLM", "parse_script"]  # parse_script: the prompt module's, importable from here
 
 
 # -- outputs: plain dataclasses (a model adapter imports no graph code); the family's messages will carry them --------
@@ -127,23 +127,6 @@ class SpeechRequest:
     # transformers LogitsProcessor-like: (input_ids [1, L], scores [1, V]) -> scores, after the CFG, before the
     # speech-token mask, as generate(logits_processor=[...]) places it
     logits_processor: Callable | None = None
-
-
-def parse_script(script: str) -> list[tuple[str, str]]:
-    """``"Speaker 0: ...\\nSpeaker 1: ..."`` -> ``[("0", "..."), ("1", "...")]``; a line without a speaker continues
-    the previous turn, and a script without any is one turn of speaker 0."""
-    turns: list[tuple[str, str]] = []
-    for line in script.splitlines():
-        if not line.strip():
-            continue
-        m = _SPEAKER_LINE.match(line)
-        if m:
-            turns.append((m.group(1), m.group(2).strip()))
-        elif turns:
-            turns[-1] = (turns[-1][0], f"{turns[-1][1]} {line.strip()}".strip())
-        else:
-            turns.append(("0", line.strip()))
-    return turns
 
 
 class VibeVoiceLM(PagedDecoder):
@@ -214,47 +197,26 @@ class VibeVoiceLM(PagedDecoder):
         ``EncodedVoice``; every speaker needs exactly one). Raises ``ValueError`` on a malformed request."""
         if isinstance(turns, str):
             turns = parse_script(turns)
-        # a turn is one template line: line breaks inside it become spaces, the rest of the text is kept as given
-        turns = [(str(s), re.sub(r"\s*\n\s*", " ", str(t).strip())) for s, t in turns]
-        if not turns or any(not t for _, t in turns):
-            raise ValueError("the script needs at least one turn, and every turn some text")
         voices = {str(k): v for k, v in voices.items()}
-        speakers = list(dict.fromkeys(s for s, _ in turns))
-        missing, unused = [s for s in speakers if s not in voices], sorted(set(voices) - set(speakers))
-        if missing or unused:
-            raise ValueError(f"every speaker needs one voice: missing {missing}, not in the script {unused}")
-        frames, ordered = [], []
-        for s in speakers:
-            v = voices[s]
+        frames = {}
+        for s, v in voices.items():
             if isinstance(v, EncodedVoice):
                 if v.latents.ndim != 2 or v.latents.shape[1] != self.latent_size or v.frames == 0:
                     raise ValueError(f"speaker {s}: an encoded voice is [frames, {self.latent_size}]")
-                frames.append(v.frames)
+                frames[s] = v.frames
             else:
                 v = np.asarray(v, dtype=np.float32)
                 if v.ndim != 1 or v.size == 0:
                     raise ValueError(f"speaker {s}: a voice clip is a non-empty 1-D array of 24 kHz samples")
-                frames.append(math.ceil(v.size / self.hop))
-            ordered.append(v)
-        seen, messages = set(), []
-        for s, text in turns:
-            content = [{"type": "text", "text": text}]
-            if s not in seen:  # the template makes one voice line per speaker with an audio part
-                content.append({"type": "audio", "audio": "voice"})
-                seen.add(s)
-            messages.append({"role": s, "content": content})
-        text = self.processor.apply_chat_template(messages, tokenize=False)
-        pad = self.processor.audio_token
-        parts = text.split(pad)
-        if len(parts) != len(speakers) + 1:
-            raise ValueError(f"the template rendered {len(parts) - 1} voice placeholders for {len(speakers)} speakers")
-        text = parts[0] + "".join(pad * n + rest for n, rest in zip(frames, parts[1:]))
-        ids = self.processor.tokenizer(text)["input_ids"]
-        return SpeechPrompt(input_ids=ids, speakers=speakers, voices=ordered)
+                frames[s] = voice_frames(v.size, self.hop)
+                voices[s] = v
+        ids = prompt_ids(self.processor, turns, frames)
+        speakers = speakers_of(turns)
+        return SpeechPrompt(input_ids=ids, speakers=speakers, voices=[voices[s] for s in speakers])
 
     def voice_frames(self, samples: int) -> int:
         """Placeholder rows (speech frames) of a clip of ``samples`` samples."""
-        return math.ceil(samples / self.hop)
+        return voice_frames(samples, self.hop)
 
     @torch.inference_mode()
     def encode_voices(self, clips: list[np.ndarray]) -> list[EncodedVoice]:

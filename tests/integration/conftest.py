@@ -143,10 +143,14 @@ def asr_app(ray_serve, qwen3_asr_tiny_dir):
     return ray_serve + "/asr"
 
 
-# The combined voice app at /voice (omni_serve.deployments.combined): Qwen2.5-Omni and Qwen3-ASR behind one ingress,
-# tiny checkpoints, the oracles' settings, reserving no CPUs.
+# The combined voice app at /voice (omni_serve.deployments.combined): VibeVoice, Qwen3-ASR and Qwen2.5-Omni behind one
+# ingress (speech and transcription each served by two of them), tiny checkpoints, the oracles' settings, reserving
+# no CPUs.
+VOICE_SPEECH_TOKENS = 8  # VibeVoice's speech per request: max_speech_seconds = tokens / 7.5
+
+
 @pytest.fixture(scope="session")
-def voice_app(ray_serve, omni_tiny_dir, qwen3_asr_tiny_dir):
+def voice_app(ray_serve, omni_tiny_dir, qwen3_asr_tiny_dir, vibevoice_tiny_dir):
     from ray import serve
 
     from omni_serve.deployments.combined import build_app
@@ -155,6 +159,8 @@ def voice_app(ray_serve, omni_tiny_dir, qwen3_asr_tiny_dir):
     omni = {"checkpoint": omni_tiny_dir, **FIXED_TOPOLOGY, **{f"stages.{s}.num_cpus": 0 for s in QWEN3_STAGES},
             "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"], **ORACLE_CODE2WAV, **TRANSCRIPTION}
     asr = {"checkpoint": qwen3_asr_tiny_dir, **ARGS, **{f"stages.{s}.num_cpus": 0 for s in ("encoder", "llm")}}
-    serve.run(build_app({"graphs": {"qwen2_5_omni": omni, "qwen3_asr": asr}, "ingress.num_cpus": 0}),
-              name="voice", route_prefix="/voice")
+    vibevoice = {"checkpoint": vibevoice_tiny_dir, "max_speech_seconds": VOICE_SPEECH_TOKENS / 7.5,
+                 "stages.lm.num_cpus": 0, "stages.lm.engine.torch_threads": 1}
+    serve.run(build_app({"graphs": {"vibevoice": vibevoice, "qwen3_asr": asr, "qwen2_5_omni": omni},
+                         "ingress.num_cpus": 0}), name="voice", route_prefix="/voice")
     return ray_serve + "/voice"

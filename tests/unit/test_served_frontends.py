@@ -107,7 +107,7 @@ def test_graphs_that_cannot_share_an_ingress_are_refused():
         ServedFrontends([ServedGraph("a", None, a, Availability()), ServedGraph("a2", None, a, Availability())])
 
 
-def test_the_combined_spec(omni_tiny_dir, qwen3_asr_tiny_dir):
+def test_the_combined_spec(omni_tiny_dir, qwen3_asr_tiny_dir, vibevoice_tiny_dir):
     import yaml
 
     from omni_serve.deployments.combined import validate
@@ -126,5 +126,5 @@ def test_the_combined_spec(omni_tiny_dir, qwen3_asr_tiny_dir):
     with open(os.path.join(os.path.dirname(__file__), "..", "..", "omni_serve", "configs", "voice.yaml")) as f:
         args = yaml.safe_load(f)["applications"][0]["args"]
     args["graphs"]["qwen3_asr"]["checkpoint"] = qwen3_asr_tiny_dir
-    args["graphs"]["qwen2_5_omni"]["checkpoint"] = omni_tiny_dir
-    assert [s.model_name for _, s in validate(args)[1]] == ["qwen2.5-omni", "qwen3-asr"]
+    args["graphs"]["vibevoice"]["checkpoint"] = vibevoice_tiny_dir
+    assert [s.model_name for _, s in validate(args)[1]] == ["vibevoice", "qwen3-asr"]

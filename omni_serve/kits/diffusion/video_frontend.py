@@ -17,7 +17,6 @@ id answers 404, as an unknown one does. Bad requests are 400s before a job is cr
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import io
 import os
 import random
@@ -27,6 +26,7 @@ from fastapi import UploadFile
 from pydantic import BaseModel, Field
 
 from omni_serve.api.errors import bad_request, not_found, too_many_requests
+from omni_serve.api.guards import owner_of as owner_from_headers
 from omni_serve.api.video_out import MP4_MEDIA_TYPE
 from omni_serve.api.videos import (
     VideoCreateRequest, VideoDeleted, VideoList, Video, frame_count, video_list, video_object,
@@ -111,8 +111,7 @@ class VideoRequestChecks:
 
 def owner_of(ctx: RequestContext) -> str:
     """The job owner of a request: a digest of its API key (never the key itself), or 'anonymous'."""
-    auth = ctx.headers.get("authorization", "")
-    return hashlib.sha256(auth.encode()).hexdigest()[:32] if auth else "anonymous"
+    return owner_from_headers(ctx.headers)
 
 
 class VideosFrontend(Frontend):

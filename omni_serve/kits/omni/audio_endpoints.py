@@ -14,19 +14,19 @@ answers both routes with the frontend's own preprocessing, stage calls and cance
 
 from __future__ import annotations
 
-import base64
 import logging
 from typing import AsyncIterator
 
 import numpy as np
 
 from omni_serve.api.audio_protocol import (
-    SpeechAudioDelta, SpeechAudioDone, SpeechRequest, SpeechUsage, Transcription, TranscriptionRequest,
+    SpeechRequest, SpeechUsage, Transcription, TranscriptionRequest,
     TranscriptionSegment, TranscriptionUsage, TranscriptionVerbose, TranscriptTextDelta, TranscriptTextDone,
 )
 from omni_serve.api.errors import OpenAIError, bad_request
 from omni_serve.api.media import decode_audio_bytes, read_upload
 from omni_serve.api.speech_audio import MEDIA_TYPES, SpeechEncoder, writable_formats
+from omni_serve.api.speech_stream import resumed, speech_events
 from omni_serve.api.video import read_audio_container
 from omni_serve.api.sse import sse_error, sse_event
 from omni_serve.graph.frontend import ByteStream, EventStream, RawReply, RequestContext
@@ -48,6 +48,10 @@ class AudioEndpoints:
     # -- /v1/audio/speech ---------------------------------------------------------------------------------
     async def audio_speech(self, req: SpeechRequest, ctx: RequestContext) -> ByteStream | EventStream:
         self._check_model(req.model)
+        for field in ("voice_reference", "speaker_voices"):
+            if getattr(req, field) is not None:
+                raise bad_request(f"{field} is not supported by this model: it speaks with its own voices.",
+                                  param=field)
         voice = self._voice(req.voice, "voice")
         if req.response_format not in writable_formats():
             raise bad_request(f"response_format {req.response_format!r} cannot be written by this server's codecs; "
@@ -67,11 +71,18 @@ class AudioEndpoints:
         # "unknown length", is valid but many readers, libsndfile among them, refuse it). Every other format streams.
         encoder = SpeechEncoder(req.response_format, self.sample_rate, req.speed,
                                 streaming=req.response_format != "flac")
+        def failed(err: OpenAIError) -> None:
+            p.clock.error = err.type
+            log.warning("request %s: speech stream failed: %s", p.request_id, err)
+
+        counts: dict = {}
+        chunks = self._speech_bytes(p, encoder, counts)
         if req.stream_format == "sse":
-            return EventStream(self._speech_events(p, encoder, input_tokens=len(forced)))
-        chunks = self._speech_bytes(p, encoder, counts={})
+            n = len(forced)
+            return EventStream(speech_events(chunks, failed, lambda: SpeechUsage(
+                input_tokens=n, output_tokens=counts.get("codes", 0), total_tokens=n + counts.get("codes", 0))))
         first = await anext(chunks, b"")  # errors before the first audio are plain error responses
-        return ByteStream(_resumed(first, chunks, p), MEDIA_TYPES[req.response_format])
+        return ByteStream(resumed(first, chunks, failed), MEDIA_TYPES[req.response_format])
 
     def _speech_prompt(self, text: str):
         """(the prompt's inputs, the forced reply: the text's tokens and the end-of-turn token)."""
@@ -96,19 +107,6 @@ class AudioEndpoints:
         tail = encoder.close()
         if tail:
             yield tail
-
-    async def _speech_events(self, p, encoder: SpeechEncoder, input_tokens: int) -> AsyncIterator[str]:
-        counts: dict = {}
-        try:
-            async for data in self._speech_bytes(p, encoder, counts):
-                yield sse_event(SpeechAudioDelta(audio=base64.b64encode(data).decode()))
-        except OpenAIError as err:
-            p.clock.error = err.type
-            yield sse_error(err)
-            return
-        out = counts.get("codes", 0)
-        yield sse_event(SpeechAudioDone(usage=SpeechUsage(input_tokens=input_tokens, output_tokens=out,
-                                                          total_tokens=input_tokens + out)))
 
     # -- /v1/audio/transcriptions -------------------------------------------------------------------------
     async def audio_transcriptions(
@@ -183,15 +181,3 @@ class AudioEndpoints:
             return
         yield sse_event(TranscriptTextDone(text="".join(text), usage=TranscriptionUsage(
             input_tokens=p.prompt_len, output_tokens=tokens, total_tokens=p.prompt_len + tokens)))
-
-
-async def _resumed(first: bytes, rest: AsyncIterator[bytes], p) -> AsyncIterator[bytes]:
-    """``first`` then the rest of a file's bytes; a failure after the first bytes ends the (truncated) file."""
-    if first:
-        yield first
-    try:
-        async for data in rest:
-            yield data
-    except OpenAIError as err:
-        p.clock.error = err.type
-        log.warning("request %s: speech stream failed after its first bytes: %s", p.request_id, err)
