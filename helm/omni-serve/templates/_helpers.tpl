@@ -104,6 +104,7 @@ Configuration checks that the values schema cannot express; rendered (empty) by 
 {{- end }}
 {{- end }}
 {{- $graph := include "omni-serve.graph" . | fromYaml }}
+{{- include "omni-serve.validateCombined" (dict "root" . "graph" $graph) }}
 {{- $jobs := .Values.jobs }}
 {{- if and (or $jobs.existingClaim $jobs.databaseUrlSecret.name) (not $graph.jobs) }}
 {{- fail (printf "jobs: graph %s keeps no jobs (the job volume and database are for graphs with a job API, e.g. wan)" .Values.graph.name) }}
@@ -234,6 +235,19 @@ Graph args (Serve config `args`): `args`, plus the checkpoint path and `stages`.
 */}}
 {{- define "omni-serve.appArgs" -}}
 {{- $args := deepCopy (.Values.args | default dict) }}
+{{- if eq .Values.graph.name "combined" }}
+{{- $graphs := dict }}
+{{- range $name, $entry := .Values.combined.graphs }}
+{{- $one := deepCopy ($entry.args | default dict) }}
+{{- $_ := set $one "checkpoint" (printf "%s/%s" (include "omni-serve.checkpointPath" $) $name) }}
+{{- if $entry.stages }}
+{{- $_ := set $one "stages" (deepCopy $entry.stages) }}
+{{- end }}
+{{- $_ := set $graphs $name $one }}
+{{- end }}
+{{- $_ := set $args "graphs" $graphs }}
+{{- toYaml $args }}
+{{- else }}
 {{- $_ := set $args "checkpoint" (include "omni-serve.checkpointPath" .) }}
 {{- if .Values.jobs.existingClaim }}
 {{- $_ := set $args "jobs" (merge (dict "dir" .Values.jobs.mountPath) (deepCopy (dig "jobs" dict $args))) }}
@@ -242,6 +256,50 @@ Graph args (Serve config `args`): `args`, plus the checkpoint path and `stages`.
 {{- $_ := set $args "stages" (deepCopy .Values.stages) }}
 {{- end }}
 {{- toYaml $args }}
+{{- end }}
+{{- end }}
+
+{{/*
+Checks of a combined app (graph.name combined: several graphs behind one ingress). Args: dict root, graph (the
+selected graphs.yaml entry).
+*/}}
+{{- define "omni-serve.validateCombined" -}}
+{{- $v := .root.Values }}
+{{- $graphs := include "omni-serve.graphs" .root | fromYaml }}
+{{- if .graph.combined }}
+{{- if not $v.combined.graphs }}
+{{- fail "graph.name combined: list the graphs to serve together in combined.graphs" }}
+{{- end }}
+{{- if or $v.stages $v.serveConfig $v.autoscalingPolicy.enabled $v.jobs.existingClaim $v.jobs.databaseUrlSecret.name }}
+{{- fail "graph.name combined: set each graph's stages in combined.graphs.<graph>.stages; serveConfig, autoscalingPolicy and jobs do not apply" }}
+{{- end }}
+{{- range $key, $_ := $v.args | default dict }}
+{{- if not (has $key (list "ingress" "data_plane" "logging")) }}
+{{- fail (printf "args.%s: with graph.name combined, args holds what the graphs share (ingress, data_plane, logging); set a graph's own values in combined.graphs.<graph>.args" $key) }}
+{{- end }}
+{{- end }}
+{{- range $name, $entry := $v.combined.graphs }}
+{{- $one := get $graphs $name }}
+{{- if or (not $one) $one.combined }}
+{{- fail (printf "combined.graphs.%s: not a graph of the registry" $name) }}
+{{- end }}
+{{- if and $v.checkpoint.generate.enabled (not $one.checkpointFamily) }}
+{{- fail (printf "combined.graphs.%s has no checkpoint writer: set checkpoint.generate.enabled=false" $name) }}
+{{- end }}
+{{- range $key := list "checkpoint" "stages" "ingress" "data_plane" "logging" }}
+{{- if hasKey ($entry.args | default dict) $key }}
+{{- fail (printf "combined.graphs.%s.args.%s: the chart sets the checkpoint, stages go in combined.graphs.%s.stages, and ingress, data_plane and logging are shared (args)" $name $key $name) }}
+{{- end }}
+{{- end }}
+{{- range $stage, $_ := $entry.stages | default dict }}
+{{- if not (has $stage $one.stages) }}
+{{- fail (printf "combined.graphs.%s.stages.%s: graph %s has no stage %q (its stages: %s)" $name $stage $name $stage (join ", " $one.stages)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- else if $v.combined.graphs }}
+{{- fail "combined.graphs applies to graph.name combined" }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -378,19 +436,29 @@ spec:
     {{- toYaml . | nindent 4 }}
   {{- end }}
   {{- if $v.checkpoint.generate.enabled }}
+  {{- /* one checkpoint, or one per graph of a combined app (in a directory of its name) */}}
+  {{- $writes := list }}
+  {{- if $graph.combined }}
+  {{- range $name, $_ := $v.combined.graphs }}
+  {{- $writes = append $writes (dict "family" $name "path" (printf "%s/%s" (include "omni-serve.checkpointPath" $root) $name) "container" (printf "make-checkpoint-%s" ($name | replace "_" "-"))) }}
+  {{- end }}
+  {{- else }}
+  {{- $writes = list (dict "family" (required (printf "graph %s has no checkpoint writer: set checkpoint.generate.enabled=false" $root.Values.graph.name) $graph.checkpointFamily) "path" (include "omni-serve.checkpointPath" $root) "container" "make-checkpoint") }}
+  {{- end }}
   initContainers:
-    - name: make-checkpoint
+    {{- range $writes }}
+    - name: {{ .container }}
       image: {{ include "omni-serve.image" $root }}
       imagePullPolicy: {{ $v.image.pullPolicy }}
       command:
         - omni-serve
         - make-checkpoint
-        - {{ required (printf "graph %s has no checkpoint writer: set checkpoint.generate.enabled=false" $root.Values.graph.name) $graph.checkpointFamily }}
+        - {{ .family }}
         - --size
         - {{ $v.checkpoint.generate.size }}
         - --seed
         - {{ $v.checkpoint.generate.seed | quote }}
-        - {{ include "omni-serve.checkpointPath" $root }}
+        - {{ .path }}
       {{- with $v.checkpoint.generate.resources }}
       resources:
         {{- toYaml . | nindent 8 }}
@@ -402,6 +470,7 @@ spec:
       volumeMounts:
         - name: checkpoint
           mountPath: {{ include "omni-serve.checkpointPath" $root }}
+    {{- end }}
   {{- end }}
   containers:
     # KubeRay runs Ray in the first container.
