@@ -142,8 +142,7 @@ class VoiceCreateForm(_Lenient):
 
     name: str = Field(pattern=VOICE_NAME, description="The voice's name (letters, digits, '_', '.', '-'; names "
                                                       "match case-insensitively).")
-    file: UploadFile | None = Field(default=None, description="The reference clip: an audio file (wav, mp3, flac, "
-                                                              "ogg) of one speaker.")
+    file: UploadFile = Field(description="The reference clip: an audio file (wav, mp3, flac, ogg) of one speaker.")
 
 
 class VoiceRef(_Lenient):

@@ -150,7 +150,7 @@ VOICE_SPEECH_TOKENS = 8  # VibeVoice's speech per request: max_speech_seconds = 
 
 
 @pytest.fixture(scope="session")
-def voice_app(ray_serve, omni_tiny_dir, qwen3_asr_tiny_dir, vibevoice_tiny_dir):
+def voice_app(ray_serve, omni_tiny_dir, qwen3_asr_tiny_dir, vibevoice_tiny_dir, tmp_path_factory):
     from ray import serve
 
     from omni_serve.deployments.combined import build_app
@@ -160,7 +160,8 @@ def voice_app(ray_serve, omni_tiny_dir, qwen3_asr_tiny_dir, vibevoice_tiny_dir):
             "stages.talker.params.max_codec_tokens": ORACLE["talker_tokens"], **ORACLE_CODE2WAV, **TRANSCRIPTION}
     asr = {"checkpoint": qwen3_asr_tiny_dir, **ARGS, **{f"stages.{s}.num_cpus": 0 for s in ("encoder", "llm")}}
     vibevoice = {"checkpoint": vibevoice_tiny_dir, "max_speech_seconds": VOICE_SPEECH_TOKENS / 7.5,
-                 "stages.lm.num_cpus": 0, "stages.lm.engine.torch_threads": 1}
+                 "stages.lm.num_cpus": 0, "stages.lm.engine.torch_threads": 1,
+                 "voices.dir": str(tmp_path_factory.mktemp("voices"))}
     serve.run(build_app({"graphs": {"vibevoice": vibevoice, "qwen3_asr": asr, "qwen2_5_omni": omni},
                          "ingress.num_cpus": 0}), name="voice", route_prefix="/voice")
     return ray_serve + "/voice"

@@ -3,7 +3,8 @@ config's pair) plus Qwen2.5-Omni, so that speech and transcription are each serv
 ``openai`` client: VibeVoice's streamed speech equals ``generate`` seeded the same, Omni's speech comes from the same
 route by ``model``; Qwen3-ASR's transcripts (streamed and not) equal ``generate``, Omni's come from the same route;
 ``/v1/models`` lists the three, ``/health`` every stage by graph, an unknown model is a 400 naming the served ones,
-and a transcription session reaches Qwen3-ASR by its ``intent``."""
+a transcription session reaches Qwen3-ASR by its ``intent``, and a voice registered over HTTP speaks as its clip
+for its key alone."""
 
 from __future__ import annotations
 
@@ -92,3 +93,24 @@ def test_a_transcription_session_reaches_the_asr_graph(voice_app):
     with connect(url) as ws:
         created = json.loads(ws.recv(timeout=60))
     assert created["type"] == "session.created" and created["session"]["type"] == "transcription"
+
+
+def test_a_voice_registered_over_http_speaks_and_is_the_keys_own(voice_app, client, vibevoice_tiny_dir):
+    with open(f"{vibevoice_tiny_dir}/voices/bob.wav", "rb") as f:
+        clip = f.read()
+    mine = {"Authorization": "Bearer unused"}  # the key the official client sends: the voice is its
+    r = httpx.post(f"{voice_app}/v1/audio/voices", headers=mine, data={"name": "Narrator"},
+                   files={"file": ("n.wav", clip)})
+    assert r.status_code == 200 and r.json()["id"] == "narrator", r.text
+    assert "narrator" in [v["id"] for v in httpx.get(f"{voice_app}/v1/audio/voices", headers=mine).json()["data"]]
+    body = {"model": "vibevoice", "input": TEXT, "response_format": "pcm", "extra_body": {"seed": 3}}
+    named = client.audio.speech.create(voice="narrator", **body).content
+    preset = client.audio.speech.create(voice="bob", **body).content
+    assert named == preset  # the registered clip is bob's file, sample for sample
+    other_key = {"Authorization": "Bearer someone-else"}
+    r = httpx.post(f"{voice_app}/v1/audio/speech", headers=other_key,
+                   json={"model": "vibevoice", "voice": "narrator", "input": TEXT})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "voice"
+    assert httpx.delete(f"{voice_app}/v1/audio/voices/narrator", headers=other_key).status_code == 404
+    assert httpx.delete(f"{voice_app}/v1/audio/voices/narrator", headers=mine).json()["deleted"]
+    assert httpx.delete(f"{voice_app}/v1/audio/voices/narrator", headers=mine).status_code == 404

@@ -216,8 +216,6 @@ class VibeVoiceFrontend(Frontend):
     async def voices_create(self, form: VoiceCreateForm, ctx: RequestContext) -> Voice:
         from omni_serve.families.vibevoice.voices import TooManyVoices, VoiceExists
 
-        if form.file is None:
-            raise bad_request("file is required: the voice's reference clip.", param="file")
         name = form.name.lower()
         if name in self.presets:
             raise bad_request(f"{form.name!r} is a preset voice; choose another name.", param="name")
