@@ -8,7 +8,7 @@ CHECKPOINT ?= checkpoints/qwen2_5_omni-tiny
 IMAGE_CHECKPOINT ?= checkpoints/qwen_image-tiny
 PORT ?= 8000
 
-.PHONY: setup vllm-env checkpoint run run-image test unit integration gpu-wheels gpu-check bench bench-image bench-edit bench-speech bench-glm bench-video bench-transport soak k8s docs clean
+.PHONY: setup vllm-env checkpoint run run-image test unit integration gpu-wheels gpu-check bench bench-image bench-edit bench-speech bench-glm bench-video bench-transcription bench-speech-vibevoice bench-transport soak k8s docs clean
 
 $(VENV)/.installed: pyproject.toml
 	scripts/install_system_deps.sh
@@ -118,6 +118,16 @@ bench-glm: setup
 # see docs/benchmarks.md#wan-text-to-video.
 bench-video: setup
 	benchmarks/wan/run.sh bench_out/wan
+
+# The Qwen3-ASR transcription benchmark (POST /v1/audio/transcriptions, streamed, vs transformers' generate, with
+# its ceiling; small checkpoint, ~4 min): see docs/benchmarks.md#qwen3-asr-transcription.
+bench-transcription: setup
+	benchmarks/qwen3_asr/run.sh bench_out/qwen3_asr
+
+# The VibeVoice speech benchmark (POST /v1/audio/speech vs transformers' generate one at a time, concurrency 1 and 8,
+# with its ceiling; small checkpoint, ~8 min): see docs/benchmarks.md#vibevoice-speech.
+bench-speech-vibevoice: setup
+	benchmarks/vibevoice/run.sh bench_out/vibevoice
 
 # Every registered data-plane backend that crosses processes vs memcpy, 4 KiB to 512 MiB: docs/data_plane.md.
 bench-transport: setup

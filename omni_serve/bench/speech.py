@@ -44,7 +44,7 @@ class SpeechBenchConfig(BaseModel):
     graph: str = Field("qwen2_5_omni", description="The served family (its bench plug-in gives the hf baseline).")
     checkpoint: str | None = Field(None, description="The served checkpoint (the baseline loads it).")
     model: str | None = Field(None, description="Model name in requests; default: the first of /v1/models.")
-    voice: str | None = Field(None, description="Voice; default: the family's (Chelsie / Ethan).")
+    voice: str | None = Field(None, description="Voice; default: the family's (Chelsie / Ethan / alice).")
     num_requests: int = Field(16, ge=1, description="Texts per load point.")
     concurrency: list[int] = Field(default_factory=lambda: [1, 8], description=(
         "Closed-loop points; with request_rate, the largest caps requests in flight."))
@@ -66,6 +66,8 @@ class SpeechBenchConfig(BaseModel):
     baseline_requests: int | None = Field(None, ge=1, description="Texts the baseline speaks (default: all).")
     max_codec_tokens: int = Field(1024, ge=1, description="The talker's limit (the served graph's, for the baseline).")
     num_steps: int = Field(10, ge=1, description="Qwen2.5-Omni token2wav steps (the served graph's).")
+    max_speech_seconds: float | None = Field(None, gt=0, description=(
+        "VibeVoice: the served graph's max_speech_seconds (the baseline's max_new_tokens: 7.5 a second)."))
     threads: int | None = Field(None, ge=1, description="torch threads of the baseline (default: all cores).")
     stop_server_pid: int | None = Field(None, description="Stop this server process before the baseline runs.")
     out: str = Field("bench_speech", description="Report directory.")
@@ -77,7 +79,7 @@ class SpeechBenchConfig(BaseModel):
                 for _ in range(self.num_requests)]
 
     def default_voice(self) -> str:
-        return self.voice or ("Chelsie" if self.graph == "qwen2_5_omni" else "Ethan")
+        return self.voice or {"qwen2_5_omni": "Chelsie", "vibevoice": "alice"}.get(self.graph, "Ethan")
 
 
 @dataclass
@@ -130,6 +132,7 @@ class SpeechPoint:
                 "stalled_streams": listened["stalled_streams"] if listened else None,
                 "audio_s": round(audio, 3), "audio_s_per_s": round(audio / self.wall_s, 4) if self.wall_s else 0.0,
                 "rtf_mean": round(statistics.mean(r.e2e_s / r.audio_s for r in ok if r.audio_s), 4) if audio else None,
+                "rtf_p50": _pct([r.e2e_s / r.audio_s for r in ok if r.audio_s], 50),
                 "ttfp_p50_s": _pct(ttfp, 50), "ttfp_p95_s": _pct(ttfp, 95), "e2e_p50_s": _pct(e2e, 50),
                 "e2e_p95_s": _pct(e2e, 95), "e2e_mean_s": round(statistics.mean(e2e), 4) if e2e else None,
                 "ttfp_over_e2e": round(statistics.mean(t / e for t, e in zip(ttfp, e2e)), 4) if ttfp else None}
@@ -299,8 +302,8 @@ def run_speech_bench(cfg: SpeechBenchConfig,
 
 def format_report(report: dict) -> str:
     cols = ("system", "concurrency", "request_rate", "requests", "rejected", "rejections", "failed", "audio_s",
-            "wall_s", "audio_s_per_s", "rtf_mean", "ttfp_p50_s", "ttfp_p95_s", "ttfp_p99_s", "waited_p95_s",
-            "first_audio_after_waiting_p95_s", "e2e_p50_s", "ttfp_over_e2e")
+            "wall_s", "audio_s_per_s", "rtf_mean", "rtf_p50", "ttfp_p50_s", "ttfp_p95_s", "ttfp_p99_s",
+            "waited_p95_s", "first_audio_after_waiting_p95_s", "e2e_p50_s", "ttfp_over_e2e")
     lines = [" | ".join(cols)]
     lines += [" | ".join(str(row.get(c)) for c in cols) for row in report["points"]]
     heard_table = [row for p in report["points"]
