@@ -1,6 +1,6 @@
 """The VibeVoice graph in one process (``LocalGraph``: the lm stage's runner and engine, the frontend, no Ray) on the
 tiny checkpoint, against transformers' ``generate`` on the same checkpoint: speech in a preset voice, in a cloned
-(uploaded) voice and with two speakers, alone and four in flight, equals ``generate``'s audio seeded the same (to the
+(uploaded) voice and with two speakers, alone and eight in flight, equals ``generate``'s audio seeded the same (to the
 pcm16 reply's rounding); a swapped script or voice is far off; the SSE stream carries the same audio as the file;
 bad input is a 400 naming the field."""
 
@@ -92,7 +92,7 @@ def pcm(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768
 
 
-def test_speech_equals_generate_alone_and_four_in_flight(graph, generate):
+def test_speech_equals_generate_alone_and_eight_in_flight(graph, generate):
     presets = graph.frontend.presets
     cloned = clip(180.0, 1.2, 5)
     cases = [  # (request body, turns, speaker -> clip, seed)
@@ -104,6 +104,8 @@ def test_speech_equals_generate_alone_and_four_in_flight(graph, generate):
          [("0", TEXTS[2]), ("1", TEXTS[0])], {"0": presets["bob"][1], "1": presets["alice"][1]}, 3),
         ({"input": TEXTS[0], "voice": "bob", "seed": 4}, [("0", TEXTS[0])], {"0": presets["bob"][1]}, 4),
     ]
+    # eight in flight: the four again with other seeds (each must still equal its own generate)
+    cases += [({**body, "seed": seed + 10}, turns, voices, seed + 10) for body, turns, voices, seed in cases]
 
     async def together():
         return await asyncio.gather(*(speech(graph, {**body, "response_format": "pcm"}) for body, *_ in cases))
