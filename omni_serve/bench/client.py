@@ -193,16 +193,7 @@ async def send_one(client: httpx.AsyncClient, url: str, req: BenchRequest, model
                 if resp.status_code == 429:
                     rec.retry_after_s = retry_after(resp.headers.get("retry-after"))
                 return rec
-            data_lines: list[str] = []
-            async for line in resp.aiter_lines():
-                t = time.perf_counter()
-                if line.startswith("data:"):
-                    data_lines.append(line[5:].lstrip(" "))
-                elif not line.strip() and data_lines:  # a blank line ends an event
-                    acc.feed("\n".join(data_lines), t)
-                    data_lines = []
-            if data_lines:
-                acc.feed("\n".join(data_lines), time.perf_counter())
+            await read_sse(resp, acc.feed)
     except httpx.TimeoutException as exc:
         rec.error = f"timeout: {type(exc).__name__}"
     except httpx.HTTPError as exc:
@@ -368,3 +359,18 @@ async def warmup(url: str, requests: list[BenchRequest], model: str, n: int = 1,
         for req in requests[:n]:
             out.append(await send_one(client, chat_url(url), req, model))
     return out
+
+
+async def read_sse(resp, feed) -> None:
+    """Each server-sent event of a streamed ``httpx`` response, as it arrives: ``feed(data, t)`` with the event's data
+    lines joined and ``time.perf_counter()`` when its last line came."""
+    data_lines: list[str] = []
+    async for line in resp.aiter_lines():
+        t = time.perf_counter()
+        if line.startswith("data:"):
+            data_lines.append(line[5:].lstrip(" "))
+        elif not line.strip() and data_lines:  # a blank line ends an event
+            feed("\n".join(data_lines), t)
+            data_lines = []
+    if data_lines:
+        feed("\n".join(data_lines), time.perf_counter())

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from omni_serve.bench.client import _error_message, chat_url, closed_loop, discover_model, progress_logger
 from omni_serve.bench.records import RequestRecord, RunResult
 from omni_serve.bench.runner import BenchOutcome
+from omni_serve.bench.server import baseline_phase
 from omni_serve.bench.workload import WORDS
 
 log = logging.getLogger(__name__)
@@ -355,16 +356,8 @@ def run_image_bench(cfg: ImageBenchConfig,
         notes.append(f"edits: each request edits its own {cfg.input_size} input image (conditioning at ~1 MP)")
     machine = machine_info(cfg.url)
     runs = _engine_runs(cfg, requests, model)
-    if cfg.stop_server_pid is not None:
-        from omni_serve.bench.server import stop_server
-
-        stop_server(cfg.stop_server_pid)
-        notes.append("the server was stopped before the baseline ran")
-    if cfg.baseline == "diffusers":
-        if baseline is None:
-            raise ValueError("the diffusers baseline needs the served family's bench (--graph)")
-        log.info("loading the diffusers baseline from %s ...", cfg.checkpoint)
-        runs.append(baseline(cfg).run(requests, warmup=cfg.warmup, progress_every=cfg.progress_every))
+    chosen = "diffusers" if cfg.baseline == "diffusers" else None
+    runs += baseline_phase(cfg, requests, baseline, chosen, {}, notes)
     report = build_image_report(runs, config={**cfg.model_dump(mode="json"), "machine": machine}, notes=notes)
     json_path, png_path = write_image_report(report, runs, cfg.out)
     return BenchOutcome(report=report, json_path=json_path, png_path=png_path, table=format_image_table(report),

@@ -48,10 +48,11 @@ from typing import Any, Callable, Literal, Protocol
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from omni_serve.bench.client import _error_message, chat_url, closed_loop, discover_model, progress_logger
+from omni_serve.bench.client import _error_message, chat_url, closed_loop, discover_model, progress_logger, read_sse
 from omni_serve.bench.records import RequestRecord, RunResult
 from omni_serve.bench.report import _ms, _num, _ratio, _table, stats, summarize, table_tail
 from omni_serve.bench.runner import BenchOutcome
+from omni_serve.bench.server import baseline_phase
 
 log = logging.getLogger(__name__)
 
@@ -282,16 +283,7 @@ async def send_transcription(client: httpx.AsyncClient, url: str, req: ClipReque
                     rec.output_tokens, rec.token_source = int(body["usage"]["output_tokens"]), "usage"
                 rec.ok = True
                 return rec
-            lines: list[str] = []
-            async for line in resp.aiter_lines():
-                t = time.perf_counter()
-                if line.startswith("data:"):
-                    lines.append(line[5:].lstrip(" "))
-                elif not line.strip() and lines:  # a blank line ends an event
-                    acc.feed("\n".join(lines), t)
-                    lines = []
-            if lines:
-                acc.feed("\n".join(lines), time.perf_counter())
+            await read_sse(resp, acc.feed)
     except httpx.TimeoutException as exc:
         rec.error = f"timeout: {type(exc).__name__}"
     except httpx.HTTPError as exc:
@@ -365,7 +357,7 @@ def _engine_runs(cfg: TranscriptionBenchConfig, requests: list[ClipRequest],
 def run_transcription_bench(cfg: TranscriptionBenchConfig,
                             baseline: Callable[[TranscriptionBenchConfig], TranscriptionBaseline] | None = None,
                             ) -> BenchOutcome:
-    from omni_serve.bench.calibration import calibrate, drift_note
+    from omni_serve.bench.calibration import calibrate
     from omni_serve.bench.machine import machine_info
 
     requests = build_transcription_workload(cfg)
@@ -378,22 +370,8 @@ def run_transcription_bench(cfg: TranscriptionBenchConfig,
     machine = machine_info(cfg.url)
     calibration = {"engine": round(calibrate(), 5)} if cfg.calibrate and cfg.baseline != "none" else {}
     runs, agree_run = _engine_runs(cfg, requests, model)
-    if cfg.stop_server_pid is not None:
-        from omni_serve.bench.server import stop_server
-
-        stop_server(cfg.stop_server_pid)
-        notes.append("the server was stopped before the baseline ran")
-    if cfg.baseline == "transformers":
-        if baseline is None:
-            raise ValueError("the transformers baseline needs the served family's bench (--graph)")
-        if calibration:
-            calibration["baseline"] = round(calibrate(), 5)
-            drift = drift_note(calibration["engine"], calibration["baseline"])
-            if drift:
-                log.warning(drift)
-                notes.append(drift)
-        log.info("loading the transformers baseline from %s ...", cfg.checkpoint)
-        runs.append(baseline(cfg).run(requests, warmup=cfg.warmup, progress_every=cfg.progress_every))
+    chosen = "transformers" if cfg.baseline == "transformers" else None
+    runs += baseline_phase(cfg, requests, baseline, chosen, calibration, notes)
     config = {**cfg.model_dump(mode="json"), "machine": machine, "calibration_s": calibration}
     report = build_transcription_report(runs, agree_run, config=config, notes=notes)
     json_path, png_path = write_transcription_report(report, runs, cfg.out)

@@ -50,6 +50,7 @@ from omni_serve.bench.image_report import json_safe, max_abs_diff, psnr
 from omni_serve.bench.records import RequestRecord, RunResult
 from omni_serve.bench.report import _ms, _num, _ratio, _table, stats, summarize, table_tail
 from omni_serve.bench.runner import BenchOutcome
+from omni_serve.bench.server import baseline_phase
 from omni_serve.bench.workload import WORDS
 from omni_serve.kits.diffusion.spec import size_dimensions
 
@@ -336,7 +337,7 @@ def _engine_runs(cfg: VideoBenchConfig, requests: list[VideoRequest], model: str
 
 def run_video_bench(cfg: VideoBenchConfig,
                     baseline: Callable[[VideoBenchConfig], VideoBaseline] | None = None) -> BenchOutcome:
-    from omni_serve.bench.calibration import calibrate, drift_note
+    from omni_serve.bench.calibration import calibrate
     from omni_serve.bench.machine import machine_info
 
     requests = build_video_workload(cfg)
@@ -348,22 +349,8 @@ def run_video_bench(cfg: VideoBenchConfig,
     machine = machine_info(cfg.url)
     calibration = {"engine": round(calibrate(), 5)} if cfg.calibrate and cfg.baseline != "none" else {}
     runs = _engine_runs(cfg, requests, model)
-    if cfg.stop_server_pid is not None:
-        from omni_serve.bench.server import stop_server
-
-        stop_server(cfg.stop_server_pid)
-        notes.append("the server was stopped before the baseline ran")
-    if cfg.baseline == "diffusers":
-        if baseline is None:
-            raise ValueError("the diffusers baseline needs the served family's bench (--graph)")
-        if calibration:
-            calibration["baseline"] = round(calibrate(), 5)
-            drift = drift_note(calibration["engine"], calibration["baseline"])
-            if drift:
-                log.warning(drift)
-                notes.append(drift)
-        log.info("loading the diffusers baseline from %s ...", cfg.checkpoint)
-        runs.append(baseline(cfg).run(requests, warmup=cfg.warmup, progress_every=cfg.progress_every))
+    chosen = "diffusers" if cfg.baseline == "diffusers" else None
+    runs += baseline_phase(cfg, requests, baseline, chosen, calibration, notes)
     config = {**cfg.model_dump(mode="json"), "machine": machine, "calibration_s": calibration}
     report = build_video_report(runs, config=config, notes=notes)
     json_path, png_path = write_video_report(report, runs, cfg.out)
