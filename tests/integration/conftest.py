@@ -129,8 +129,9 @@ def glm_app(ray_serve, glm_image_tiny_dir):
 
 
 # The Qwen3-ASR graph at /asr (tiny checkpoint, the oracle's windows and token limit), reserving no CPUs so it fits
-# beside the others.
-@pytest.fixture(scope="session")
+# beside the others; one module uses it, and it is deleted after it (the session's memory holds every session-wide
+# graph).
+@pytest.fixture(scope="module")
 def asr_app(ray_serve, qwen3_asr_tiny_dir):
     from ray import serve
 
@@ -140,16 +141,17 @@ def asr_app(ray_serve, qwen3_asr_tiny_dir):
     serve.run(build_app({"checkpoint": qwen3_asr_tiny_dir, **ARGS, "ingress.num_cpus": 0,
                          **{f"stages.{s}.num_cpus": 0 for s in ("encoder", "llm")}}),
               name="qwen3_asr", route_prefix="/asr")
-    return ray_serve + "/asr"
+    yield ray_serve + "/asr"
+    serve.delete("qwen3_asr")
 
 
 # The combined voice app at /voice (omni_serve.deployments.combined): VibeVoice, Qwen3-ASR and Qwen2.5-Omni behind one
 # ingress (speech and transcription each served by two of them), tiny checkpoints, the oracles' settings, reserving
-# no CPUs.
+# no CPUs; one module uses it, and it is deleted after it (its eight replicas would hold ~5 GiB through the session).
 VOICE_SPEECH_TOKENS = 8  # VibeVoice's speech per request: max_speech_seconds = tokens / 7.5
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def voice_app(ray_serve, omni_tiny_dir, qwen3_asr_tiny_dir, vibevoice_tiny_dir, tmp_path_factory):
     from ray import serve
 
@@ -164,4 +166,5 @@ def voice_app(ray_serve, omni_tiny_dir, qwen3_asr_tiny_dir, vibevoice_tiny_dir, 
                  "voices.dir": str(tmp_path_factory.mktemp("voices"))}
     serve.run(build_app({"graphs": {"vibevoice": vibevoice, "qwen3_asr": asr, "qwen2_5_omni": omni},
                          "ingress.num_cpus": 0}), name="voice", route_prefix="/voice")
-    return ray_serve + "/voice"
+    yield ray_serve + "/voice"
+    serve.delete("voice")

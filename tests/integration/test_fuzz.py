@@ -66,10 +66,8 @@ def _selected(request) -> list[str]:
 @pytest.fixture(scope="module")
 def fuzz_apps(request, ray_serve, omni_tiny_dir, qwen_image_tiny_dir, qwen3_omni_tiny_dir, glm_image_tiny_dir,
               wan_tiny_dir, qwen3_asr_tiny_dir, vibevoice_tiny_dir, tmp_path_factory):
-    """The selected graphs, deployed with small limits, and every one's fuzz started at once: app -> (base URL,
-    model, route, stages, replicas before the fuzz, the run's future)."""
-    from ray import serve
-
+    """The selected graphs with small limits, deployed and fuzzed wave by wave (``WAVES``): app -> (base URL, model,
+    route, stages, positive examples, start: () -> (its replicas before the fuzz, its runs' futures))."""
     from omni_serve.families import glm_image, qwen2_5_omni, qwen3_asr, qwen3_omni, qwen_image, vibevoice, wan
 
     selected = _selected(request)
@@ -116,22 +114,18 @@ def fuzz_apps(request, ray_serve, omni_tiny_dir, qwen_image_tiny_dir, qwen3_omni
               "fuzz_wan": ("wan2.1-t2v", "/v1/videos", WAN_STAGES),
               "fuzz_asr": ("qwen3-asr", "/v1/audio/transcriptions", ASR_STAGES),
               "fuzz_vibevoice": ("vibevoice", "/v1/audio/speech", ("lm",))}
-    try:
-        for app in selected:  # one after the other: all at once (serve.run_many) took longer, the cores are busy
-            serve.run(builds[app](), name=app, route_prefix=f"/{app}")
-        before = {app: _replicas(app) for app in selected}  # before any fuzz starts
-        with _Runs() as runs:
-            apps, waves = {}, _Waves(runs)
+    with _Runs() as runs:
+        waves = _Waves(runs, builds)
+        try:
+            apps = {}
             for app in selected:
                 model, route, stages = served[app]
                 positive = max(1, int(EXAMPLES * POSITIVE_SHARE.get(app, 1.0)))
                 waves.add(app, ray_serve + f"/{app}", model, route, positive, EXAMPLES)
-                apps[app] = (ray_serve + f"/{app}", model, route, stages, before[app], positive,
-                             lambda app=app: waves.futures(app))
+                apps[app] = (ray_serve + f"/{app}", model, route, stages, positive, lambda app=app: waves.start(app))
             yield apps
-    finally:
-        for app in selected:
-            serve.delete(app)
+        finally:
+            waves.delete()
 
 
 def _replicas(app: str) -> set[str]:
@@ -250,31 +244,47 @@ class _Runs:
         return futures
 
 
-# Graphs fuzzed together: a wave's runs start at once, once the wave before has ended. Fourteen hostile clients at once
-# (seven graphs) were too many for two cores: the data directory then missed /health's 3 s deadline (a 503); ten (the
-# first wave) are not.
+# Graphs fuzzed together: a wave's graphs are deployed and their runs start at once, once the wave before has ended
+# (and its graphs were deleted). Seven graphs at once were too many for two cores and 24 GiB: fourteen hostile clients
+# made the data directory miss /health's 3 s deadline (a 503), and ~30 replicas beside the session's own graphs
+# crowded the memory; ten clients (the first wave) are not too many.
 WAVES = (("fuzz_omni", "fuzz_qwen3", "fuzz_image", "fuzz_glm", "fuzz_wan"), ("fuzz_asr", "fuzz_vibevoice"))
 
 
 class _Waves:
-    """Starts the runs of each app's wave when its test first asks for them (the tests run in ``APPS`` order), after
-    every run of the waves before has ended."""
+    """Deploys each app's wave and starts its runs when its first test asks (the tests run in ``APPS`` order), after
+    every run of the waves before has ended and their graphs were deleted."""
 
-    def __init__(self, runs: _Runs):
-        self.runs, self.args, self.started = runs, {}, {}
+    def __init__(self, runs: _Runs, builds: dict):
+        self.runs, self.builds, self.args, self.started, self.deployed = runs, builds, {}, {}, []
 
     def add(self, app: str, *args) -> None:
         self.args[app] = args
 
-    def futures(self, app: str) -> list:
+    def start(self, app: str) -> tuple[set[str], list]:
+        """(the app's replicas before its fuzz, its runs' futures)."""
         from concurrent.futures import wait
 
+        from ray import serve
+
         if app not in self.started:
-            wait([f for futures in self.started.values() for f in futures])
-            for other in next(w for w in WAVES if app in w):
-                if other in self.args:
-                    self.started[other] = self.runs.start(*self.args[other])
+            wait([f for _, futures in self.started.values() for f in futures], timeout=RUN_TIMEOUT_S)
+            self.delete()
+            wave = [a for a in next(w for w in WAVES if app in w) if a in self.args]
+            for other in wave:  # one after the other: all at once (serve.run_many) took longer, the cores are busy
+                serve.run(self.builds[other](), name=other, route_prefix=f"/{other}")
+                self.deployed.append(other)
+            before = {other: _replicas(other) for other in wave}  # before any fuzz starts
+            for other in wave:
+                self.started[other] = (before[other], self.runs.start(*self.args[other]))
         return self.started[app]
+
+    def delete(self) -> None:
+        from ray import serve
+
+        for app in self.deployed:
+            serve.delete(app)
+        self.deployed = []
 
 
 def _kill(pool) -> None:
@@ -346,9 +356,10 @@ def _fuzz_mode(mode: str, base_url: str, model: str, route: str, examples: int):
 
 @pytest.mark.parametrize("app", APPS)
 def test_fuzzed_requests_get_no_5xx_and_crash_no_replica(fuzz_apps, app):
-    base_url, model, route, stages, before, positive, runs = fuzz_apps[app]
+    base_url, model, route, stages, positive, start = fuzz_apps[app]
+    before, runs = start()
     assert len(before) == len(stages) + 1, before
-    statuses, problems, took = _collect(runs())
+    statuses, problems, took = _collect(runs)
     print(f"\n{app}: {sum(statuses.values())} requests in {took:.0f} s: {dict(sorted(statuses.items()))}")
     assert not problems, f"{len(problems)} bad answers, e.g.:\n" + "\n".join(problems[:10])
     assert sum(statuses.values()) >= (positive + EXAMPLES) * 0.9  # hypothesis may stop early on a tiny space; not here
