@@ -440,3 +440,39 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def plot_boxes_and_rate(runs, boxes: list[tuple[str, list[float]]], rate: dict[str, float], path: str, title: str,
+                        box_title: str, rate_title: str, xlabel: str, ylabel: str) -> str:
+    """A bench's PNG: ``boxes`` (label, seconds) as box plots on the left; on the right each engine run's ``rate``
+    (by label) against its concurrency, each other run's as a dashed line (one request at a time). Returns ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), layout="constrained")
+    fig.suptitle(title)
+    boxes = [b for b in boxes if b[1]]
+    if boxes:
+        left.boxplot([v for _, v in boxes])
+        left.set_xticks(range(1, len(boxes) + 1), [lbl for lbl, _ in boxes], rotation=20, ha="right", fontsize=8)
+    left.set(title=box_title, ylabel="seconds")
+    left.grid(alpha=0.3)
+    engine = sorted((r.concurrency, rate[r.label]) for r in runs if r.system == "engine")
+    if engine:
+        right.plot([c for c, _ in engine], [y for _, y in engine], marker="o", label="engine")
+        right.set_xticks([c for c, _ in engine], [str(c) for c, _ in engine])
+    for r in runs:
+        if r.system != "engine":
+            right.axhline(rate[r.label], linestyle="--", color="gray", label=f"{r.label} (one at a time)")
+    right.set_ylim(bottom=0)
+    right.set(title=rate_title, xlabel=xlabel, ylabel=ylabel)
+    right.grid(alpha=0.3)
+    if runs:
+        right.legend(fontsize=8)
+    try:
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    return path

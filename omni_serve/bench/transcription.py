@@ -50,7 +50,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from omni_serve.bench.client import _error_message, chat_url, closed_loop, discover_model, progress_logger, read_sse
 from omni_serve.bench.records import RequestRecord, RunResult
-from omni_serve.bench.report import _ms, _num, _ratio, _table, stats, summarize, table_tail
+from omni_serve.bench.report import (
+    _ms, _num, _ratio, _table, plot_boxes_and_rate, stats, summarize, table_tail,
+)
 from omni_serve.bench.runner import BenchOutcome
 from omni_serve.bench.server import baseline_phase
 
@@ -496,41 +498,14 @@ def format_transcription_table(report: dict[str, Any]) -> str:
 
 
 def plot_transcription_report(runs: list[TranscriptionRunResult], report: dict[str, Any], path: str) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), layout="constrained")
-    fig.suptitle("omni-serve bench --mode transcription")
-    data = [(f"{r.label} {kind}", [getattr(x, f"{kind}_s") for x in r.records
-                                   if x.ok and getattr(x, f"{kind}_s") is not None])
-            for r in runs for kind in ("ttft", "e2e")]
-    data = [d for d in data if d[1]]
-    if data:
-        left.boxplot([v for _, v in data])
-        left.set_xticks(range(1, len(data) + 1), [lbl for lbl, _ in data], rotation=20, ha="right", fontsize=8)
-    left.set(title="TTFT (first delta) and E2E per upload", ylabel="seconds")
-    left.grid(alpha=0.3)
+    boxes = [(f"{r.label} {kind}", [getattr(x, f"{kind}_s") for x in r.records
+                                    if x.ok and getattr(x, f"{kind}_s") is not None])
+             for r in runs for kind in ("ttft", "e2e")]
     rate = {s["label"]: s["throughput"]["audio_s_per_s"] or 0 for s in report["runs"]}
-    engine = sorted((r.concurrency, rate[r.label]) for r in runs if r.system == "engine")
-    if engine:
-        right.plot([c for c, _ in engine], [y for _, y in engine], marker="o", label="engine")
-        right.set_xticks([c for c, _ in engine], [str(c) for c, _ in engine])
-    for r in runs:
-        if r.system != "engine":
-            right.axhline(rate[r.label], linestyle="--", color="gray", label=f"{r.label} (one at a time)")
-    right.set_ylim(bottom=0)
-    right.set(title="audio seconds transcribed per second vs concurrency", xlabel="concurrency (uploads in flight)",
-              ylabel="audio s / s")
-    right.grid(alpha=0.3)
-    if runs:
-        right.legend(fontsize=8)
-    try:
-        fig.savefig(path, dpi=100)
-    finally:
-        plt.close(fig)
-    return path
+    return plot_boxes_and_rate(runs, boxes, rate, path, "omni-serve bench --mode transcription",
+                               "TTFT (first delta) and E2E per upload",
+                               "audio seconds transcribed per second vs concurrency",
+                               "concurrency (uploads in flight)", "audio s / s")
 
 
 def write_transcription_report(report: dict[str, Any], runs: list[TranscriptionRunResult],

@@ -48,7 +48,9 @@ from omni_serve.bench.client import _error_message, chat_url, closed_loop, disco
 from omni_serve.bench.image import STYLES
 from omni_serve.bench.image_report import json_safe, max_abs_diff, psnr
 from omni_serve.bench.records import RequestRecord, RunResult
-from omni_serve.bench.report import _ms, _num, _ratio, _table, stats, summarize, table_tail
+from omni_serve.bench.report import (
+    _ms, _num, _ratio, _table, plot_boxes_and_rate, stats, summarize, table_tail,
+)
 from omni_serve.bench.runner import BenchOutcome
 from omni_serve.bench.server import baseline_phase
 from omni_serve.bench.workload import WORDS
@@ -447,38 +449,10 @@ def format_video_table(report: dict[str, Any]) -> str:
 
 
 def plot_video_report(runs: list[VideoRunResult], report: dict[str, Any], path: str) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), layout="constrained")
-    fig.suptitle("omni-serve bench --mode video")
-    data = [(r.label, [x.e2e_s for x in r.records if x.ok]) for r in runs]
-    data = [d for d in data if d[1]]
-    if data:
-        left.boxplot([v for _, v in data])
-        left.set_xticks(range(1, len(data) + 1), [lbl for lbl, _ in data], rotation=20, ha="right", fontsize=8)
-    left.set(title="E2E per video (create -> MP4 downloaded)", ylabel="seconds")
-    left.grid(alpha=0.3)
     rate = {s["label"]: s["throughput"]["videos_per_hour"] or 0 for s in report["runs"]}
-    engine = sorted((r.concurrency, rate[r.label]) for r in runs if r.system == "engine")
-    if engine:
-        right.plot([c for c, _ in engine], [y for _, y in engine], marker="o", label="engine")
-        right.set_xticks([c for c, _ in engine], [str(c) for c, _ in engine])
-    for r in runs:
-        if r.system != "engine":
-            right.axhline(rate[r.label], linestyle="--", color="gray", label=f"{r.label} (one at a time)")
-    right.set_ylim(bottom=0)
-    right.set(title="videos/hour vs concurrency", xlabel="concurrency (jobs in flight)", ylabel="videos/hour")
-    right.grid(alpha=0.3)
-    if runs:
-        right.legend(fontsize=8)
-    try:
-        fig.savefig(path, dpi=100)
-    finally:
-        plt.close(fig)
-    return path
+    return plot_boxes_and_rate(runs, [(r.label, [x.e2e_s for x in r.records if x.ok]) for r in runs], rate, path,
+                               "omni-serve bench --mode video", "E2E per video (create -> MP4 downloaded)",
+                               "videos/hour vs concurrency", "concurrency (jobs in flight)", "videos/hour")
 
 
 def write_video_report(report: dict[str, Any], runs: list[VideoRunResult], out_dir: str) -> tuple[str, str]:
