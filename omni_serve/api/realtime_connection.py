@@ -31,8 +31,15 @@ class RealtimeConnection:
         self._send_lock = asyncio.Lock()
 
     # -- what a session provides ----------------------------------------------------------------------------
+    model_name: str | None = None  # the served model: a handshake naming another (``?model=``) is refused
+
     def refusal(self) -> R.RealtimeProblem | None:
-        """Why this connection is not served (None: it is)."""
+        """Why this connection is not served (None: it is); by default, a ``model`` query parameter naming another
+        model than ``model_name``."""
+        model = self.ws.query_params.get("model")
+        if self.model_name is not None and model not in (None, "", self.model_name):
+            return R.RealtimeProblem(f"The model {model!r} does not exist; this server serves {self.model_name!r}.",
+                                     code="model_not_found", param="model")
         return None
 
     async def opened(self) -> None:

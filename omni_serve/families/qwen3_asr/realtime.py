@@ -86,6 +86,7 @@ class TranscriptionSession(RealtimeConnection):
     def __init__(self, frontend, websocket, ctx: RequestContext):
         super().__init__(websocket, ctx, "transcription session")
         self.f = frontend
+        self.model_name = frontend.spec.model_name
         self.settings = TranscriptionSettings()
         self.input = InputAudioBuffer(frontend.spec.max_audio_seconds * 1000, self._speech_started,
                                       self._speech_stopped)
@@ -93,14 +94,11 @@ class TranscriptionSession(RealtimeConnection):
         self.tasks: set[asyncio.Task] = set()
 
     def refusal(self) -> R.RealtimeProblem | None:
-        model, intent = self.ws.query_params.get("model"), self.ws.query_params.get("intent")
-        if model not in (None, "", self.f.spec.model_name):
-            return R.RealtimeProblem(f"The model {model!r} does not exist; this server serves "
-                                     f"{self.f.spec.model_name!r}.", code="model_not_found", param="model")
+        intent = self.ws.query_params.get("intent")
         if intent not in (None, "", "transcription"):
             return R.RealtimeProblem(f"This server serves transcription sessions only (intent {intent!r}).",
                                      param="intent")
-        return None
+        return super().refusal()
 
     async def opened(self) -> None:
         await self.input.configure(self.settings.audio.input.turn_detection)

@@ -116,6 +116,7 @@ class RealtimeSession(RealtimeConnection):
     def __init__(self, frontend, websocket, ctx: RequestContext):
         super().__init__(websocket, ctx)
         self.f = frontend
+        self.model_name = frontend.spec.model_name
         self.settings = R.SessionSettings()
         self.items: list[Item] = []
         self.response: Response | None = None
@@ -124,13 +125,6 @@ class RealtimeSession(RealtimeConnection):
         self.input = InputAudioBuffer(self.max_buffer_ms, self._speech_started, self._speech_stopped)
 
     # -- the connection -------------------------------------------------------------------------------------
-    def refusal(self) -> R.RealtimeProblem | None:
-        model = self.ws.query_params.get("model")
-        if model not in (None, "", self.f.spec.model_name):
-            return R.RealtimeProblem(f"The model {model!r} does not exist; this server serves "
-                                     f"{self.f.spec.model_name!r}.", code="model_not_found", param="model")
-        return None
-
     async def opened(self) -> None:
         await self.input.configure(self.settings.audio.input.turn_detection)
         await self.send(R.server_event("session.created", session=self._session_view()))
