@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections import defaultdict
 
@@ -66,9 +67,16 @@ def tiny_checkpoint(family: str) -> str:
 
     env = CHECKPOINT_ENV.get(family, f"OMNI_SERVE_TEST_{family.upper()}_CHECKPOINT")
     path = os.environ.get(env, os.path.join(REPO, "checkpoints", f"{family}-tiny"))
-    if not os.path.exists(os.path.join(path, LAST_WRITTEN.get(family, "omni_serve_checkpoint.json"))):
-        writer = UNSERVED_WRITERS.get(family) or families()[family].checkpoint_writer
-        import_path(writer)(path, "tiny")
+    last = os.path.join(path, LAST_WRITTEN.get(family, "omni_serve_checkpoint.json"))
+    if os.path.exists(last):
+        return path
+    # The unit suite runs in several processes (pytest-xdist): one writes, the others wait for it on the lock.
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(os.path.abspath(path).rstrip("/") + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(last):
+            writer = UNSERVED_WRITERS.get(family) or families()[family].checkpoint_writer
+            import_path(writer)(path, "tiny")
     return path
 
 
