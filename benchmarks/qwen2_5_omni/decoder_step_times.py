@@ -15,15 +15,15 @@ machine.
 from __future__ import annotations
 
 import argparse
-import time
+import os
+import sys
 
 import torch
 from omni_kernels import pack_linears
 
-from omni_serve.engines.ar.attention import PagedBatch
-from omni_serve.engines.ar.decode_kv import DecodeKV
-from omni_serve.engines.ar.kv_cache import PagedKVCache
-from omni_serve.models import qwen2_5_omni as omni
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the checkout
+from benchmarks.tools.decoder_step_times import step_ms as decoder_step_ms  # noqa: E402
+from omni_serve.models import qwen2_5_omni as omni  # noqa: E402
 
 
 def load(cls, checkpoint: str, prepared: bool, plain_max_rows: int):
@@ -37,23 +37,8 @@ def step_ms(adapter, batch: int, keys: int, steps: int) -> float:
     thinker = isinstance(adapter, omni.OmniThinker)
     decoder = adapter.model if thinker else adapter.model.model
     width = adapter.row_size if thinker else adapter.config.hidden_size
-    blocks = batch * (keys + steps) // 16 + batch
-    cache = PagedKVCache(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, blocks, 16, torch.float32, "cpu")
-    copy = DecodeKV(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim, torch.float32, "cpu", 256 << 20)
-    span = keys + steps + 16
-    rows = torch.randn(batch, width)
-    positions = (adapter.step_positions(keys, 0, 1) if thinker else adapter.positions(keys, 1)).repeat(1, batch)
-    times = []
-    for i in range(steps):
-        segments = [(f"r{b}", 1, torch.tensor([b * span + keys + i]), torch.arange(b * span, b * span + keys + i + 1))
-                    for b in range(batch)]
-        paged = PagedBatch.build(cache, segments, copy)
-        start = time.perf_counter()
-        with torch.inference_mode():
-            adapter.run(decoder, rows, positions, paged)
-        times.append(time.perf_counter() - start)
-    times = sorted(times[5:])
-    return times[len(times) // 2] * 1000
+    positions = (lambda key: adapter.step_positions(key, 0, 1)) if thinker else (lambda key: adapter.positions(key, 1))
+    return decoder_step_ms(adapter, decoder, width, positions, batch, keys, steps)
 
 
 def main() -> None:

@@ -1,13 +1,15 @@
 """A Qwen2-style transformers decoder run layer by layer on prepared weights, over the AR engine's paged KV cache.
 
-Contract: ``PreparedDecoder.supports(decoder)`` says whether ``decoder`` (a transformers text model whose layers
-are ``input_layernorm -> self_attn(q/k/v/o_proj, biased q/k/v) -> post_attention_layernorm -> mlp(gate/up/down,
-SiLU)``, RMS norms, rotary embedding module ``rotary_emb`` and final ``norm``: Qwen2.5-Omni's thinker and talker)
-can be prepared. ``PreparedDecoder(decoder)`` takes its weights: q/k/v become one linear, gate/up one linear
-(concatenated rows; each output is the same dot product as before), o/down are taken as they are. It is a torch
-module, so the AR engine prepacks its linears like any model's (``omni_kernels.pack_linears``). Calling it with
-``(embeds [T, H], positions [R, T], batch)`` returns the final-norm hidden states ``[T, H]``: what
-``PagedDecoder.run(decoder, ...)`` returns, to float rounding (tests/unit/test_prepared_decoder.py).
+Contract: ``PreparedDecoder.supports(decoder)`` says whether ``decoder`` (a transformers text model whose layers are
+``input_layernorm -> self_attn(q/k/v/o_proj, q/k/v biased or not, optionally Qwen3's per-head RMS norms
+q_norm/k_norm before the rotation) -> post_attention_layernorm -> mlp(gate/up/down, SiLU)``, RMS norms, no sliding
+window, rotary embedding module ``rotary_emb`` (M-RoPE or plain RoPE) and final ``norm``: Qwen2.5-Omni's thinker and
+talker, Qwen3-ASR's Qwen3 decoder, VibeVoice's Qwen2 decoder) can be prepared. ``PreparedDecoder(decoder)`` takes
+its weights: q/k/v become one linear, gate/up one linear (concatenated rows; each output is the same dot product as
+before), o/down are taken as they are. It is a torch module, so the AR engine prepacks its linears like any model's
+(``omni_kernels.pack_linears``). Calling it with ``(embeds [T, H], positions [R, T], batch)`` (``R`` 3 or 4 for
+M-RoPE, 1 for plain RoPE) returns the final-norm hidden states ``[T, H]``: what ``PagedDecoder.run(decoder, ...)``
+returns, to float rounding (tests/unit/test_prepared_decoder.py).
 The decoder's own layers are emptied (``decoder.layers`` becomes an empty list) so the weights are not held twice;
 its embeddings, rotary embedding and final norm stay in use.
 
@@ -61,6 +63,8 @@ class _Layer(torch.nn.Module):
         self.o_proj = attn.o_proj
         self.gate_up = _fused([mlp.gate_proj, mlp.up_proj])
         self.down_proj = mlp.down_proj
+        # Qwen3: an RMS norm over each head's q and k, before the rotation (None: Qwen2)
+        self.q_norm, self.k_norm = (getattr(attn, n, None) for n in ("q_norm", "k_norm"))
         self.in_norm = layer.input_layernorm.weight
         self.post_norm = layer.post_attention_layernorm.weight
         self.eps = layer.input_layernorm.variance_epsilon
@@ -93,7 +97,10 @@ class PreparedDecoder(torch.nn.Module):
             attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
             if not linears(attn, ("q_proj", "k_proj", "v_proj", "o_proj")):
                 return False
-            if any(hasattr(attn, n) for n in ("q_norm", "k_norm")) or getattr(attn, "sliding_window", None):
+            if getattr(attn, "sliding_window", None):
+                return False
+            norms = [getattr(attn, n, None) for n in ("q_norm", "k_norm")]
+            if any(n is not None for n in norms) and not all(hasattr(n, "variance_epsilon") for n in norms):
                 return False
             if not linears(mlp, ("gate_proj", "up_proj", "down_proj")):
                 return False
@@ -174,7 +181,9 @@ class PreparedDecoder(torch.nn.Module):
     def _rotation(self, embeds: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin ``[T, 1, head_dim]`` for this step's rows (the decoder's own rotary embedding)."""
         rope_rows = positions[-3:] if positions.shape[0] == 4 else positions  # a text row first is not rotary
-        cos, sin = self.rotary_emb(embeds.unsqueeze(0), rope_rows.unsqueeze(1).to(embeds.device))
+        # M-RoPE's rotary embedding takes [sections, batch 1, T]; plain RoPE's takes [batch 1, T]
+        rope_rows = rope_rows if rope_rows.shape[0] == 1 else rope_rows.unsqueeze(1)
+        cos, sin = self.rotary_emb(embeds.unsqueeze(0), rope_rows.to(embeds.device))
         cos, sin = cos[0], sin[0]
         half = sin.shape[-1] // 2
         signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
@@ -190,6 +199,9 @@ class PreparedDecoder(torch.nn.Module):
             x = _rms_norm(h, layer.in_norm, layer.eps)
             qkv = layer.qkv(x)
             qk = qkv[:, :(heads + kv_heads) * d].view(rows, heads + kv_heads, d)
+            if layer.q_norm is not None:
+                qk = torch.cat([_rms_norm(qk[:, :heads], layer.q_norm.weight, layer.q_norm.variance_epsilon),
+                                _rms_norm(qk[:, heads:], layer.k_norm.weight, layer.k_norm.variance_epsilon)], dim=1)
             qk = torch.addcmul(qk * cos, qk.roll(d // 2, dims=-1), signed_sin)
             v = qkv[:, (heads + kv_heads) * d:].view(rows, kv_heads, d)
             q, k = qk[:, :heads], qk[:, heads:]

@@ -76,18 +76,22 @@ class _AudioOnly(torch.nn.Module):
 
 
 class Qwen3ASRLM(PagedDecoder):
-    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu"):
+    """``prepared_layers``: run the decoder's layers through ``PreparedDecoder`` (the stage's
+    ``engine.ar.prepared_layers``; q/k norms included), else through transformers' forward."""
+
+    def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu", prepared_layers: bool = True):
         from transformers import GenerationConfig, Qwen3ASRConfig, Qwen3Model
 
         self.config = Qwen3ASRConfig.from_pretrained(checkpoint_dir)
         text = self.config.text_config
         self.model = load_component(checkpoint_dir, Qwen3Model, text, {"model.language_model.": ""}, dtype, device)
         self.use_paged_attention(self.model.config, dtype, device)
-        self.prepare_layers(self.model)  # Qwen3's q/k norms: transformers' layers run (recorded for /health)
         self.audio_token_id = self.config.audio_token_id
         eos = GenerationConfig.from_pretrained(checkpoint_dir).eos_token_id
         self.eos_token_ids = tuple(eos if isinstance(eos, (list, tuple)) else [eos])
         self.modules = {"model": self.model}
+        if self.prepare_layers(self.model, prepared_layers, "llm.layers"):
+            self.modules["layers"] = self.prepared
         self.row_size = text.hidden_size  # an input row is a token's (or an audio token's) embedding
         self.position_rows = 1
 

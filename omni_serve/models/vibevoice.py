@@ -131,7 +131,7 @@ class SpeechRequest:
 
 class VibeVoiceLM(PagedDecoder):
     def __init__(self, checkpoint_dir: str, dtype=torch.float32, device: str = "cpu", branch_kv_blocks: int = 1024,
-                 branch_block_size: int = 16):
+                 branch_block_size: int = 16, prepared_layers: bool = True):
         from transformers import AutoProcessor, GenerationConfig, VibeVoiceConfig
         from transformers.models.vibevoice.modeling_vibevoice import VibeVoiceModel
 
@@ -163,6 +163,8 @@ class VibeVoiceLM(PagedDecoder):
         self.modules = {"language_model": lm, "lm_head": self.lm_head, "diffusion_head": m.diffusion_head,
                         "connectors": torch.nn.ModuleList([m.multi_modal_projector, m.semantic_connector]),
                         "acoustic_tokenizer": m.audio_tower, "semantic_encoder": m.semantic_tokenizer_encoder}
+        if self.prepare_layers(lm, prepared_layers, "lm.layers"):  # every branch's forward runs them
+            self.modules["layers"] = self.prepared
         self.branches = BranchKV(self.num_layers, self.num_kv_heads, self.head_dim, branch_kv_blocks,
                                  branch_block_size, dtype, device)
         self.branches.on_evict = self._evicted
@@ -320,13 +322,8 @@ class VibeVoiceLM(PagedDecoder):
 
     # -- the positive branch ---------------------------------------------------------------------------------------
     def _decoder(self, embeds: torch.Tensor, positions: torch.Tensor, batch) -> torch.Tensor:
-        """The LM's final hidden states ``[T, H]`` for one packed batch (the engine's cache or the side branches').
-        Not ``PagedDecoder.run``: it shapes positions for M-RoPE (``[R, 1, T]``); Qwen2's plain RoPE takes ``[1, T]``
-        (and so the prepared layers, which share that shaping, are not used either)."""
-        out = self.model.language_model(
-            inputs_embeds=embeds.to(self.device, self.dtype).unsqueeze(0), position_ids=positions.to(self.device),
-            attention_mask={"full_attention": None}, use_cache=False, omni_batch=batch)
-        return out.last_hidden_state[0]
+        """The LM's final hidden states ``[T, H]`` for one packed batch (the engine's cache or the side branches')."""
+        return self.run(self.model.language_model, embeds.to(self.dtype), positions, batch)
 
     @torch.inference_mode()
     def forward_packed(self, embeds, positions, batch, logit_rows, want_hidden):

@@ -5,8 +5,9 @@ tiny checkpoint, against transformers' greedy ``generate`` on the same checkpoin
   token, for clips transcribed alone and all at once (windows of several uploads batched on the encoder and
   decoding together on the LLM), long audio (several windows) included; negative control: another clip's tokens
   differ.
-- The stream's deltas join to the reply's text; ``text`` and ``verbose_json`` carry the same transcript, the latter
-  one segment per window at its place in the audio.
+- The stream's deltas join to the reply's text; the LLM sends a streamed window's tokens first alone, then in
+  groups of ``stream_interval``, and a window that does not stream in one message; ``text`` and ``verbose_json``
+  carry the same transcript, the latter one segment per window at its place in the audio.
 - Bad input is a 400 naming the field: unknown model, srt/vtt, unknown language, an empty or unreadable file.
 - ``split_windows``: the cut lands in the quiet part; windows cover the audio and none is longer than the limit.
 """
@@ -99,6 +100,36 @@ def test_stream_text_and_json_agree(qwen3_asr_tiny_dir):
     assert done["type"] == "transcript.text.done" and done["text"] == plain.text == text.body
     assert "".join(e["delta"] for e in events[:-1]) == plain.text
     assert done["usage"]["output_tokens"] == plain.usage.output_tokens
+
+
+@pytest.mark.parametrize("interval", [1, 3])
+def test_streamed_tokens_go_first_alone_then_in_groups_and_otherwise_at_the_end(qwen3_asr_tiny_dir, reference,
+                                                                                 interval):
+    """``stages.llm.params.stream_interval``: a streamed window's first token comes alone, later ones in groups of the
+    interval (the last group what is left); a window that does not stream comes in one message. The tokens are the
+    same either way."""
+    from omni_serve.families.qwen3_asr.messages import TranscriptTokens
+
+    clip = CLIPS[3]
+
+    async def main(frontend):
+        got = {}
+        for stream in (True, False):
+            windows = frontend.windows_of(clip, None, None, f"interval-{stream}")
+            got[stream] = [[] for _ in windows]
+            async for i, out in frontend.window_outputs(windows, 0.0, 300, stream=stream):
+                if isinstance(out, TranscriptTokens):
+                    got[stream][i].append(out.token_ids)
+        return got
+
+    got = run(qwen3_asr_tiny_dir, main, **{"stages.llm.params.stream_interval": interval})
+    want = reference(clip)
+    assert len(want) == 3 and all(len(w) > 4 for w in want)
+    for window, tokens in zip(got[True], want):
+        assert sum(window, []) == tokens
+        assert [len(m) for m in window[:-1]] == [1] + [interval] * (len(window) - 2)
+        assert 1 <= len(window[-1]) <= interval
+    assert got[False] == [[tokens] for tokens in want]
 
 
 @pytest.mark.parametrize("kw, data, param", [

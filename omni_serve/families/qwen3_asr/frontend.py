@@ -114,25 +114,26 @@ class Qwen3ASRFrontend(Frontend):
                                   text=self.prompts.decoder(forced=bool(language))))
         return windows
 
-    def _calls(self, w: Window, temperature: float) -> dict:
+    def _calls(self, w: Window, temperature: float, stream: bool) -> dict:
         seed = random.randrange(2**31)
         return {"encoder": EncodeCall(request_id=w.request_id),
                 "llm": TranscribeCall(request_id=w.request_id, input_ids=w.input_ids, max_tokens=self.spec.max_tokens,
-                                      temperature=temperature, seed=seed)}
+                                      temperature=temperature, seed=seed, stream=stream)}
 
     # -- running windows ----------------------------------------------------------------------------------
-    async def window_outputs(self, windows: list[Window], temperature: float,
-                             timeout_s: float) -> AsyncIterator[tuple[int, object]]:
+    async def window_outputs(self, windows: list[Window], temperature: float, timeout_s: float,
+                             stream: bool = True) -> AsyncIterator[tuple[int, object]]:
         """``(window index, stage output)`` of every window, all running at once, yielded in window order (a later
         window's outputs wait until the windows before it ended). A window's failure is raised at once; leaving early
-        cancels every window."""
+        cancels every window. ``stream``: the LLM sends tokens as they come (else each window's at its end)."""
         queues = [asyncio.Queue() for _ in windows]
         end = object()
 
         async def run(i: int, w: Window) -> None:
             try:
                 inputs = {"ingress_encoder": AudioFeatures(features=w.features, frames=w.frames)}
-                async for _, out in self.stages.stream(w.request_id, self._calls(w, temperature), timeout_s, inputs=inputs):
+                calls = self._calls(w, temperature, stream)
+                async for _, out in self.stages.stream(w.request_id, calls, timeout_s, inputs=inputs):
                     queues[i].put_nowait(out)
                 queues[i].put_nowait(end)
             except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which stops at once
@@ -164,7 +165,7 @@ class Qwen3ASRFrontend(Frontend):
         windows, duration = await self._prepare(req)
         if req.stream:
             return EventStream(self._events(windows, req, ctx))
-        async for i, out in self.window_outputs(windows, req.temperature, ctx.timeout_s):
+        async for i, out in self.window_outputs(windows, req.temperature, ctx.timeout_s, stream=False):
             self._take(windows[i], out, ctx)
         parts = [w.text.final() for w in windows]
         texts = [p["transcription"] for p in parts]

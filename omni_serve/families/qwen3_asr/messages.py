@@ -5,7 +5,8 @@ own request id.
 Calls (ingress -> stage): ``EncodeCall`` (encoder), ``TranscribeCall`` (llm: the window's prompt token ids, its
 ``<|audio_pad|>`` placeholders one per audio token, and the decoding settings).
 Outputs (stage -> ingress): ``AudioEncoded`` (encoder: the window's audio tokens), ``TranscriptTokens`` (llm: the
-tokens of each step, as they are chosen), ``TranscribeDone`` (llm: counts and why it stopped).
+tokens chosen since its last one: see ``LLMParams.stream_interval``), ``TranscribeDone`` (llm: counts and why it
+stopped).
 Edge payloads: ``AudioFeatures`` (ingress -> encoder: the window's own log-mel, as the processor makes it for that
 window alone, and its valid frames), ``AudioEmbeds`` (encoder -> llm: ``[audio tokens, hidden]``).
 """
@@ -30,6 +31,7 @@ class TranscribeCall(Message):
     max_tokens: int = Field(ge=1)
     temperature: float = Field(0.0, ge=0)  # 0: greedy, as the reference decodes
     seed: int = 0  # of the sampler when temperature > 0
+    stream: bool = True  # the text streams: tokens go out as they come (params.stream_interval), else all at the end
 
 
 # -- outputs -------------------------------------------------------------------------------------------------

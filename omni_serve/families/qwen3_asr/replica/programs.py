@@ -48,9 +48,12 @@ class EncodeProgram(BatchProgram):
 
 
 class TranscribeSequence(ARSequence):
-    def __init__(self, model: Qwen3ASRLM, call: TranscribeCall, block_size: int):
+    def __init__(self, model: Qwen3ASRLM, call: TranscribeCall, block_size: int, stream_interval: int = 1):
         super().__init__(model.row_size, model.position_rows, model.dtype)
         self.model, self.call = model, call
+        # tokens per TranscriptTokens after the first (0: all of them when the window ends)
+        self.interval = stream_interval if call.stream else 0
+        self.unsent: list[int] = []
         self.sampler = Sampler(SamplingParams(temperature=call.temperature, seed=call.seed))
         self.prompt_len = len(call.input_ids)
         self.max_rows = self.prompt_len + call.max_tokens
@@ -78,13 +81,20 @@ class TranscribeSequence(ARSequence):
         if token in self.model.eos_token_ids:
             return self._finish("stop")
         self.generated.append(token)
-        out: list = [TranscriptTokens(token_ids=[token])]
+        self.unsent.append(token)
         if len(self.generated) >= self.call.max_tokens:
-            return out + self._finish("length")
+            return self._finish("length")
         self.append(self.model.embed(torch.tensor([token])), torch.tensor([[self.num_rows]]))
+        if self.interval and (len(self.generated) == 1 or len(self.unsent) >= self.interval):
+            return self._send()
+        return []
+
+    def _send(self) -> list[TranscriptTokens]:
+        out = [TranscriptTokens(token_ids=self.unsent)] if self.unsent else []
+        self.unsent = []
         return out
 
-    def _finish(self, reason: str) -> list[TranscribeDone]:
+    def _finish(self, reason: str) -> list[TranscriptTokens | TranscribeDone]:
         self.done = True
-        return [TranscribeDone(prompt_tokens=self.prompt_len, generated_tokens=len(self.generated),
-                               finish_reason=reason)]
+        return self._send() + [TranscribeDone(prompt_tokens=self.prompt_len, generated_tokens=len(self.generated),
+                                              finish_reason=reason)]

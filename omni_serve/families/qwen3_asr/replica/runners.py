@@ -23,7 +23,11 @@ class EncoderRunner(StageRunner):
 
 
 class LLMRunner(StageRunner):
+    def adapter_options(self):
+        return {"prepared_layers": self.engine_spec.ar.prepared_layers}
+
     async def run(self, engine, call: TranscribeCall) -> AsyncIterator:
-        program = P.TranscribeSequence(self.model, call, self.engine_spec.ar.block_size)
+        program = P.TranscribeSequence(self.model, call, self.engine_spec.ar.block_size,
+                                       self.stage_spec.params.stream_interval)
         async for out in self.drive(engine, call.request_id, program):
             yield out

@@ -14,7 +14,7 @@ class LMRunner(StageRunner):
     def adapter_options(self):
         ar = self.engine_spec.ar
         return {"branch_kv_blocks": max(2, round(ar.num_kv_blocks * self.stage_spec.params.branch_kv_factor)),
-                "branch_block_size": ar.block_size}
+                "branch_block_size": ar.block_size, "prepared_layers": ar.prepared_layers}
 
     async def run(self, engine, call: SpeakCall) -> AsyncIterator:
         async for out in self.drive(engine, call.request_id, P.SpeakSequence(self.model, call)):
