@@ -8,8 +8,12 @@ returned meanwhile; only the very first call waits for one. So a flood of ``/hea
 most one probe each per ``ttl_s``. ``get(fresh=True)`` probes now (the ingress allows it to authenticated callers
 only: ``/health?fresh=1``, for operators and tests that need the state after an action).
 
-``directory_state(timeout_s)`` is the data plane's part for a served graph: the directory actor (every
-cross-process connector keeps its keys, routes or stream entries there) must answer within ``timeout_s``.
+``directory_state(timeout_s, stale_s)`` is the data plane's part for a served graph: the directory actor (every
+cross-process connector keeps its keys, routes or stream entries there) is pinged and waited for ``timeout_s``. A
+ping that errs (the actor is dead or unreachable) is an error at once. A ping still unanswered then is ``"slow"``,
+with the last answer's entries and age, while the directory answered within ``stale_s``: on a saturated machine an
+actor call can take seconds while every request still gets through, and a 503 then would report an outage that is
+not there. Past ``stale_s`` without an answer it is an error.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from typing import Any, Awaitable, Callable
 Probe = Callable[[], Awaitable[dict[str, Any]]]
 
 HEALTH_TTL_S = 2.0  # how old the answer /health gives may be
-DIRECTORY_TIMEOUT_S = 3.0  # the directory must answer its ping within this
+DIRECTORY_TIMEOUT_S = 3.0  # a ping waits this long, then /health reports the last answer
+DIRECTORY_STALE_S = 10.0  # with no answer for this long, the directory is reported down
 
 
 class GraphHealth:
@@ -49,14 +54,27 @@ class GraphHealth:
         return self._value
 
 
-async def directory_state(timeout_s: float = DIRECTORY_TIMEOUT_S) -> dict[str, Any]:
-    """``{"directory": "ok", "entries": n}``, or ``{"error": ...}`` when the directory does not answer in time."""
+class _LastAnswer:
+    """The directory's last answer in this process: when (monotonic seconds) and its entries."""
+
+    at = float("-inf")
+    entries: int | None = None
+
+
+async def directory_state(timeout_s: float = DIRECTORY_TIMEOUT_S,
+                          stale_s: float = DIRECTORY_STALE_S) -> dict[str, Any]:
+    """``{"directory": "ok", "entries": n}``; ``{"directory": "slow", "entries": n, "last_answer_s": age}`` when the
+    ping took longer than ``timeout_s`` but the directory answered within ``stale_s``; else ``{"error": ...}``."""
     from omni_serve.transport.directory import directory
 
     try:
         entries = await asyncio.wait_for(directory().call("size"), timeout_s)
     except asyncio.TimeoutError:
-        return {"error": f"the data directory did not answer within {timeout_s:g} s"}
+        age = time.monotonic() - _LastAnswer.at
+        if age < stale_s:
+            return {"directory": "slow", "entries": _LastAnswer.entries, "last_answer_s": round(age, 1)}
+        return {"error": f"the data directory did not answer within {timeout_s:g} s, nor in the last {stale_s:g} s"}
     except Exception as exc:  # noqa: BLE001 - unreachable, whatever the cause
         return {"error": f"the data directory is unreachable: {str(exc).strip().splitlines()[-1][:200]}"}
+    _LastAnswer.at, _LastAnswer.entries = time.monotonic(), entries
     return {"directory": "ok", "entries": entries}

@@ -33,3 +33,40 @@ def test_a_flood_of_health_calls_costs_one_probe_per_period():
         assert health.refreshes == 3
 
     asyncio.run(main())
+
+
+def test_a_slow_directory_is_slow_until_it_has_not_answered_for_the_stale_period(monkeypatch):
+    """A ping unanswered within the timeout reports the last answer ("slow", not an error, so no 503) while the
+    directory answered within ``stale_s``; past that, or when the ping errs, it is an error."""
+    import time
+
+    from omni_serve.deployments import health
+    from omni_serve.transport import directory as directory_module
+
+    delay = {"s": 0.0, "fail": False}
+
+    class Directory:
+        async def call(self, method):
+            assert method == "size"
+            if delay["fail"]:
+                raise RuntimeError("ActorDiedError: the directory actor died\nThe actor is dead")
+            await asyncio.sleep(delay["s"])
+            return 7
+
+    monkeypatch.setattr(directory_module, "directory", lambda: Directory())
+    monkeypatch.setattr(health._LastAnswer, "at", float("-inf"))
+
+    async def state():
+        return await health.directory_state(timeout_s=0.05, stale_s=10.0)
+
+    delay["s"] = 0.2
+    assert "error" in asyncio.run(state())  # never answered: down
+    delay["s"] = 0.0
+    assert asyncio.run(state()) == {"directory": "ok", "entries": 7}
+    delay["s"] = 0.2
+    slow = asyncio.run(state())
+    assert slow["directory"] == "slow" and slow["entries"] == 7 and "error" not in slow
+    monkeypatch.setattr(health._LastAnswer, "at", time.monotonic() - 11)
+    assert "did not answer" in asyncio.run(state())["error"]  # no answer for longer than stale_s
+    delay["fail"] = True
+    assert asyncio.run(state())["error"] == "the data directory is unreachable: The actor is dead"
