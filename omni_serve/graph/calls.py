@@ -203,18 +203,23 @@ class StageCalls:
 
         tasks = [asyncio.create_task(pump(s, g)) for s, g in opened.items()]
         open_calls = set(opened)
+        next_watch = time.monotonic() + WATCH_PERIOD_S
         try:
             while open_calls:
-                remaining = deadline - time.monotonic()
-                try:
-                    stage, item = await asyncio.wait_for(queue.get(), max(min(remaining, WATCH_PERIOD_S), 0.001))
-                except asyncio.TimeoutError:
-                    if time.monotonic() < deadline:
-                        lost = [s for s in self.missing_stages() if s in open_calls]
-                        if not lost:
-                            continue
+                now = time.monotonic()
+                # Every watch period, whether or not outputs keep coming: a stage streaming what it already has
+                # (a talker speaking the text it was sent) must not hide that another one's node is gone.
+                if now >= next_watch:
+                    next_watch = now + WATCH_PERIOD_S
+                    lost = [s for s in self.missing_stages() if s in open_calls]
+                    if lost:
                         log.error("request %s: stage %s has no running replica any more", request_id, lost[0])
                         raise stage_error(lost[0], ReplicaGone(lost[0]), request_id, self.retry_after_s) from None
+                try:
+                    stage, item = await asyncio.wait_for(queue.get(), max(min(deadline, next_watch) - now, 0.001))
+                except asyncio.TimeoutError:
+                    if time.monotonic() < deadline:
+                        continue
                     raise OpenAIError(f"The request timed out (request {request_id}).", status_code=504,
                                       type="timeout", code="timeout") from None
                 if item is None:

@@ -111,6 +111,45 @@ def test_a_request_waiting_on_a_stage_that_lost_its_last_replica_ends_with_a_503
     assert took < 5 and all(c.cancelled for c in opened.values())
 
 
+class KeepsAnswering(NeverAnswers):
+    """A stage streaming outputs every 50 ms for as long as it is asked (a talker speaking text it already has)."""
+
+    async def __anext__(self):
+        from tests.toy_family.messages import Echoed
+
+        await asyncio.sleep(0.05)
+        return Echoed(text="x")
+
+
+def test_a_lost_stage_ends_the_request_while_another_keeps_streaming(toy_family):
+    """The lost stage is looked for every watch period even while outputs of another stage keep the request busy
+    (the watch once ran only when no output came for a period, so a streaming stage hid a lost one)."""
+    family, spec = toy_family
+    opened = {}
+
+    def open_call(stage, call):
+        opened[stage] = KeepsAnswering() if stage == "decode" else NeverAnswers()
+        return opened[stage]
+
+    calls = StageCalls(family.graph, spec, open_call, probe=None, connector=MemoryConnector())
+    lost: list[str] = []
+    calls.missing_stages = lambda: list(lost)
+    from tests.toy_family.messages import EchoCall
+
+    async def main():
+        asyncio.get_running_loop().call_later(0.3, lost.append, "encode")
+        t0, outputs = time.monotonic(), 0
+        with pytest.raises(OpenAIError) as err:
+            async for _ in calls.stream("r", {s: EchoCall(request_id="r", text="x") for s in ("encode", "decode")},
+                                        timeout_s=10):  # unnoticed, the loss would end it as a 504 at the deadline
+                outputs += 1
+        return err.value, time.monotonic() - t0, outputs
+
+    err, took, outputs = asyncio.run(main())
+    assert err.status_code == 503 and "Stage encode" in str(err)
+    assert outputs > 5 and took < 5 and all(c.cancelled for c in opened.values())
+
+
 def test_cleanup_is_waited_for_only_so_long_then_finishes_in_the_background():
     done = []
 
