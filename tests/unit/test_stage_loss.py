@@ -84,12 +84,14 @@ class NeverAnswers:
         self.cancelled = True
 
 
-def test_a_request_waiting_on_a_stage_that_lost_its_last_replica_ends_with_a_503(toy_family):
+def _lose_a_stage(toy_family, calls_of: dict, lose: str, timeout_s: float):
+    """A request of the toy graph on stand-in calls (stage -> a call class); ``lose`` counted missing 0.3 s in:
+    (the error it ended with, seconds it took, outputs it yielded, the calls)."""
     family, spec = toy_family
     opened = {}
 
     def open_call(stage, call):
-        opened[stage] = NeverAnswers()
+        opened[stage] = calls_of[stage]()
         return opened[stage]
 
     calls = StageCalls(family.graph, spec, open_call, probe=None, connector=MemoryConnector())
@@ -98,15 +100,19 @@ def test_a_request_waiting_on_a_stage_that_lost_its_last_replica_ends_with_a_503
     from tests.toy_family.messages import EchoCall
 
     async def main():
-        asyncio.get_running_loop().call_later(0.3, lost.append, "decode")
-        t0 = time.monotonic()
+        asyncio.get_running_loop().call_later(0.3, lost.append, lose)
+        t0, outputs = time.monotonic(), 0
         with pytest.raises(OpenAIError) as err:
             async for _ in calls.stream("r", {s: EchoCall(request_id="r", text="x") for s in ("encode", "decode")},
-                                        timeout_s=600):
-                pass
-        return err.value, time.monotonic() - t0
+                                        timeout_s=timeout_s):
+                outputs += 1
+        return err.value, time.monotonic() - t0, outputs
 
-    err, took = asyncio.run(main())
+    return (*asyncio.run(main()), opened)
+
+
+def test_a_request_waiting_on_a_stage_that_lost_its_last_replica_ends_with_a_503(toy_family):
+    err, took, _, opened = _lose_a_stage(toy_family, {"encode": NeverAnswers, "decode": NeverAnswers}, "decode", 600)
     assert err.status_code == 503 and "Stage decode" in str(err) and err.headers["Retry-After"]
     assert took < 5 and all(c.cancelled for c in opened.values())
 
@@ -123,29 +129,10 @@ class KeepsAnswering(NeverAnswers):
 
 def test_a_lost_stage_ends_the_request_while_another_keeps_streaming(toy_family):
     """The lost stage is looked for every watch period even while outputs of another stage keep the request busy
-    (the watch once ran only when no output came for a period, so a streaming stage hid a lost one)."""
-    family, spec = toy_family
-    opened = {}
-
-    def open_call(stage, call):
-        opened[stage] = KeepsAnswering() if stage == "decode" else NeverAnswers()
-        return opened[stage]
-
-    calls = StageCalls(family.graph, spec, open_call, probe=None, connector=MemoryConnector())
-    lost: list[str] = []
-    calls.missing_stages = lambda: list(lost)
-    from tests.toy_family.messages import EchoCall
-
-    async def main():
-        asyncio.get_running_loop().call_later(0.3, lost.append, "encode")
-        t0, outputs = time.monotonic(), 0
-        with pytest.raises(OpenAIError) as err:
-            async for _ in calls.stream("r", {s: EchoCall(request_id="r", text="x") for s in ("encode", "decode")},
-                                        timeout_s=10):  # unnoticed, the loss would end it as a 504 at the deadline
-                outputs += 1
-        return err.value, time.monotonic() - t0, outputs
-
-    err, took, outputs = asyncio.run(main())
+    (the watch once ran only when no output came for a period, so a streaming stage hid a lost one). Unnoticed, the
+    loss would end the request as a 504 at its deadline."""
+    err, took, outputs, opened = _lose_a_stage(toy_family, {"encode": NeverAnswers, "decode": KeepsAnswering},
+                                               "encode", 10)
     assert err.status_code == 503 and "Stage encode" in str(err)
     assert outputs > 5 and took < 5 and all(c.cancelled for c in opened.values())
 
