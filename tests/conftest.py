@@ -70,7 +70,8 @@ def tiny_checkpoint(family: str) -> str:
     last = os.path.join(path, LAST_WRITTEN.get(family, "omni_serve_checkpoint.json"))
     if os.path.exists(last):
         return path
-    # The unit suite runs in several processes (pytest-xdist): one writes, the others wait for it on the lock.
+    # Several test processes may need the same checkpoint at once (pytest-xdist, two sessions): one writes it, the
+    # others wait for it on the lock.
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(os.path.abspath(path).rstrip("/") + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
