@@ -6,8 +6,9 @@ to its output edge (``drive``), and yield the outputs meant for the ingress. ``b
 builds the runner the declaration names; it loads the stage's model adapter (``load()``; override
 ``adapter_options()`` for extra arguments) and ``make_engine()`` builds the engine of the stage's ``engine_kind()``
 through ``omni_serve.engines.registry`` (the declared ``EngineKind``, or the ``engine.backend`` when it is not
-native; batch stages provide ``batch_compute()``, ``engine_options()`` adds constructor arguments). Runners hold no
-per-request state; programs do.
+native; batch stages provide ``batch_compute()``, ``engine_options()`` adds constructor arguments; the
+``PreparedLayers`` mixin passes ``engine.ar.prepared_layers`` to a decoder adapter). Runners hold no per-request
+state; programs do.
 
 ``handle(engine, call)`` is the checked entry point the hosts use (the Serve deployment, ``LocalGraph``): the
 call must be an instance of the stage's call type (re-validated, since it crossed a process boundary) and
@@ -259,6 +260,14 @@ class StageRunner(abc.ABC):
                 await writer.write(out)
             else:
                 yield out
+
+
+class PreparedLayers:
+    """A mixin for runners whose adapter (a ``PagedDecoder``) takes ``prepared_layers``: the stage's
+    ``engine.ar.prepared_layers``, added to the other runner bases' ``adapter_options``."""
+
+    def adapter_options(self):
+        return {**super().adapter_options(), "prepared_layers": self.engine_spec.ar.prepared_layers}
 
 
 def build_runner(family: Family, stage: str, spec: Any, connector: Connector | None = None) -> StageRunner:

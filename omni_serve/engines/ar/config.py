@@ -29,8 +29,8 @@ class ARConfig(BaseModel):
     prepared_layers: bool = Field(True, description=(
         "Run the decoder's layers on prepared weights (omni_serve.models.prepared_decoder.PreparedDecoder: fused "
         "q/k/v and gate/up products over the paged KV cache) where the stage's adapter has them (the Qwen2.5-Omni "
-        "thinker and talker, the Qwen3-ASR LLM, the VibeVoice LM); false, or layers it does not reproduce, runs transformers' own layer forward. See "
-        "docs/prepared.md."))
+        "thinker and talker, the Qwen3-ASR LLM, the VibeVoice LM); false, or layers it does not reproduce, runs "
+        "transformers' own layer forward. See docs/prepared.md."))
     gemv_max_rows: int = Field(2, ge=0, description=(
         "With packed_linear, steps of at most this many rows run float32 projections as MKL matrix-vector "
         "products on a second, row-major copy of each weight (1.4-1.7x faster than the packed product at 1-2 "

@@ -23,19 +23,12 @@ from omni_serve.families.qwen2_5_omni.replica import programs as P
 from omni_serve.families.qwen2_5_omni.replica.code2wav import (
     Code2WavCompute, Code2WavRequest, Code2WavStream, check_chunking,
 )
-from omni_serve.graph.runner import StageRunner
+from omni_serve.graph.runner import PreparedLayers, StageRunner
 from omni_serve.kits.omni.replica.chunk_plan import OpeningRates
 from omni_serve.kits.omni.replica.streams import client_pace, talker_lead
 from omni_serve.kits.omni.replica import runners as omni
 
 log = logging.getLogger(__name__)
-
-
-class PreparedLayers:
-    """This family's decoder adapters take ``prepared_layers``: the stage's ``engine.ar.prepared_layers``."""
-
-    def adapter_options(self):
-        return {**super().adapter_options(), "prepared_layers": self.engine_spec.ar.prepared_layers}
 
 
 class ThinkerRunner(PreparedLayers, omni.ThinkerRunner):

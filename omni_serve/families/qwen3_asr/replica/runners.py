@@ -8,7 +8,7 @@ from typing import AsyncIterator
 
 from omni_serve.families.qwen3_asr.messages import EncodeCall, TranscribeCall
 from omni_serve.families.qwen3_asr.replica import programs as P
-from omni_serve.graph.runner import StageRunner
+from omni_serve.graph.runner import PreparedLayers, StageRunner
 
 
 class EncoderRunner(StageRunner):
@@ -22,10 +22,7 @@ class EncoderRunner(StageRunner):
             yield out
 
 
-class LLMRunner(StageRunner):
-    def adapter_options(self):
-        return {"prepared_layers": self.engine_spec.ar.prepared_layers}
-
+class LLMRunner(PreparedLayers, StageRunner):
     async def run(self, engine, call: TranscribeCall) -> AsyncIterator:
         program = P.TranscribeSequence(self.model, call, self.engine_spec.ar.block_size,
                                        self.stage_spec.params.stream_interval)

@@ -7,14 +7,14 @@ from typing import AsyncIterator
 
 from omni_serve.families.vibevoice.messages import SpeakCall
 from omni_serve.families.vibevoice.replica import programs as P
-from omni_serve.graph.runner import StageRunner
+from omni_serve.graph.runner import PreparedLayers, StageRunner
 
 
-class LMRunner(StageRunner):
+class LMRunner(PreparedLayers, StageRunner):
     def adapter_options(self):
         ar = self.engine_spec.ar
-        return {"branch_kv_blocks": max(2, round(ar.num_kv_blocks * self.stage_spec.params.branch_kv_factor)),
-                "branch_block_size": ar.block_size, "prepared_layers": ar.prepared_layers}
+        return {**super().adapter_options(), "branch_block_size": ar.block_size,
+                "branch_kv_blocks": max(2, round(ar.num_kv_blocks * self.stage_spec.params.branch_kv_factor))}
 
     async def run(self, engine, call: SpeakCall) -> AsyncIterator:
         async for out in self.drive(engine, call.request_id, P.SpeakSequence(self.model, call)):
