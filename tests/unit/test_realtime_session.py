@@ -9,7 +9,6 @@ import asyncio
 import base64
 import json
 
-import numpy as np
 import pytest
 
 from omni_serve.api import protocol as P
@@ -181,30 +180,38 @@ def test_server_vad_commits_a_spoken_turn_and_answers_it(graph):
     asyncio.run(main())
 
 
-def test_speech_during_a_response_cancels_it_and_cancel_frees_the_stages(graph):
+def test_speech_during_a_response_cancels_it_and_cancel_frees_the_stages(graph, monkeypatch):
     """Barge-in: speech while a response runs ends it with status cancelled (reason turn_detected), its message item
-    incomplete, and no stage holds the request; response.cancel does the same with client_cancelled."""
-    recorded = []
+    incomplete, and no stage holds the request; response.cancel does the same with client_cancelled. The client
+    reads nothing while the speech is judged: the cancel must not wait for it to read (its socket pushes back)."""
+    from omni_serve.kits.omni.realtime import RealtimeSession
+
+    recorded, stops = [], []
+    stop = RealtimeSession._stop
+    monkeypatch.setattr(RealtimeSession, "_stop", lambda self, reason: (stops.append(reason), stop(self, reason))[1])
 
     async def main():
         ws = FakeWebSocket()
         task, _ = await _session(graph, ws, record=lambda clock, error: recorded.append((error, clock)))
-        # a long reply (up to 3000 tokens, and the socket's push-back): still running when the speech comes
+        # a long reply (up to 3000 tokens: ~2300 events, the socket holds 16): still running when the speech comes
         ws.send({"type": "session.update", "session": {"max_output_tokens": 3000, "temperature": 0, "audio": {"input": {
             "turn_detection": {"type": "server_vad", "silence_duration_ms": 300, "create_response": False}}}}})
         await ws.until("session.updated")
         ws.send({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Talk."}]}})
         await ws.until("conversation.item.done")
-        # speech while the response is generated: its first 0.15 s before response.create (VAD hears speech from
-        # 224 ms: nothing yet, and Silero's first judgements are made), the rest right after, so VAD hears it in the
-        # event after the one that started the response, whatever the machine's speed (waiting for the response's
-        # first delta instead would race the stage outputs already queued for the socket)
-        speech = speechlike(0.6)
-        ws.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(speech[:7200]).decode()})
         ws.send({"type": "response.create"})
-        ws.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(speech[7200:]).decode()})
-        events = await ws.until("response.done")
+        events = await ws.until("response.output_audio_transcript.delta")  # the reply runs in the stages
+        # then the speech, and the client stops reading until VAD has judged it: the reply waits on the socket
+        # however long VAD takes (Silero shares this process's cores and GIL with every stage here)
+        ws.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(speechlike(0.6)).decode()})
+
+        async def judged():
+            while not stops:
+                await asyncio.sleep(0.05)
+        await asyncio.wait_for(judged(), 120)
+        assert stops == ["turn_detected"]
+        events += await ws.until("response.done")
         assert "input_audio_buffer.speech_started" in [e["type"] for e in events], [e["type"] for e in events][-8:]
         done = events[-1]["response"]
         assert done["status"] == "cancelled" and done["status_details"]["reason"] == "turn_detected", \

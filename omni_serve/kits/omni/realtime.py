@@ -21,7 +21,8 @@ Contract: ``RealtimeEndpoints`` is mixed into ``OmniFrontend``; ``realtime_sessi
   (``completed``, ``incomplete`` at the token limit, ``cancelled``, ``failed``) and the usage.
 
 ``response.cancel``, or speech detected while a response runs (``interrupt_response``: barge-in), cancels it: its
-stage calls are cancelled at once (every stage frees the request), and ``response.done`` says ``cancelled`` with
+stage calls are cancelled at once (every stage frees the request; on barge-in the moment VAD hears the speech, before
+``input_audio_buffer.speech_started`` is sent, so a client slow to read its events does not delay it), and ``response.done`` says ``cancelled`` with
 the reason (``client_cancelled``, ``turn_detected``). A history longer than the context is cut from its oldest items
 for the prompt (OpenAI's ``truncation: auto``). Tools follow chat's rules: a forced call (``required`` or named)
 makes a text-only response; ``auto`` with audio output is refused (the talker would speak the call). A bad client
@@ -232,9 +233,12 @@ class RealtimeSession(RealtimeConnection):
 
     # -- turns ----------------------------------------------------------------------------------------------
     async def _speech_started(self, item_id: str, ms: int) -> None:
+        barge_in = self.response is not None and self.settings.audio.input.turn_detection.interrupt_response
+        if barge_in:  # the reply stops now, not once the client has read the event (a slow reader pushes back)
+            self._stop("turn_detected")
         await self.send(R.server_event("input_audio_buffer.speech_started", audio_start_ms=ms, item_id=item_id))
-        if self.response is not None and self.settings.audio.input.turn_detection.interrupt_response:
-            await self._cancel("turn_detected")  # barge-in
+        if barge_in:
+            await self._cancel("turn_detected")
 
     async def _speech_stopped(self, item_id: str, ms: int, audio: bytes) -> None:
         await self.send(R.server_event("input_audio_buffer.speech_stopped", audio_end_ms=ms, item_id=item_id))
@@ -266,13 +270,19 @@ class RealtimeSession(RealtimeConnection):
         self.response = Response(R.new_id("resp"), params)
         self.response.task = asyncio.create_task(self._respond(self.response))
 
+    def _stop(self, reason: str) -> None:
+        """Cancel the active response's task now, once (a second cancel would cut the final events it sends), unless
+        those final events are already being sent."""
+        r = self.response
+        if r is not None and r.task is not None and not r.closing and r.cancel_reason is None:
+            r.cancel_reason = reason
+            r.task.cancel()
+
     async def _cancel(self, reason: str) -> None:
         r = self.response
         if r is None or r.task is None:
             return
-        if not r.closing:
-            r.cancel_reason = reason
-            r.task.cancel()
+        self._stop(reason)
         await asyncio.gather(r.task, return_exceptions=True)
         if not r.finished:  # cancelled before its first step: it sent nothing yet
             from omni_serve.kits.omni.realtime_output import ResponseWriter
