@@ -188,7 +188,11 @@ def test_speech_during_a_response_cancels_it_and_cancel_frees_the_stages(graph, 
 
     recorded, stops = [], []
     stop = RealtimeSession._stop
-    monkeypatch.setattr(RealtimeSession, "_stop", lambda self, reason: (stops.append(reason), stop(self, reason))[1])
+
+    def spied_stop(self, reason: str) -> None:  # the session's own _stop, noted
+        stops.append(reason)
+        stop(self, reason)
+    monkeypatch.setattr(RealtimeSession, "_stop", spied_stop)
 
     async def main():
         ws = FakeWebSocket()

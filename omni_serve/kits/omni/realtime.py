@@ -22,8 +22,8 @@ Contract: ``RealtimeEndpoints`` is mixed into ``OmniFrontend``; ``realtime_sessi
 
 ``response.cancel``, or speech detected while a response runs (``interrupt_response``: barge-in), cancels it: its
 stage calls are cancelled at once (every stage frees the request; on barge-in the moment VAD hears the speech, before
-``input_audio_buffer.speech_started`` is sent, so a client slow to read its events does not delay it), and ``response.done`` says ``cancelled`` with
-the reason (``client_cancelled``, ``turn_detected``). A history longer than the context is cut from its oldest items
+``input_audio_buffer.speech_started`` is sent, so a client slow to read its events does not delay it), and
+``response.done`` says ``cancelled`` with the reason (``client_cancelled``, ``turn_detected``). A history longer than the context is cut from its oldest items
 for the prompt (OpenAI's ``truncation: auto``). Tools follow chat's rules: a forced call (``required`` or named)
 makes a text-only response; ``auto`` with audio output is refused (the talker would speak the call). A bad client
 event gets an ``error`` event naming it, and the connection stays open.
